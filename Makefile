@@ -1,0 +1,71 @@
+# Taskplat. `make help` lists the targets. Every target sets itself up: a pinned uv in .tools/,
+# the workspace virtualenv in .venv/, and (for tests and the stack) a private Postgres and a local
+# SQS endpoint started by the tools in tools/devstack.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+UV_VERSION ?= 0.13.9
+PYTHON ?= python3
+TOOLS := .tools
+UV := $(TOOLS)/bin/uv
+VENV := .venv
+RUN := $(UV) run --frozen --no-sync
+PYTEST_ARGS ?=
+
+export UV_PROJECT_ENVIRONMENT := $(abspath $(VENV))
+export UV_PYTHON := $(PYTHON)
+
+.PHONY: help
+help: ## List the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(UV):
+	@$(PYTHON) -m venv $(TOOLS)
+	@$(TOOLS)/bin/pip install --quiet --disable-pip-version-check "uv==$(UV_VERSION)"
+
+$(VENV)/.synced: $(UV) uv.lock pyproject.toml $(wildcard libs/*/pyproject.toml services/*/pyproject.toml tools/*/pyproject.toml)
+	@$(UV) sync --frozen --all-packages --all-extras
+	@touch $@
+
+.PHONY: venv
+venv: $(VENV)/.synced ## Create or update the virtualenv (.venv) with every package
+
+.PHONY: lock
+lock: $(UV) ## Re-resolve uv.lock after a dependency change
+	@$(UV) lock
+
+.PHONY: sqs-deps
+sqs-deps: venv ## Install the local SQS endpoint (LocalStack in its own Python 3.13 virtualenv)
+	@$(RUN) python -m taskplat.devstack install-localstack
+
+.PHONY: test
+test: venv sqs-deps ## Run every test (starts its own Postgres and SQS endpoint)
+	@$(RUN) pytest $(PYTEST_ARGS)
+
+.PHONY: test-fast
+test-fast: venv ## Run the unit and integration tests, not the end-to-end suite
+	@$(RUN) pytest -m "not e2e" $(PYTEST_ARGS)
+
+.PHONY: lint
+lint: venv ## ruff and mypy --strict
+	@$(RUN) ruff check .
+	@$(RUN) ruff format --check .
+	@$(RUN) mypy libs/common/src services/dispatcher/src tools/devstack/src
+
+.PHONY: fmt
+fmt: venv ## Format the code with ruff
+	@$(RUN) ruff format .
+	@$(RUN) ruff check --fix .
+
+.PHONY: migrate
+migrate: venv ## Apply migrations to DATABASE_URL
+	@$(RUN) taskplat-migrate
+
+.PHONY: dispatcher
+dispatcher: venv ## Run the dispatcher against DATABASE_URL (see README for its settings)
+	@$(RUN) python -m taskplat.dispatcher
+
+.PHONY: clean
+clean: ## Remove the virtualenvs, caches and local stack state
+	rm -rf $(VENV) $(TOOLS) .run .cache .pytest_cache .mypy_cache .ruff_cache

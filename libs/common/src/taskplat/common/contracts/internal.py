@@ -1,0 +1,165 @@
+"""Contracts of the internal worker API (`/internal/*`), shaped as in seed 004.
+
+Invariants: a worker call names `(task_id, attempt)` and, for heartbeat and completion, the
+`lease_token`; `/internal/events` takes the token optionally (the wrapper always sends it). An event
+names its position in a dataset version by `cursor` or by a partition (`partition_key`, `start`,
+`end`), never both. Outputs are unique per `output_index` within one completion.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Self
+from uuid import UUID
+
+from pydantic import AwareDatetime, Field, model_validator
+
+from taskplat.common.contracts.base import (
+    INT64_MAX,
+    NO_NUL,
+    Contract,
+    Int64,
+    JsonArray,
+    JsonObject,
+    WorkerId,
+)
+from taskplat.common.contracts.public import JobRef, TaskStatus
+
+CompletionStatus = Literal["Completed", "Failed", "Canceled"]
+NotClaimedReason = Literal["AlreadyRunning", "Completed", "Canceled", "NotFound", "NotQueued"]
+RejectReason = Literal["StaleAttempt", "StaleLease", "NotRunning", "Canceled", "NotFound"]
+
+Attempt = Annotated[int, Field(ge=1, le=1_000_000)]
+ErrorMessage = Annotated[str, Field(max_length=16_384, pattern=NO_NUL)]
+PartitionKey = Annotated[str, Field(min_length=1, max_length=256, pattern=NO_NUL)]
+
+
+class ClaimRequest(Contract):
+    task_id: UUID
+    worker_id: WorkerId
+
+
+class ClaimTask(Contract):
+    """The task payload a worker needs to run the operator (also the `task-fetch` body)."""
+
+    task_id: UUID
+    attempt: int
+    job: JobRef | None
+    operator: str
+    queue: str
+    config: JsonObject
+    inputs: JsonArray
+    timeout_seconds: int | None
+    deadline_at: AwareDatetime | None = Field(
+        description="Hard deadline of this attempt; the wrapper kills the operator at this instant."
+    )
+
+
+class ClaimedResponse(Contract):
+    status: Literal["Claimed"] = "Claimed"
+    attempt: int
+    lease_token: UUID
+    lease_expires_at: AwareDatetime
+    task: ClaimTask
+
+
+class NotClaimedResponse(Contract):
+    status: Literal["NotClaimed"] = "NotClaimed"
+    reason: NotClaimedReason
+
+
+class FetchResponse(Contract):
+    status: TaskStatus
+    task: ClaimTask
+
+
+class HeartbeatRequest(Contract):
+    task_id: UUID
+    attempt: Attempt
+    lease_token: UUID
+
+
+class HeartbeatResponse(Contract):
+    status: Literal["Ok"] = "Ok"
+    lease_expires_at: AwareDatetime
+
+
+class Event(Contract):
+    """One upstream event: a dataset version reached a cursor or materialised a partition."""
+
+    dataset_uuid: UUID
+    dataset_version: UUID
+    cursor: Int64 | None = None
+    partition_key: PartitionKey | None = None
+    start: Int64 | None = None
+    end: Int64 | None = None
+
+    @model_validator(mode="after")
+    def _one_position(self) -> Self:
+        partitioned = (
+            self.partition_key is not None or self.start is not None or self.end is not None
+        )
+        if partitioned and self.cursor is not None:
+            raise ValueError("an event has either a cursor or a partition, not both")
+        if (self.start is None) != (self.end is None):
+            raise ValueError("start and end go together")
+        if self.start is not None and self.end is not None and self.start > self.end:
+            raise ValueError("start must not exceed end")
+        return self
+
+
+class EventsRequest(Contract):
+    task_id: UUID
+    attempt: Attempt
+    lease_token: UUID | None = None
+    events: Annotated[list[Event], Field(min_length=1, max_length=1000)]
+
+
+class EventsAcceptedResponse(Contract):
+    status: Literal["Accepted"] = "Accepted"
+    accepted: int = Field(description="Events newly stored (repeats are acknowledged, not stored).")
+
+
+class Output(Contract):
+    output_index: Annotated[int, Field(ge=0, le=100_000)]
+    dataset_uuid: UUID
+    dataset_version: UUID
+    location: Annotated[str, Field(max_length=2048, pattern=NO_NUL)] | None = None
+    cursor: Int64 | None = None
+    row_count: Annotated[int, Field(ge=0, le=INT64_MAX)] | None = None
+
+
+class CompleteRequest(Contract):
+    task_id: UUID
+    attempt: Attempt
+    lease_token: UUID
+    status: CompletionStatus
+    outputs: Annotated[list[Output], Field(max_length=1000)] = Field(default_factory=list)
+    events: Annotated[list[Event], Field(max_length=1000)] = Field(default_factory=list)
+    error_message: ErrorMessage | None = None
+    result: JsonObject | None = None
+    retry_after_seconds: Annotated[float, Field(ge=0, le=7 * 86_400)] | None = Field(
+        None,
+        description=(
+            "With status Failed: retry no earlier than this many seconds from now instead of the "
+            "backoff (0 = at once; the wrapper sends 0 for tasks it stopped while draining)."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _unique_outputs(self) -> Self:
+        indexes = [output.output_index for output in self.outputs]
+        if len(set(indexes)) != len(indexes):
+            raise ValueError("outputs must have distinct output_index values")
+        return self
+
+
+class CompleteResponse(Contract):
+    status: Literal["Accepted"] = "Accepted"
+    task_status: TaskStatus
+    repeated: bool = Field(description="True when this completion had already been accepted.")
+
+
+class RejectedResponse(Contract):
+    status: Literal["Rejected"] = "Rejected"
+    reason: RejectReason
+    message: str | None = None

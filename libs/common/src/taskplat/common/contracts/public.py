@@ -1,0 +1,111 @@
+"""Contracts of the public task API (`/tasks`).
+
+Invariants: `max_attempts` is 1-100; timestamps carry a time zone; a task view always lists its
+attempts oldest first and its outputs by `output_index`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+from pydantic import AwareDatetime, Field
+
+from taskplat.common.contracts.base import (
+    NO_NUL,
+    Contract,
+    JsonArray,
+    JsonObject,
+    OperatorName,
+    QueueName,
+    ShortText,
+    WorkerId,
+)
+
+TaskStatus = Literal["Scheduled", "Queued", "Running", "Completed", "Failed", "Dead", "Canceled"]
+AttemptOutcome = Literal["Completed", "Failed", "LeaseExpired", "DeadlineExceeded", "Canceled"]
+IdempotencyKey = Annotated[str, Field(min_length=1, max_length=200, pattern=NO_NUL)]
+TERMINAL_STATUSES: frozenset[str] = frozenset({"Completed", "Dead", "Canceled"})
+
+
+class JobRef(Contract):
+    """The job a task belongs to (seed 004: `{dag_name, name}`)."""
+
+    dag_name: ShortText
+    name: ShortText
+
+
+class CreateTaskRequest(Contract):
+    operator: OperatorName
+    config: JsonObject = Field(default_factory=dict)
+    inputs: JsonArray = Field(default_factory=list, max_length=10_000)
+    queue: QueueName = "default"
+    max_attempts: Annotated[int, Field(ge=1, le=100)] | None = None
+    timeout_seconds: Annotated[int, Field(ge=1, le=7 * 24 * 3600)] | None = None
+    backoff_base_seconds: Annotated[float, Field(ge=0, le=86_400)] | None = None
+    backoff_max_seconds: Annotated[float, Field(ge=0, le=7 * 86_400)] | None = None
+    scheduled_for: AwareDatetime | None = None
+    expires_at: AwareDatetime | None = None
+    idempotency_key: IdempotencyKey | None = None
+    job: JobRef | None = None
+
+
+class OutputView(Contract):
+    output_index: int
+    attempt: int
+    dataset_uuid: UUID
+    dataset_version: UUID
+    location: str | None
+    cursor: int | None
+    row_count: int | None
+    committed_at: AwareDatetime
+
+
+class AttemptView(Contract):
+    attempt: int
+    worker_id: WorkerId
+    started_at: AwareDatetime
+    finished_at: AwareDatetime | None
+    outcome: AttemptOutcome | None
+    error: str | None
+
+
+class TaskView(Contract):
+    task_id: UUID
+    status: TaskStatus
+    attempt: int
+    max_attempts: int
+    operator: str
+    queue: str
+    job: JobRef | None
+    config: JsonObject
+    inputs: JsonArray
+    result: JsonObject | None
+    last_error: str | None
+    dead_reason: Literal["AttemptsExhausted", "Expired"] | None
+    scheduled_for: AwareDatetime | None
+    next_retry_at: AwareDatetime | None
+    expires_at: AwareDatetime | None
+    timeout_seconds: int | None
+    backoff_base_seconds: float
+    backoff_max_seconds: float
+    idempotency_key: str | None
+    worker_id: str | None
+    created_at: AwareDatetime
+    started_at: AwareDatetime | None
+    finished_at: AwareDatetime | None
+    outputs: list[OutputView]
+    attempts: list[AttemptView]
+
+
+class TaskList(Contract):
+    tasks: list[TaskView]
+    next_cursor: str | None = Field(
+        description="Pass as `cursor` to get the next page; null on the last page."
+    )
+
+
+class ErrorResponse(Contract):
+    error: str = Field(description="Stable snake_case error code.")
+    message: str
+    detail: Any = None

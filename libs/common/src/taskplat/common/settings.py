@@ -1,0 +1,96 @@
+"""Settings fragments shared by the services.
+
+Invariants: settings are read once, in a service's `__main__` (or a test fixture), and passed down;
+nothing reads the environment elsewhere. Values shared by several services use one unprefixed name
+(`DATABASE_URL`, `SQS_ENDPOINT_URL`, `AWS_REGION`, `TASKPLAT_WORKER_TOKEN`, `TASKPLAT_LOG_*`) so one
+environment serves the whole stack; a service's own settings carry its prefix
+(`TASKPLAT_DISPATCHER_`).
+Secrets are `SecretStr`, so they never print.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+LogFormat = Literal["json", "console"]
+
+
+def _alias(*names: str) -> AliasChoices:
+    return AliasChoices(*names)
+
+
+class ServiceSettings(BaseSettings):
+    """Base of every service's settings class."""
+
+    model_config = SettingsConfigDict(
+        extra="ignore", frozen=True, case_sensitive=False, populate_by_name=True
+    )
+
+    log_level: str = Field(
+        "INFO", validation_alias=_alias("TASKPLAT_LOG_LEVEL"), description="Log level."
+    )
+    log_format: LogFormat = Field(
+        "json",
+        validation_alias=_alias("TASKPLAT_LOG_FORMAT"),
+        description="`json` in production, `console` for people.",
+    )
+
+
+class DatabaseSettings(BaseSettings):
+    """Postgres connection fragment for the dispatcher and the loops."""
+
+    database_url: SecretStr = Field(
+        SecretStr("postgresql://taskplat@127.0.0.1:5432/taskplat"),
+        validation_alias=_alias("DATABASE_URL"),
+        description="libpq URL of the Postgres database.",
+    )
+    db_pool_min_size: int = Field(
+        2, ge=1, validation_alias=_alias("TASKPLAT_DB_POOL_MIN_SIZE"), description="Pool minimum."
+    )
+    db_pool_max_size: int = Field(
+        10, ge=1, validation_alias=_alias("TASKPLAT_DB_POOL_MAX_SIZE"), description="Pool maximum."
+    )
+    db_connect_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        validation_alias=_alias("TASKPLAT_DB_CONNECT_TIMEOUT_SECONDS"),
+        description="How long to wait for a pooled connection.",
+    )
+
+
+class SqsSettings(BaseSettings):
+    """SQS fragment for the relay, the scheduler and the worker wrapper."""
+
+    sqs_endpoint_url: str | None = Field(
+        None,
+        validation_alias=_alias("SQS_ENDPOINT_URL"),
+        description="SQS endpoint; unset means AWS's own endpoint for the region.",
+    )
+    aws_region: str = Field(
+        "us-east-1",
+        validation_alias=_alias("AWS_REGION", "AWS_DEFAULT_REGION"),
+        description="Region.",
+    )
+    sqs_queue_prefix: str = Field(
+        "taskplat-",
+        validation_alias=_alias("TASKPLAT_SQS_QUEUE_PREFIX"),
+        description="SQS queue name = prefix + task queue name.",
+    )
+    dead_letter_queue_name: str = Field(
+        "taskplat-dead-letters",
+        validation_alias=_alias("TASKPLAT_DEAD_LETTER_QUEUE"),
+        description="SQS queue that receives dead-letter records of Dead tasks.",
+    )
+
+
+class WorkerTokenSettings(BaseSettings):
+    """The bearer token workers present on /internal routes."""
+
+    worker_token: SecretStr = Field(
+        validation_alias=_alias("TASKPLAT_WORKER_TOKEN"),
+        min_length=16,
+        description="Bearer token of the internal worker API (at least 16 characters).",
+    )

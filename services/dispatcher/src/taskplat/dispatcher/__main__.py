@@ -1,0 +1,38 @@
+"""`python -m taskplat.dispatcher`: settings -> logging -> app -> uvicorn.
+
+Invariant: only wiring lives here; a settings error exits non-zero with a message, not a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import uvicorn
+from pydantic import ValidationError
+
+from taskplat.common.logging import configure_logging, get_logger
+from taskplat.dispatcher.app import create_app
+from taskplat.dispatcher.settings import DispatcherSettings
+
+
+def main() -> int:
+    try:
+        settings = DispatcherSettings()  # type: ignore[call-arg]
+    except ValidationError as exc:
+        print(f"taskplat-dispatcher: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    configure_logging("dispatcher", level=settings.log_level, fmt=settings.log_format)
+    get_logger().info("dispatcher_starting", host=settings.host, port=settings.port)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=20,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

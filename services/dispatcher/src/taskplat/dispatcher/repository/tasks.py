@@ -1,0 +1,192 @@
+"""Task rows: inserts, reads and the guarded transitions of `tasks.sql`.
+
+Invariants: each transition is one guarded statement returning the changed row or None; None means
+the guard did not match and nothing was written. Functions take the caller's connection and never
+commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from psycopg import AsyncConnection
+from psycopg.rows import DictRow
+from psycopg.types.json import Jsonb
+
+from taskplat.common.contracts import Event, Output
+from taskplat.common.db.queries import load_queries
+
+Q = load_queries("taskplat.dispatcher.repository", "tasks.sql")
+
+Conn = AsyncConnection[DictRow]
+Row = dict[str, Any]
+
+
+async def _one(conn: Conn, name: str, params: dict[str, Any]) -> Row | None:
+    cursor = await conn.execute(Q[name], params)
+    return await cursor.fetchone()
+
+
+async def insert_task(conn: Conn, params: dict[str, Any]) -> Row | None:
+    """Insert a task; None when its idempotency key already exists."""
+    return await _one(conn, "insert_task", params)
+
+
+async def find_task_by_idempotency_key(conn: Conn, key: str) -> UUID | None:
+    row = await _one(conn, "find_task_by_idempotency_key", {"idempotency_key": key})
+    return None if row is None else row["task_id"]
+
+
+async def enqueue_wakeup(
+    conn: Conn,
+    *,
+    task_id: UUID,
+    queue: str,
+    now: datetime | None,
+    trace_context: dict[str, str] | None = None,
+) -> None:
+    """Write the `enqueue_task` outbox row and notify the relay (delivered on commit)."""
+    await conn.execute(
+        Q["insert_outbox_enqueue"],
+        {
+            "task_id": task_id,
+            "queue": queue,
+            "now": now,
+            "trace_context": Jsonb(trace_context) if trace_context else None,
+        },
+    )
+    await conn.execute(Q["notify_outbox"], {"queue": queue})
+
+
+async def enqueue_dead_letter(
+    conn: Conn, *, task_id: UUID, queue: str, now: datetime | None
+) -> None:
+    await conn.execute(
+        Q["insert_outbox_dead_letter"], {"task_id": task_id, "now": now, "trace_context": None}
+    )
+    await conn.execute(Q["notify_outbox"], {"queue": queue})
+
+
+async def get_task(conn: Conn, task_id: UUID) -> Row | None:
+    return await _one(conn, "get_task", {"task_id": task_id})
+
+
+async def list_tasks(conn: Conn, params: dict[str, Any]) -> list[Row]:
+    cursor = await conn.execute(Q["list_tasks"], params)
+    return await cursor.fetchall()
+
+
+async def read_fence(conn: Conn, task_id: UUID, *, for_update: bool = False) -> Row | None:
+    """The task's status, attempt and lease (plus the attempt's completion digest, locked)."""
+    name = "read_fence_for_update" if for_update else "read_fence"
+    return await _one(conn, name, {"task_id": task_id})
+
+
+async def claim_task(conn: Conn, params: dict[str, Any]) -> Row | None:
+    return await _one(conn, "claim_task", params)
+
+
+async def fetch_task(conn: Conn, task_id: UUID) -> Row | None:
+    return await _one(conn, "fetch_task", {"task_id": task_id})
+
+
+async def heartbeat(conn: Conn, params: dict[str, Any]) -> Row | None:
+    return await _one(conn, "heartbeat", params)
+
+
+def _event_arrays(events: Sequence[Event]) -> dict[str, list[Any]]:
+    return {
+        "dataset_uuids": [event.dataset_uuid for event in events],
+        "dataset_versions": [event.dataset_version for event in events],
+        "cursors": [event.cursor for event in events],
+        "partition_keys": [event.partition_key for event in events],
+        "range_starts": [event.start for event in events],
+        "range_ends": [event.end for event in events],
+    }
+
+
+async def insert_events_guarded(
+    conn: Conn,
+    *,
+    task_id: UUID,
+    attempt: int,
+    lease_token: UUID | None,
+    events: Sequence[Event],
+    now: datetime | None,
+) -> tuple[bool, int]:
+    """Store events if the attempt is Running (and holds the lease); (guard matched, stored)."""
+    row = await _one(
+        conn,
+        "insert_events",
+        {
+            "task_id": task_id,
+            "attempt": attempt,
+            "lease_token": lease_token,
+            "now": now,
+            **_event_arrays(events),
+        },
+    )
+    assert row is not None
+    return bool(row["guarded"]), int(row["inserted"])
+
+
+async def store_events(
+    conn: Conn, *, task_id: UUID, attempt: int, events: Sequence[Event], now: datetime | None
+) -> None:
+    if events:
+        await conn.execute(
+            Q["store_events"],
+            {"task_id": task_id, "attempt": attempt, "now": now, **_event_arrays(events)},
+        )
+
+
+async def store_outputs(
+    conn: Conn, *, task_id: UUID, attempt: int, outputs: Sequence[Output], now: datetime | None
+) -> None:
+    if outputs:
+        await conn.execute(
+            Q["store_outputs"],
+            {
+                "task_id": task_id,
+                "attempt": attempt,
+                "now": now,
+                "output_indexes": [output.output_index for output in outputs],
+                "dataset_uuids": [output.dataset_uuid for output in outputs],
+                "dataset_versions": [output.dataset_version for output in outputs],
+                "locations": [output.location for output in outputs],
+                "cursors": [output.cursor for output in outputs],
+                "row_counts": [output.row_count for output in outputs],
+            },
+        )
+
+
+async def complete_running(conn: Conn, params: dict[str, Any]) -> Row | None:
+    return await _one(conn, "complete_running", params)
+
+
+async def complete_late(conn: Conn, params: dict[str, Any]) -> Row | None:
+    return await _one(conn, "complete_late", params)
+
+
+async def close_attempt(conn: Conn, params: dict[str, Any]) -> None:
+    await conn.execute(Q["close_attempt"], params)
+
+
+async def cancel_task(conn: Conn, task_id: UUID, now: datetime | None) -> bool:
+    return await _one(conn, "cancel_task", {"task_id": task_id, "now": now}) is not None
+
+
+async def replay_task(conn: Conn, task_id: UUID, now: datetime | None) -> Row | None:
+    return await _one(conn, "replay_task", {"task_id": task_id, "now": now})
+
+
+async def task_counts(conn: Conn) -> list[Row]:
+    cursor = await conn.execute(Q["task_counts"])
+    return await cursor.fetchall()
+
+
+async def ping(conn: Conn) -> None:
+    await conn.execute(Q["ping"])

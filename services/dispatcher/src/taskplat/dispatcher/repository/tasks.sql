@@ -1,0 +1,293 @@
+-- Task state transitions of the dispatcher.
+--
+-- Every transition is one guarded UPDATE naming the status (and, for a worker call, the attempt and
+-- lease token) it expects; zero rows means the guard failed and the caller classifies why from a
+-- fresh read. Time is coalesce(%(now)s::timestamptz, now()): the database clock unless a test passes
+-- a fake now.
+
+-- name: insert_task
+INSERT INTO tasks (
+    task_id, status, queue, operator, job, config, inputs, max_attempts,
+    backoff_base_seconds, backoff_max_seconds, timeout_seconds, scheduled_for, expires_at,
+    idempotency_key, queued_at, created_at, updated_at
+)
+SELECT
+    %(task_id)s,
+    CASE WHEN %(scheduled_for)s::timestamptz > n.now THEN 'Scheduled' ELSE 'Queued' END,
+    %(queue)s, %(operator)s, %(job)s, %(config)s, %(inputs)s, %(max_attempts)s,
+    %(backoff_base_seconds)s, %(backoff_max_seconds)s, %(timeout_seconds)s,
+    %(scheduled_for)s, %(expires_at)s, %(idempotency_key)s,
+    CASE WHEN %(scheduled_for)s::timestamptz > n.now THEN NULL ELSE n.now END,
+    n.now, n.now
+FROM (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS n
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING task_id, status, queue
+
+-- name: find_task_by_idempotency_key
+SELECT task_id FROM tasks WHERE idempotency_key = %(idempotency_key)s
+
+-- name: insert_outbox_enqueue
+INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at)
+SELECT 'enqueue_task', %(task_id)s, %(queue)s,
+       jsonb_build_object('task_id', %(task_id)s::text), %(trace_context)s, n.now, n.now
+FROM (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS n
+
+-- name: insert_outbox_dead_letter
+INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at)
+SELECT 'dead_letter', t.task_id, t.queue,
+       jsonb_build_object(
+           'task_id', t.task_id, 'queue', t.queue, 'operator', t.operator,
+           'attempt', t.attempt, 'max_attempts', t.max_attempts,
+           'dead_reason', t.dead_reason, 'last_error', t.last_error, 'died_at', t.finished_at),
+       %(trace_context)s, n.now, n.now
+FROM tasks AS t, (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS n
+WHERE t.task_id = %(task_id)s AND t.status = 'Dead'
+
+-- name: notify_outbox
+SELECT pg_notify('taskplat_outbox', %(queue)s)
+
+-- name: get_task
+SELECT * FROM task_details WHERE task_id = %(task_id)s
+
+-- name: list_tasks
+SELECT *
+FROM task_details AS t
+WHERE (%(status)s::text IS NULL OR t.status = %(status)s)
+  AND (%(queue)s::text IS NULL OR t.queue = %(queue)s)
+  AND (%(operator)s::text IS NULL OR t.operator = %(operator)s)
+  AND (%(after_created_at)s::timestamptz IS NULL
+       OR (t.created_at, t.task_id) < (%(after_created_at)s::timestamptz, %(after_task_id)s::uuid))
+ORDER BY t.created_at DESC, t.task_id DESC
+LIMIT %(limit)s
+
+-- name: read_fence
+SELECT task_id, status, attempt, lease_token, attempt_outcome
+FROM tasks
+WHERE task_id = %(task_id)s
+
+-- name: read_fence_for_update
+SELECT t.task_id, t.status, t.attempt, t.lease_token, t.attempt_outcome,
+       a.completion_digest
+FROM tasks AS t
+LEFT JOIN task_attempts AS a ON a.task_id = t.task_id AND a.attempt = t.attempt
+WHERE t.task_id = %(task_id)s
+FOR UPDATE OF t
+
+-- name: claim_task
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+claimed AS (
+    UPDATE tasks AS t
+    SET status = 'Running',
+        lease_token = %(lease_token)s,
+        lease_expires_at = n.now + make_interval(secs => %(lease_seconds)s),
+        deadline_at = n.now + make_interval(secs => coalesce(t.timeout_seconds,
+                                                             %(default_timeout_seconds)s)),
+        worker_id = %(worker_id)s,
+        started_at = n.now,
+        attempt_outcome = NULL,
+        next_retry_at = NULL,
+        updated_at = n.now
+    FROM n
+    WHERE t.task_id = %(task_id)s AND t.status = 'Queued'
+    RETURNING t.task_id, t.attempt, t.job, t.operator, t.queue, t.config, t.inputs,
+              t.timeout_seconds, t.deadline_at, t.lease_token, t.lease_expires_at,
+              t.worker_id, t.started_at, t.queued_at
+),
+history AS (
+    INSERT INTO task_attempts (task_id, attempt, worker_id, lease_token, started_at)
+    SELECT task_id, attempt, worker_id, lease_token, started_at FROM claimed
+)
+SELECT * FROM claimed
+
+-- name: fetch_task
+SELECT task_id, status, attempt, job, operator, queue, config, inputs, timeout_seconds,
+       deadline_at
+FROM tasks
+WHERE task_id = %(task_id)s
+
+-- name: heartbeat
+UPDATE tasks AS t
+SET lease_expires_at = n.now + make_interval(secs => %(lease_seconds)s),
+    updated_at = n.now
+FROM (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS n
+WHERE t.task_id = %(task_id)s
+  AND t.status = 'Running'
+  AND t.attempt = %(attempt)s
+  AND t.lease_token = %(lease_token)s
+RETURNING t.lease_expires_at
+
+-- name: insert_events
+-- Stores events only while the named attempt is Running and holds the lease (when a token is
+-- given); the guard row is share-locked so a cancel or completion waits for this commit.
+WITH guard AS (
+    SELECT task_id
+    FROM tasks
+    WHERE task_id = %(task_id)s
+      AND status = 'Running'
+      AND attempt = %(attempt)s
+      AND (%(lease_token)s::uuid IS NULL OR lease_token = %(lease_token)s::uuid)
+    FOR SHARE
+),
+inserted AS (
+    INSERT INTO task_events (task_id, attempt, dataset_uuid, dataset_version, "cursor",
+                             partition_key, range_start, range_end, created_at)
+    SELECT g.task_id, %(attempt)s, e.dataset_uuid, e.dataset_version, e.cursor,
+           e.partition_key, e.range_start, e.range_end,
+           coalesce(%(now)s::timestamptz, now())
+    FROM guard AS g,
+         unnest(%(dataset_uuids)s::uuid[], %(dataset_versions)s::uuid[], %(cursors)s::bigint[],
+                %(partition_keys)s::text[], %(range_starts)s::bigint[], %(range_ends)s::bigint[])
+             AS e(dataset_uuid, dataset_version, cursor, partition_key, range_start, range_end)
+    ON CONFLICT (task_id, dataset_uuid, dataset_version, event_key) DO NOTHING
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM guard) AS guarded, (SELECT count(*) FROM inserted) AS inserted
+
+-- name: store_events
+-- Events bundled with an accepted completion (the fence was checked by the transition).
+INSERT INTO task_events (task_id, attempt, dataset_uuid, dataset_version, "cursor",
+                         partition_key, range_start, range_end, created_at)
+SELECT %(task_id)s, %(attempt)s, e.dataset_uuid, e.dataset_version, e.cursor, e.partition_key,
+       e.range_start, e.range_end, coalesce(%(now)s::timestamptz, now())
+FROM unnest(%(dataset_uuids)s::uuid[], %(dataset_versions)s::uuid[], %(cursors)s::bigint[],
+            %(partition_keys)s::text[], %(range_starts)s::bigint[], %(range_ends)s::bigint[])
+         AS e(dataset_uuid, dataset_version, cursor, partition_key, range_start, range_end)
+ON CONFLICT (task_id, dataset_uuid, dataset_version, event_key) DO NOTHING
+
+-- name: store_outputs
+-- Outputs replace those of an earlier completion of the same task (a replayed task).
+INSERT INTO task_outputs (task_id, output_index, attempt, dataset_uuid, dataset_version,
+                          location, "cursor", row_count, committed_at)
+SELECT %(task_id)s, o.output_index, %(attempt)s, o.dataset_uuid, o.dataset_version, o.location,
+       o.cursor, o.row_count, coalesce(%(now)s::timestamptz, now())
+FROM unnest(%(output_indexes)s::integer[], %(dataset_uuids)s::uuid[],
+            %(dataset_versions)s::uuid[], %(locations)s::text[], %(cursors)s::bigint[],
+            %(row_counts)s::bigint[])
+         AS o(output_index, dataset_uuid, dataset_version, location, cursor, row_count)
+ON CONFLICT (task_id, output_index) DO UPDATE
+SET attempt = EXCLUDED.attempt,
+    dataset_uuid = EXCLUDED.dataset_uuid,
+    dataset_version = EXCLUDED.dataset_version,
+    location = EXCLUDED.location,
+    "cursor" = EXCLUDED."cursor",
+    row_count = EXCLUDED.row_count,
+    committed_at = EXCLUDED.committed_at
+
+-- name: complete_running
+-- The holder of the current attempt reports its outcome. Failed becomes Dead when the attempt
+-- budget is used up, else a retry is scheduled with capped, fully jittered exponential backoff.
+UPDATE tasks AS t
+SET status = CASE
+        WHEN %(status)s = 'Completed' THEN 'Completed'
+        WHEN %(status)s = 'Canceled' THEN 'Canceled'
+        WHEN t.attempt - t.replay_offset >= t.max_attempts THEN 'Dead'
+        ELSE 'Failed'
+    END,
+    attempt_outcome = %(status)s,
+    result = CASE WHEN %(status)s = 'Completed' THEN %(result)s::jsonb ELSE t.result END,
+    last_error = CASE WHEN %(status)s = 'Failed' THEN %(error_message)s ELSE t.last_error END,
+    dead_reason = CASE
+        WHEN %(status)s = 'Failed' AND t.attempt - t.replay_offset >= t.max_attempts
+            THEN 'AttemptsExhausted'
+    END,
+    next_retry_at = CASE
+        WHEN %(status)s = 'Failed' AND t.attempt - t.replay_offset < t.max_attempts
+            THEN n.now + coalesce(
+                make_interval(secs => %(retry_after_seconds)s::double precision),
+                taskplat_retry_delay(t.backoff_base_seconds, t.backoff_max_seconds,
+                                     t.attempt - t.replay_offset, %(jitter)s))
+    END,
+    finished_at = CASE
+        WHEN %(status)s = 'Failed' AND t.attempt - t.replay_offset < t.max_attempts THEN NULL
+        ELSE n.now
+    END,
+    lease_expires_at = NULL,
+    updated_at = n.now
+FROM (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS n
+WHERE t.task_id = %(task_id)s
+  AND t.status = 'Running'
+  AND t.attempt = %(attempt)s
+  AND t.lease_token = %(lease_token)s
+RETURNING t.task_id, t.status, t.queue, t.attempt
+
+-- name: complete_late
+-- A late success of the current attempt after its lease or deadline ran out: accepted while no
+-- newer attempt started (attempt unchanged) and the task was not canceled.
+UPDATE tasks AS t
+SET status = 'Completed',
+    attempt_outcome = 'Completed',
+    result = %(result)s::jsonb,
+    dead_reason = NULL,
+    next_retry_at = NULL,
+    finished_at = n.now,
+    updated_at = n.now
+FROM (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS n
+WHERE t.task_id = %(task_id)s
+  AND t.status IN ('Failed', 'Dead')
+  AND t.attempt_outcome IN ('LeaseExpired', 'DeadlineExceeded')
+  AND t.attempt = %(attempt)s
+  AND t.lease_token = %(lease_token)s
+RETURNING t.task_id, t.status, t.queue, t.attempt
+
+-- name: close_attempt
+UPDATE task_attempts
+SET finished_at = coalesce(%(now)s::timestamptz, now()),
+    outcome = %(outcome)s,
+    error = %(error)s,
+    completion_digest = %(completion_digest)s
+WHERE task_id = %(task_id)s AND attempt = %(attempt)s AND lease_token = %(lease_token)s
+
+-- name: cancel_task
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+canceled AS (
+    UPDATE tasks AS t
+    SET status = 'Canceled',
+        attempt_outcome = CASE WHEN t.status = 'Running' THEN 'Canceled' ELSE t.attempt_outcome END,
+        next_retry_at = NULL,
+        lease_expires_at = NULL,
+        finished_at = n.now,
+        updated_at = n.now
+    FROM n
+    WHERE t.task_id = %(task_id)s
+      AND t.status IN ('Scheduled', 'Queued', 'Failed', 'Running')
+    RETURNING t.task_id, t.attempt
+),
+closed AS (
+    UPDATE task_attempts AS a
+    SET outcome = 'Canceled', finished_at = n.now
+    FROM canceled AS c, n
+    WHERE a.task_id = c.task_id AND a.attempt = c.attempt AND a.outcome IS NULL
+)
+SELECT task_id FROM canceled
+
+-- name: replay_task
+-- A replay: a new attempt with a fresh attempt budget, Queued at once.
+UPDATE tasks AS t
+SET status = 'Queued',
+    attempt = t.attempt + 1,
+    replay_offset = t.attempt,
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    deadline_at = NULL,
+    worker_id = NULL,
+    started_at = NULL,
+    finished_at = NULL,
+    next_retry_at = NULL,
+    expires_at = NULL,
+    attempt_outcome = NULL,
+    dead_reason = NULL,
+    result = NULL,
+    queued_at = n.now,
+    updated_at = n.now
+FROM (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS n
+WHERE t.task_id = %(task_id)s
+  AND t.status IN ('Dead', 'Canceled')
+RETURNING t.task_id, t.queue
+
+-- name: task_counts
+SELECT queue, status, count(*) AS tasks
+FROM tasks
+GROUP BY queue, status
+
+-- name: ping
+SELECT 1 AS ok

@@ -1,0 +1,224 @@
+"""Every HTTP route of the dispatcher, declared once: the handlers and the OpenAPI document are
+both built from `ROUTES`.
+
+Invariants: public routes need an API key and internal routes the worker token (checked before the
+body is read); health, readiness, metrics and the OpenAPI document are open. A handler validates the
+whole request before it calls the service, so invalid input never writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Literal, TypeVar
+
+from pydantic import BaseModel, Field
+from starlette.requests import Request
+from starlette.responses import Response
+
+from taskplat.common.contracts import (
+    ClaimedResponse,
+    ClaimRequest,
+    CompleteRequest,
+    CompleteResponse,
+    CreateTaskRequest,
+    ErrorResponse,
+    EventsAcceptedResponse,
+    EventsRequest,
+    FetchResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    NotClaimedResponse,
+    RejectedResponse,
+    TaskList,
+    TaskStatus,
+    TaskView,
+)
+from taskplat.common.contracts.base import Contract, OperatorName, QueueName
+from taskplat.dispatcher.auth import require_token
+from taskplat.dispatcher.errors import json_response
+from taskplat.dispatcher.requests import parse_body, parse_query, parse_uuid
+from taskplat.dispatcher.service import ListFilters, TaskService
+from taskplat.dispatcher.settings import DispatcherSettings
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+Handler = Callable[[Request], Awaitable[Response]]
+Auth = Literal["api_key", "worker_token", "none"]
+
+
+class ListTasksQuery(Contract):
+    status: TaskStatus | None = None
+    queue: QueueName | None = None
+    operator: OperatorName | None = None
+    cursor: Annotated[str, Field(max_length=512)] | None = None
+    limit: Annotated[int, Field(ge=1, le=500)] = 50
+
+
+class FetchQuery(Contract):
+    task_id: str
+
+
+@dataclass(frozen=True)
+class RouteSpec:
+    method: str
+    path: str
+    name: str
+    summary: str
+    auth: Auth
+    handler: Handler
+    body: type[BaseModel] | None = None
+    query: type[BaseModel] | None = None
+    path_params: tuple[str, ...] = ()
+    responses: dict[int, tuple[str, type[BaseModel] | list[type[BaseModel]] | None]] = field(
+        default_factory=dict
+    )
+    content_type: str = "application/json"
+
+
+def _service(request: Request) -> TaskService:
+    service: TaskService = request.app.state.service
+    return service
+
+
+def _settings(request: Request) -> DispatcherSettings:
+    settings: DispatcherSettings = request.app.state.settings
+    return settings
+
+
+def _authorize(request: Request, auth: Auth) -> None:
+    settings = _settings(request)
+    if auth == "api_key":
+        require_token(request, settings.api_keys, what="API key")
+    elif auth == "worker_token":
+        require_token(request, [settings.worker_token], what="worker token")
+
+
+async def _body(request: Request, model: type[ModelT]) -> ModelT:
+    return await parse_body(request, model, _settings(request).max_body_bytes)
+
+
+# ---- public ------------------------------------------------------------------------------
+
+
+async def create_task(request: Request) -> Response:
+    body = await _body(request, CreateTaskRequest)
+    view, created = await _service(request).create(body)
+    return json_response(view, 201 if created else 200)
+
+
+async def list_tasks(request: Request) -> Response:
+    query = parse_query(request, ListTasksQuery)
+    limit = min(query.limit, _settings(request).list_max_limit)
+    filters = ListFilters(query.status, query.queue, query.operator, query.cursor, limit)
+    return json_response(await _service(request).list(filters))
+
+
+async def get_task(request: Request) -> Response:
+    task_id = parse_uuid(request.path_params["task_id"], name="task_id")
+    return json_response(await _service(request).get(task_id))
+
+
+async def cancel_task(request: Request) -> Response:
+    task_id = parse_uuid(request.path_params["task_id"], name="task_id")
+    return json_response(await _service(request).cancel(task_id))
+
+
+async def retry_task(request: Request) -> Response:
+    task_id = parse_uuid(request.path_params["task_id"], name="task_id")
+    return json_response(await _service(request).replay(task_id))
+
+
+# ---- internal ----------------------------------------------------------------------------
+
+
+async def task_claim(request: Request) -> Response:
+    body = await _body(request, ClaimRequest)
+    return json_response(await _service(request).claim(body))
+
+
+async def task_fetch(request: Request) -> Response:
+    query = parse_query(request, FetchQuery)
+    task_id = parse_uuid(query.task_id, name="task_id", where="query")
+    return json_response(await _service(request).fetch(task_id))
+
+
+async def heartbeat(request: Request) -> Response:
+    body = await _body(request, HeartbeatRequest)
+    return json_response(await _service(request).heartbeat(body))
+
+
+async def events(request: Request) -> Response:
+    body = await _body(request, EventsRequest)
+    return json_response(await _service(request).events(body))
+
+
+async def task_complete(request: Request) -> Response:
+    body = await _body(request, CompleteRequest)
+    return json_response(await _service(request).complete(body))
+
+
+_AUTH_FAIL = (401, ("missing or wrong bearer token", ErrorResponse))
+_BAD_JSON = (400, ("malformed JSON", ErrorResponse))
+_INVALID = (422, ("the request does not match the contract", ErrorResponse))
+_TOO_LARGE = (413, ("request body over the size cap", ErrorResponse))
+_NOT_FOUND = (404, ("no such task", ErrorResponse))
+_REJECTED = (409, ("stale attempt or lease, not running, or canceled", RejectedResponse))
+_WORKER_NOT_FOUND = (404, ("no such task", RejectedResponse))
+_BODY_ERRORS = dict([_AUTH_FAIL, _BAD_JSON, _INVALID, _TOO_LARGE])
+
+ROUTES: tuple[RouteSpec, ...] = (
+    RouteSpec("POST", "/tasks", "create_task", "Create a task", "api_key", create_task,
+              body=CreateTaskRequest,
+              responses={201: ("task created", TaskView),
+                         200: ("a task with this idempotency_key already exists", TaskView),
+                         **_BODY_ERRORS}),
+    RouteSpec("GET", "/tasks", "list_tasks", "List tasks, newest first", "api_key", list_tasks,
+              query=ListTasksQuery,
+              responses={200: ("one page of tasks", TaskList), **dict([_AUTH_FAIL, _INVALID])}),
+    RouteSpec("GET", "/tasks/{task_id}", "get_task", "Read a task", "api_key", get_task,
+              path_params=("task_id",),
+              responses={200: ("the task", TaskView), **dict([_AUTH_FAIL, _INVALID, _NOT_FOUND])}),
+    RouteSpec("PUT", "/tasks/{task_id}/cancel", "cancel_task", "Cancel a task", "api_key",
+              cancel_task, path_params=("task_id",),
+              responses={200: ("the canceled task", TaskView),
+                         409: ("the task is Completed or Dead", ErrorResponse),
+                         **dict([_AUTH_FAIL, _INVALID, _NOT_FOUND])}),
+    RouteSpec("POST", "/tasks/{task_id}/retry", "retry_task",
+              "Replay a Dead or Canceled task as a new attempt with a fresh budget", "api_key",
+              retry_task, path_params=("task_id",),
+              responses={200: ("the task, Queued again", TaskView),
+                         409: ("the task is not Dead or Canceled", ErrorResponse),
+                         **dict([_AUTH_FAIL, _INVALID, _NOT_FOUND])}),
+    RouteSpec("POST", "/internal/task-claim", "task_claim", "Claim a task and obtain a lease",
+              "worker_token", task_claim, body=ClaimRequest,
+              responses={200: ("Claimed or NotClaimed", [ClaimedResponse, NotClaimedResponse]),
+                         **_BODY_ERRORS}),
+    RouteSpec("GET", "/internal/task-fetch", "task_fetch", "Fetch a task's payload and status",
+              "worker_token", task_fetch, query=FetchQuery,
+              responses={200: ("the task payload", FetchResponse),
+                         **dict([_AUTH_FAIL, _INVALID, _NOT_FOUND])}),
+    RouteSpec("POST", "/internal/heartbeat", "heartbeat", "Extend the lease of the current attempt",
+              "worker_token", heartbeat, body=HeartbeatRequest,
+              responses={200: ("lease extended", HeartbeatResponse), **_BODY_ERRORS,
+                         **dict([_REJECTED, _WORKER_NOT_FOUND])}),
+    RouteSpec("POST", "/internal/events", "events", "Emit upstream events of the current attempt",
+              "worker_token", events, body=EventsRequest,
+              responses={200: ("events stored (repeats acknowledged)", EventsAcceptedResponse),
+                         **_BODY_ERRORS, **dict([_REJECTED, _WORKER_NOT_FOUND])}),
+    RouteSpec("POST", "/internal/task-complete", "task_complete",
+              "Report the outcome of the current attempt", "worker_token", task_complete,
+              body=CompleteRequest,
+              responses={200: ("completion accepted (or an exact repeat)", CompleteResponse),
+                         **_BODY_ERRORS, **dict([_REJECTED, _WORKER_NOT_FOUND])}),
+)  # fmt: skip
+
+
+def guarded(spec: RouteSpec) -> Handler:
+    """Wrap a handler with its authentication check (before any body is read)."""
+
+    async def endpoint(request: Request) -> Response:
+        _authorize(request, spec.auth)
+        return await spec.handler(request)
+
+    endpoint.__name__ = spec.name
+    return endpoint

@@ -1,0 +1,76 @@
+"""Settings of the dispatcher (env prefix `TASKPLAT_DISPATCHER_`, plus the shared names).
+
+Invariants: API keys and the worker token are secrets (never printed or logged); every default is a
+production-sensible value; per-operator defaults override the global task defaults.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
+
+from taskplat.common.settings import DatabaseSettings, ServiceSettings, WorkerTokenSettings
+
+
+class OperatorDefaults(BaseModel):
+    """Task defaults of one operator; unset fields fall back to the global defaults."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_attempts: Annotated[int, Field(ge=1, le=100)] | None = None
+    backoff_base_seconds: Annotated[float, Field(ge=0)] | None = None
+    backoff_max_seconds: Annotated[float, Field(ge=0)] | None = None
+    timeout_seconds: Annotated[int, Field(ge=1)] | None = None
+
+
+class DispatcherSettings(ServiceSettings, DatabaseSettings, WorkerTokenSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="TASKPLAT_DISPATCHER_",
+        extra="ignore",
+        frozen=True,
+        case_sensitive=False,
+        populate_by_name=True,
+    )
+
+    host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 in a container).")
+    port: int = Field(8080, ge=1, le=65535, description="Port to listen on.")
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(
+        validation_alias="TASKPLAT_API_KEYS",
+        min_length=1,
+        description="Comma-separated API keys accepted on the public routes.",
+    )
+    max_body_bytes: int = Field(1024 * 1024, ge=1024, description="Request body size cap (413).")
+    result_max_bytes: int = Field(
+        256 * 1024, ge=1, description="Size cap of a completion's `result` object (JSON bytes)."
+    )
+    lease_ttl_seconds: float = Field(
+        30.0, gt=0, le=3600, description="Lease granted by a claim and extended by a heartbeat."
+    )
+    default_timeout_seconds: int = Field(
+        3600, ge=1, description="Hard deadline of an attempt when the task sets no timeout."
+    )
+    default_max_attempts: int = Field(3, ge=1, le=100, description="Default `max_attempts`.")
+    default_backoff_base_seconds: float = Field(1.0, ge=0, description="Default backoff base.")
+    default_backoff_max_seconds: float = Field(300.0, ge=0, description="Default backoff cap.")
+    operator_defaults: dict[str, OperatorDefaults] = Field(
+        default_factory=dict,
+        description='JSON object of per-operator defaults, e.g. {"sleep": {"max_attempts": 5}}.',
+    )
+    list_max_limit: int = Field(500, ge=1, description="Largest page of `GET /tasks`.")
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys_long_enough(cls, value: list[SecretStr]) -> list[SecretStr]:
+        for key in value:
+            if len(key.get_secret_value()) < 16:
+                raise ValueError("each API key must be at least 16 characters")
+        return value

@@ -1,0 +1,22 @@
+"""Conversions from database rows to contract models.
+
+Invariant: a view is built only from a row read after the transaction that changed it committed, so
+what a client sees is what the database holds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from taskplat.common.contracts import ClaimTask, TaskView
+
+_TASK_VIEW_FIELDS = tuple(TaskView.model_fields)
+_CLAIM_TASK_FIELDS = tuple(ClaimTask.model_fields)
+
+
+def task_view(row: dict[str, Any]) -> TaskView:
+    return TaskView.model_validate({field: row[field] for field in _TASK_VIEW_FIELDS})
+
+
+def claim_task_payload(row: dict[str, Any]) -> ClaimTask:
+    return ClaimTask.model_validate({field: row[field] for field in _CLAIM_TASK_FIELDS})

@@ -1,0 +1,161 @@
+"""``python -m taskplat.devstack``: run the local stack's servers from make or a shell.
+
+Subcommands: ``install-localstack`` (build the cached LocalStack venv), ``postgres --dir D``
+and ``sqs --dir D`` (start, print ``DATABASE_URL=...`` / ``SQS_ENDPOINT_URL=...`` on stdout, stay
+in the foreground until SIGINT/SIGTERM, then stop).
+
+Invariants:
+- Expected failures print ``devstack: error: ...`` on stderr and exit 1 (usage errors: 2),
+  never a traceback. A server that dies while in the foreground exits 1 too.
+- The only line on stdout is the ``NAME=value`` line (or the venv python for install-localstack),
+  flushed at once, so a process manager can read it; everything else goes to stderr.
+- The servers die with this process, even when it is killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Protocol
+
+from taskplat.devstack.errors import DevstackError
+from taskplat.devstack.postgres import PrivatePostgres
+from taskplat.devstack.sqs import LocalSqs, ensure_localstack_venv
+
+log = logging.getLogger("taskplat.devstack")
+
+
+class _Server(Protocol):
+    log_path: Path
+
+    def start(self) -> str: ...
+
+    def stop(self) -> None: ...
+
+    def is_running(self) -> bool: ...
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port out of range 1-65535: {port}")
+    return port
+
+
+def _usable_dir(path: Path) -> Path:
+    path = path.absolute()
+    if path.exists() and not path.is_dir():
+        raise DevstackError(f"--dir {path} exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DevstackError(f"cannot create --dir {path}: {exc.strerror or exc}") from exc
+    return path
+
+
+def _serve(server: _Server, variable: str) -> int:
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        value = server.start()
+        print(f"{variable}={value}", flush=True)
+        while not stop.wait(0.5):
+            if not server.is_running():
+                raise DevstackError(f"the server exited unexpectedly; see {server.log_path}")
+        return 0
+    finally:
+        server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _cmd_install_localstack(args: argparse.Namespace) -> int:
+    print(ensure_localstack_venv(args.venv, uv=args.uv), flush=True)
+    return 0
+
+
+def _cmd_postgres(args: argparse.Namespace) -> int:
+    server = PrivatePostgres(
+        _usable_dir(args.dir),
+        port=args.port,
+        fsync=args.fsync,
+        log_path=args.log,
+        die_with_parent=True,
+    )
+    log.info("postgres: data in %s, log %s", server.data_dir, server.log_path)
+    return _serve(server, "DATABASE_URL")
+
+
+def _cmd_sqs(args: argparse.Namespace) -> int:
+    server = LocalSqs(
+        _usable_dir(args.dir),
+        port=args.port,
+        log_path=args.log,
+        die_with_parent=True,
+        uv=args.uv,
+        server=args.server,
+    )
+    log.info("sqs: state in %s, log %s", server.base_dir, server.log_path)
+    return _serve(server, "SQS_ENDPOINT_URL")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m taskplat.devstack", description="Taskplat's local Postgres and SQS."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    install = sub.add_parser("install-localstack", help="build the cached LocalStack venv")
+    install.add_argument(
+        "--venv",
+        type=Path,
+        help="venv dir (default $TASKPLAT_LOCALSTACK_VENV or <repo>/.cache/localstack-venv)",
+    )
+    install.add_argument("--uv", help="uv executable (default $UV, uv on PATH, .tools/bin/uv)")
+    install.set_defaults(func=_cmd_install_localstack)
+
+    pg = sub.add_parser("postgres", help="run a private Postgres in the foreground")
+    pg.add_argument("--dir", type=Path, required=True, help="state directory (data is kept)")
+    pg.add_argument("--port", type=_port, help="TCP port on 127.0.0.1 (default: a free one)")
+    pg.add_argument("--fsync", action="store_true", help="keep fsync on (default: off, fast)")
+    pg.add_argument("--log", type=Path, help="server log (default <dir>/postgres.log)")
+    pg.set_defaults(func=_cmd_postgres)
+
+    sqs = sub.add_parser("sqs", help="run a local SQS endpoint in the foreground")
+    sqs.add_argument("--dir", type=Path, required=True, help="state directory")
+    sqs.add_argument("--port", type=_port, help="TCP port on 127.0.0.1 (default: a free one)")
+    sqs.add_argument("--log", type=Path, help="server log (default <dir>/sqs.log)")
+    sqs.add_argument(
+        "--server",
+        choices=["localstack", "moto"],
+        help="force one server (default: LocalStack, moto as the fallback)",
+    )
+    sqs.add_argument("--uv", help="uv executable used to build the LocalStack venv")
+    sqs.set_defaults(func=_cmd_sqs)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="devstack: %(message)s", stream=sys.stderr)
+    try:
+        code: int = args.func(args)
+    except DevstackError as exc:
+        print(f"devstack: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return code
