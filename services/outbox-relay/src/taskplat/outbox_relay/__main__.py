@@ -1,0 +1,66 @@
+"""`python -m taskplat.outbox_relay`: settings -> logging -> pool -> SQS client -> relay -> run.
+
+Invariant: only wiring lives here. Bad settings or an unreachable database at start-up exit
+non-zero with a one-line message, never a traceback; once running, errors are the loop's to log.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from psycopg_pool import PoolTimeout
+from pydantic import ValidationError
+
+from taskplat.common.db.pools import make_pool
+from taskplat.common.logging import configure_logging, get_logger
+from taskplat.common.loops import install_stop_signals
+from taskplat.common.sqs import sqs_client
+from taskplat.outbox_relay.relay import Relay
+from taskplat.outbox_relay.settings import RelaySettings
+
+SERVICE = "outbox-relay"
+
+
+def _settings_problem(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(part) for part in error['loc']) or 'settings'}: {error['msg']}"
+        for error in exc.errors()
+    )
+
+
+def main() -> int:
+    try:
+        settings = RelaySettings()
+    except ValidationError as exc:
+        print(f"taskplat-{SERVICE}: invalid settings: {_settings_problem(exc)}", file=sys.stderr)
+        return 2
+    configure_logging(SERVICE, level=settings.log_level, fmt=settings.log_format)
+    log = get_logger()
+    pool = make_pool(settings, application_name=f"taskplat-{SERVICE}")
+    try:
+        pool.open(wait=True, timeout=settings.db_connect_timeout_seconds)
+    except PoolTimeout:
+        pool.close()
+        print(f"taskplat-{SERVICE}: cannot connect to the database", file=sys.stderr)
+        return 1
+    sqs = sqs_client(settings, max_pool_connections=max(10, settings.send_concurrency * 2))
+    relay = Relay(settings, pool=pool, sqs=sqs)
+    stop = threading.Event()
+    install_stop_signals(stop)
+    log.info(
+        "relay_starting",
+        batch_size=settings.batch_size,
+        interval_seconds=settings.interval_seconds,
+        send_concurrency=settings.send_concurrency,
+    )
+    try:
+        relay.run(stop)
+    finally:
+        relay.close()
+        pool.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""Outbox rows as the relay sees them: claim a batch, mark rows sent, push failed rows back.
+
+Invariants: functions take the caller's connection and never commit; the caller holds one
+transaction from `claim_pending` to the marks, so the claimed rows stay locked (and invisible to
+other relays, through SKIP LOCKED) exactly as long as the batch. Every update is guarded by
+`sent_at IS NULL`, so a row is marked sent at most once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+from psycopg import Connection
+from psycopg.rows import DictRow
+
+from taskplat.common.db.queries import load_queries
+
+Q = load_queries("taskplat.outbox_relay", "outbox.sql")
+
+Conn = Connection[DictRow]
+OutboxKind = Literal["enqueue_task", "dead_letter"]
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    outbox_id: int
+    kind: OutboxKind
+    task_id: UUID
+    queue: str
+    payload: dict[str, Any]
+    trace_context: dict[str, Any] | None
+    send_attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A row whose send failed: why, and how long to wait before the next try."""
+
+    outbox_id: int
+    error: str
+    delay_seconds: float
+
+
+def claim_pending(conn: Conn, *, limit: int, now: datetime | None) -> list[OutboxRow]:
+    """Lock and return up to `limit` due, unsent rows ordered by `outbox_id`."""
+    rows = conn.execute(Q["claim_pending"], {"limit": limit, "now": now}).fetchall()
+    return [
+        OutboxRow(
+            outbox_id=row["outbox_id"],
+            kind=row["kind"],
+            task_id=row["task_id"],
+            queue=row["queue"],
+            payload=row["payload"],
+            trace_context=row["trace_context"],
+            send_attempts=row["send_attempts"],
+        )
+        for row in rows
+    ]
+
+
+def mark_sent(conn: Conn, ids: Sequence[int], *, now: datetime | None) -> int:
+    """Set `sent_at` on the given unsent rows; returns how many were marked."""
+    if not ids:
+        return 0
+    return len(conn.execute(Q["mark_sent"], {"ids": list(ids), "now": now}).fetchall())
+
+
+def mark_failed(conn: Conn, failures: Sequence[Failure], *, now: datetime | None) -> int:
+    """Count a failed send, record its error and make the row due again after its delay."""
+    if not failures:
+        return 0
+    params = {
+        "ids": [failure.outbox_id for failure in failures],
+        "errors": [failure.error for failure in failures],
+        "delays": [failure.delay_seconds for failure in failures],
+        "now": now,
+    }
+    return len(conn.execute(Q["mark_failed"], params).fetchall())

@@ -1,0 +1,69 @@
+-- Test setup and inspection rows of the relay's tests (not product code). The inserts write the
+-- same shapes the dispatcher writes (services/dispatcher/.../tasks.sql): a Queued task with its
+-- `enqueue_task` outbox row, and a Dead task with its `dead_letter` outbox row.
+
+-- name: insert_queued_tasks
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+new_tasks AS (
+    INSERT INTO tasks (
+        task_id, status, queue, operator, max_attempts, backoff_base_seconds,
+        backoff_max_seconds, queued_at, created_at, updated_at
+    )
+    SELECT u.task_id, 'Queued', %(queue)s, 'echo', 3, 1, 60, n.now, n.now, n.now
+    FROM unnest(%(task_ids)s::uuid[]) AS u(task_id), n
+)
+INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at)
+SELECT 'enqueue_task', u.task_id, %(queue)s, jsonb_build_object('task_id', u.task_id::text),
+       %(trace_context)s, n.now, n.now
+FROM unnest(%(task_ids)s::uuid[]) WITH ORDINALITY AS u(task_id, ord), n
+ORDER BY u.ord
+RETURNING outbox_id
+
+-- name: insert_dead_task
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
+INSERT INTO tasks (
+    task_id, status, queue, operator, attempt, max_attempts, backoff_base_seconds,
+    backoff_max_seconds, attempt_outcome, dead_reason, last_error, created_at, started_at,
+    finished_at, updated_at
+)
+SELECT %(task_id)s, 'Dead', %(queue)s, 'echo', 3, 3, 1, 60, 'Failed', 'AttemptsExhausted',
+       %(last_error)s, n.now, n.now, n.now, n.now
+FROM n
+
+-- name: insert_dead_letter
+-- As the dispatcher's insert_outbox_dead_letter.
+INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at)
+SELECT 'dead_letter', t.task_id, t.queue,
+       jsonb_build_object(
+           'task_id', t.task_id, 'queue', t.queue, 'operator', t.operator,
+           'attempt', t.attempt, 'max_attempts', t.max_attempts,
+           'dead_reason', t.dead_reason, 'last_error', t.last_error, 'died_at', t.finished_at),
+       %(trace_context)s, n.now, n.now
+FROM tasks AS t, (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS n
+WHERE t.task_id = %(task_id)s AND t.status = 'Dead'
+RETURNING outbox_id
+
+-- name: insert_raw_outbox
+INSERT INTO outbox (kind, task_id, queue, payload, created_at, available_at)
+SELECT %(kind)s, %(task_id)s, %(queue)s, %(payload)s, n.now, n.now
+FROM (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS n
+RETURNING outbox_id
+
+-- name: notify_outbox
+SELECT pg_notify('taskplat_outbox', %(queue)s)
+
+-- name: outbox_rows
+SELECT outbox_id, kind, task_id, queue, send_attempts, last_error, available_at, sent_at
+FROM outbox
+ORDER BY outbox_id
+
+-- name: listening_backends
+SELECT count(*) AS listeners
+FROM pg_stat_activity
+WHERE datname = current_database() AND query LIKE 'LISTEN %%'
+
+-- name: terminate_relay_backends
+SELECT count(pg_terminate_backend(pid)) AS terminated
+FROM pg_stat_activity
+WHERE datname = current_database() AND application_name = %(application_name)s
+  AND pid <> pg_backend_pid()

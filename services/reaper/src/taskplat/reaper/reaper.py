@@ -1,0 +1,157 @@
+"""The reaper loop: times out leases and deadlines, expires unstarted tasks, prunes old rows.
+
+Invariants:
+  * `run_once()` runs bounded steps, each one statement in its own short transaction: expired
+    leases, overrun deadlines, expired Queued/Scheduled tasks, then pruning of finished tasks and of
+    sent outbox rows.
+  * A timeout names the status (`Running`), attempt and lease token it selected with
+    `FOR UPDATE SKIP LOCKED`: a completion or heartbeat that holds or has committed on the row
+    wins and is never overwritten, and replicas never reap the same attempt twice.
+  * A timed-out attempt becomes Failed with `next_retry_at = now + backoff(attempt - replay_offset)`
+    (the scheduler re-queues it) or Dead (`AttemptsExhausted`) once the budget is used up; its
+    history row is closed with the same outcome, and its lease token stays on the task so a late
+    success of that attempt can still be accepted by the dispatcher.
+  * Every task that becomes Dead writes a `dead_letter` outbox row in the same statement, and the
+    relay is NOTIFYed in the same transaction.
+  * Only terminal tasks and sent outbox rows are pruned; a Running task is never expired.
+  * Jitter comes from the injected `random.Random`, time from the injected clock.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+
+from psycopg import Connection
+from psycopg.rows import DictRow
+from psycopg_pool import ConnectionPool
+
+from taskplat.common.clock import Clock, SystemClock
+from taskplat.common.logging import get_logger
+from taskplat.common.loops import LoopHealth, Waker, run_loop
+from taskplat.reaper import repository as repo
+from taskplat.reaper.settings import ReaperSettings
+
+
+@dataclass(frozen=True)
+class ReaperBatch:
+    """What one `run_once()` did."""
+
+    lease_expired: int
+    deadline_exceeded: int
+    expired: int
+    dead_lettered: int
+    pruned_tasks: int
+    pruned_outbox: int
+    more: bool
+
+
+class Reaper:
+    def __init__(
+        self,
+        pool: ConnectionPool[Connection[DictRow]],
+        settings: ReaperSettings,
+        *,
+        clock: Clock | None = None,
+        rand: random.Random | None = None,
+    ) -> None:
+        self._pool = pool
+        self._settings = settings
+        self._clock = clock or SystemClock()
+        self._rand = rand or random.Random()
+        self._log = get_logger().bind(loop="reaper")
+
+    def _jitters(self) -> list[float]:
+        return [self._rand.random() for _ in range(self._settings.reap_batch_size)]
+
+    def _timeouts(self, kind: str, now: datetime | None) -> list[repo.Row]:
+        s = self._settings
+        with self._pool.connection() as conn, conn.transaction():
+            if kind == "lease":
+                rows = repo.reap_expired_leases(
+                    conn, now=now, limit=s.reap_batch_size, jitters=self._jitters()
+                )
+            else:
+                rows = repo.reap_overrun_deadlines(
+                    conn,
+                    now=now,
+                    limit=s.reap_batch_size,
+                    grace_seconds=s.deadline_grace_seconds,
+                    jitters=self._jitters(),
+                )
+            repo.notify_outbox(conn, (row["queue"] for row in rows if row["status"] == "Dead"))
+        event = "task_lease_expired" if kind == "lease" else "task_deadline_exceeded"
+        for row in rows:
+            self._log.info(
+                event,
+                task_id=str(row["task_id"]),
+                attempt=row["attempt"],
+                worker_id=row["worker_id"],
+                status=row["status"],
+            )
+        return rows
+
+    def _expire(self, now: datetime | None) -> list[repo.Row]:
+        with self._pool.connection() as conn, conn.transaction():
+            rows = repo.expire_unstarted(conn, now=now, limit=self._settings.expire_batch_size)
+            repo.notify_outbox(conn, (row["queue"] for row in rows))
+        return rows
+
+    def _prune(self, now: datetime | None) -> tuple[int, int]:
+        s = self._settings
+        with self._pool.connection() as conn:
+            with conn.transaction():
+                tasks = repo.prune_finished_tasks(
+                    conn, now=now, limit=s.prune_batch_size, retention_seconds=s.retention_seconds
+                )
+            with conn.transaction():
+                outbox = repo.prune_sent_outbox(
+                    conn,
+                    now=now,
+                    limit=s.outbox_prune_batch_size,
+                    retention_seconds=s.outbox_retention_seconds,
+                )
+        return tasks, outbox
+
+    def run_once(self) -> ReaperBatch:
+        s = self._settings
+        now = self._clock.sql_now()
+        leases = self._timeouts("lease", now)
+        deadlines = self._timeouts("deadline", now)
+        expired = self._expire(now)
+        pruned_tasks, pruned_outbox = self._prune(now)
+        dead = sum(1 for row in (*leases, *deadlines) if row["status"] == "Dead") + len(expired)
+        return ReaperBatch(
+            lease_expired=len(leases),
+            deadline_exceeded=len(deadlines),
+            expired=len(expired),
+            dead_lettered=dead,
+            pruned_tasks=pruned_tasks,
+            pruned_outbox=pruned_outbox,
+            more=(
+                len(leases) >= s.reap_batch_size
+                or len(deadlines) >= s.reap_batch_size
+                or len(expired) >= s.expire_batch_size
+                or pruned_tasks >= s.prune_batch_size
+                or pruned_outbox >= s.outbox_prune_batch_size
+            ),
+        )
+
+    def run(
+        self,
+        stop: threading.Event,
+        *,
+        waker: Waker | None = None,
+        health: LoopHealth | None = None,
+    ) -> None:
+        """Repeat `run_once` until `stop` is set (see `taskplat.common.loops.run_loop`)."""
+        run_loop(
+            "reaper",
+            self.run_once,
+            stop,
+            interval=self._settings.interval_seconds,
+            waker=waker,
+            health=health,
+        )

@@ -1,0 +1,218 @@
+-- Batches of the reaper loop.
+--
+-- Each transition is one statement: a bounded FOR UPDATE SKIP LOCKED selection, an UPDATE guarded by
+-- the status, attempt and lease token it selected, the attempt history row closed, and a
+-- `dead_letter` outbox row (same payload as the dispatcher's insert_outbox_dead_letter) for each task
+-- that became Dead. A completion or heartbeat that holds the row lock makes the reaper skip the row;
+-- one that committed after this statement's snapshot is seen when the lock is taken, and the
+-- re-checked predicate and guard then exclude the row, so the reaper never overwrites it.
+-- Time is coalesce(%(now)s::timestamptz, now()). Jitter for the retry delay comes from the caller,
+-- one value per selected row (%(jitters)s, indexed by row number).
+
+-- name: reap_expired_leases
+-- Running with lease_expires_at < now: Failed with a retry at now + backoff, or Dead when the
+-- attempt budget (attempt - replay_offset) has reached max_attempts. The lease token stays on the row
+-- so a late success of this same attempt can still be recognised.
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+due AS (
+    SELECT t.task_id, t.attempt, t.lease_token
+    FROM tasks AS t, n
+    WHERE t.status = 'Running'
+      AND t.lease_expires_at < n.now
+    ORDER BY t.lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
+),
+jittered AS (
+    SELECT due.*, (%(jitters)s::double precision[])[row_number() OVER ()] AS jitter FROM due
+),
+moved AS (
+    UPDATE tasks AS t
+    SET status = CASE WHEN t.attempt - t.replay_offset >= t.max_attempts THEN 'Dead'
+                      ELSE 'Failed' END,
+        attempt_outcome = 'LeaseExpired',
+        last_error = 'lease expired',
+        dead_reason = CASE WHEN t.attempt - t.replay_offset >= t.max_attempts
+                           THEN 'AttemptsExhausted' END,
+        next_retry_at = CASE
+            WHEN t.attempt - t.replay_offset < t.max_attempts
+                THEN n.now + taskplat_retry_delay(t.backoff_base_seconds, t.backoff_max_seconds,
+                                                  t.attempt - t.replay_offset,
+                                                  coalesce(j.jitter, 1.0))
+        END,
+        finished_at = CASE WHEN t.attempt - t.replay_offset >= t.max_attempts THEN n.now END,
+        lease_expires_at = NULL,
+        updated_at = n.now
+    FROM jittered AS j, n
+    WHERE t.task_id = j.task_id
+      AND t.status = 'Running'
+      AND t.attempt = j.attempt
+      AND t.lease_token = j.lease_token
+      AND t.lease_expires_at < n.now
+    RETURNING t.task_id, t.attempt, t.lease_token, t.status, t.queue, t.operator, t.worker_id,
+              t.max_attempts, t.dead_reason, t.last_error, t.finished_at
+),
+closed AS (
+    UPDATE task_attempts AS a
+    SET finished_at = n.now, outcome = 'LeaseExpired', error = 'lease expired'
+    FROM moved AS m, n
+    WHERE a.task_id = m.task_id AND a.attempt = m.attempt AND a.lease_token = m.lease_token
+      AND a.outcome IS NULL
+),
+dead AS (
+    INSERT INTO outbox (kind, task_id, queue, payload, created_at, available_at)
+    SELECT 'dead_letter', m.task_id, m.queue,
+           jsonb_build_object(
+               'task_id', m.task_id, 'queue', m.queue, 'operator', m.operator,
+               'attempt', m.attempt, 'max_attempts', m.max_attempts,
+               'dead_reason', m.dead_reason, 'last_error', m.last_error, 'died_at', m.finished_at),
+           n.now, n.now
+    FROM moved AS m, n
+    WHERE m.status = 'Dead'
+)
+SELECT task_id, attempt, status, queue, worker_id FROM moved
+
+-- name: reap_overrun_deadlines
+-- Running past deadline_at + grace, even while heartbeats keep the lease fresh: the same outcome
+-- rules as an expired lease, with attempt_outcome DeadlineExceeded.
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+due AS (
+    SELECT t.task_id, t.attempt, t.lease_token
+    FROM tasks AS t, n
+    WHERE t.status = 'Running'
+      AND t.deadline_at IS NOT NULL
+      AND t.deadline_at < n.now - make_interval(secs => %(grace_seconds)s::double precision)
+    ORDER BY t.deadline_at
+    LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
+),
+jittered AS (
+    SELECT due.*, (%(jitters)s::double precision[])[row_number() OVER ()] AS jitter FROM due
+),
+moved AS (
+    UPDATE tasks AS t
+    SET status = CASE WHEN t.attempt - t.replay_offset >= t.max_attempts THEN 'Dead'
+                      ELSE 'Failed' END,
+        attempt_outcome = 'DeadlineExceeded',
+        last_error = 'deadline exceeded',
+        dead_reason = CASE WHEN t.attempt - t.replay_offset >= t.max_attempts
+                           THEN 'AttemptsExhausted' END,
+        next_retry_at = CASE
+            WHEN t.attempt - t.replay_offset < t.max_attempts
+                THEN n.now + taskplat_retry_delay(t.backoff_base_seconds, t.backoff_max_seconds,
+                                                  t.attempt - t.replay_offset,
+                                                  coalesce(j.jitter, 1.0))
+        END,
+        finished_at = CASE WHEN t.attempt - t.replay_offset >= t.max_attempts THEN n.now END,
+        lease_expires_at = NULL,
+        updated_at = n.now
+    FROM jittered AS j, n
+    WHERE t.task_id = j.task_id
+      AND t.status = 'Running'
+      AND t.attempt = j.attempt
+      AND t.lease_token = j.lease_token
+      AND t.deadline_at < n.now - make_interval(secs => %(grace_seconds)s::double precision)
+    RETURNING t.task_id, t.attempt, t.lease_token, t.status, t.queue, t.operator, t.worker_id,
+              t.max_attempts, t.dead_reason, t.last_error, t.finished_at
+),
+closed AS (
+    UPDATE task_attempts AS a
+    SET finished_at = n.now, outcome = 'DeadlineExceeded', error = 'deadline exceeded'
+    FROM moved AS m, n
+    WHERE a.task_id = m.task_id AND a.attempt = m.attempt AND a.lease_token = m.lease_token
+      AND a.outcome IS NULL
+),
+dead AS (
+    INSERT INTO outbox (kind, task_id, queue, payload, created_at, available_at)
+    SELECT 'dead_letter', m.task_id, m.queue,
+           jsonb_build_object(
+               'task_id', m.task_id, 'queue', m.queue, 'operator', m.operator,
+               'attempt', m.attempt, 'max_attempts', m.max_attempts,
+               'dead_reason', m.dead_reason, 'last_error', m.last_error, 'died_at', m.finished_at),
+           n.now, n.now
+    FROM moved AS m, n
+    WHERE m.status = 'Dead'
+)
+SELECT task_id, attempt, status, queue, worker_id FROM moved
+
+-- name: expire_unstarted
+-- Queued or Scheduled past expires_at: Dead (Expired). A Running task is never expired.
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+due AS (
+    SELECT t.task_id, t.attempt, t.status
+    FROM tasks AS t, n
+    WHERE t.status IN ('Queued', 'Scheduled')
+      AND t.expires_at IS NOT NULL
+      AND t.expires_at <= n.now
+    ORDER BY t.expires_at
+    LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
+),
+moved AS (
+    UPDATE tasks AS t
+    SET status = 'Dead',
+        dead_reason = 'Expired',
+        last_error = 'expired before it started',
+        next_retry_at = NULL,
+        lease_expires_at = NULL,
+        finished_at = n.now,
+        updated_at = n.now
+    FROM due, n
+    WHERE t.task_id = due.task_id
+      AND t.status = due.status
+      AND t.attempt = due.attempt
+      AND t.expires_at <= n.now
+    RETURNING t.task_id, t.attempt, t.status, t.queue, t.operator, t.max_attempts,
+              t.dead_reason, t.last_error, t.finished_at
+),
+dead AS (
+    INSERT INTO outbox (kind, task_id, queue, payload, created_at, available_at)
+    SELECT 'dead_letter', m.task_id, m.queue,
+           jsonb_build_object(
+               'task_id', m.task_id, 'queue', m.queue, 'operator', m.operator,
+               'attempt', m.attempt, 'max_attempts', m.max_attempts,
+               'dead_reason', m.dead_reason, 'last_error', m.last_error, 'died_at', m.finished_at),
+           n.now, n.now
+    FROM moved AS m, n
+)
+SELECT task_id, attempt, status, queue FROM moved
+
+-- name: prune_finished_tasks
+-- Terminal tasks finished longer ago than the retention; attempts, outputs and events go with them
+-- (ON DELETE CASCADE). The status is re-checked so a task replayed meanwhile is kept.
+WITH doomed AS (
+    SELECT t.task_id
+    FROM tasks AS t
+    WHERE t.status IN ('Completed', 'Dead', 'Canceled')
+      AND t.finished_at < coalesce(%(now)s::timestamptz, now())
+                          - make_interval(secs => %(retention_seconds)s::double precision)
+    ORDER BY t.finished_at
+    LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
+)
+DELETE FROM tasks AS t
+USING doomed AS d
+WHERE t.task_id = d.task_id
+  AND t.status IN ('Completed', 'Dead', 'Canceled')
+RETURNING t.task_id
+
+-- name: prune_sent_outbox
+-- Outbox rows sent longer ago than the retention. Pending rows (sent_at IS NULL) are never pruned.
+WITH doomed AS (
+    SELECT o.outbox_id
+    FROM outbox AS o
+    WHERE o.sent_at IS NOT NULL
+      AND o.sent_at < coalesce(%(now)s::timestamptz, now())
+                      - make_interval(secs => %(retention_seconds)s::double precision)
+    ORDER BY o.sent_at
+    LIMIT %(limit)s
+    FOR UPDATE OF o SKIP LOCKED
+)
+DELETE FROM outbox AS o
+USING doomed AS d
+WHERE o.outbox_id = d.outbox_id
+RETURNING o.outbox_id
+
+-- name: notify_outbox
+-- Wake the outbox relay; delivered on commit, so only if the outbox rows were committed.
+SELECT pg_notify('taskplat_outbox', q) FROM unnest(%(queues)s::text[]) AS q

@@ -1,0 +1,106 @@
+"""The scheduler loop: due delayed tasks and due retries become Queued; lost wake-ups are re-sent.
+
+Invariants:
+  * `run_once()` runs up to three bounded steps, each one statement in its own short transaction:
+    the transition and its `enqueue_task` outbox rows commit together, and the relay is NOTIFYed in
+    that same transaction (so it only ever wakes for committed rows).
+  * Every transition names the status and attempt it selected (`FOR UPDATE SKIP LOCKED`), so any
+    number of replicas may run at once: each task moves exactly once per due event.
+  * A retry increments `attempt` on the same row; it never creates a task.
+  * Re-publishing moves `queued_at` to now. `queued_at` therefore means "when the task was last
+    announced", and schedule lag measured from it counts from the latest wake-up, not the first.
+  * Time comes from the injected clock (`clock.sql_now()`; None lets the database decide).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from psycopg import Connection
+from psycopg.rows import DictRow
+from psycopg_pool import ConnectionPool
+
+from taskplat.common.clock import Clock, SystemClock
+from taskplat.common.loops import LoopHealth, Waker, run_loop
+from taskplat.scheduler import repository as repo
+from taskplat.scheduler.settings import SchedulerSettings
+
+
+@dataclass(frozen=True)
+class SchedulerBatch:
+    """What one `run_once()` did."""
+
+    promoted: int
+    retried: int
+    republished: int
+    more: bool
+
+
+Step = Callable[[repo.Conn, datetime | None], list[repo.Row]]
+
+
+class Scheduler:
+    def __init__(
+        self,
+        pool: ConnectionPool[Connection[DictRow]],
+        settings: SchedulerSettings,
+        *,
+        clock: Clock | None = None,
+    ) -> None:
+        self._pool = pool
+        self._settings = settings
+        self._clock = clock or SystemClock()
+
+    def _step(self, step: Step) -> int:
+        now = self._clock.sql_now()
+        with self._pool.connection() as conn, conn.transaction():
+            rows = step(conn, now)
+            repo.notify_outbox(conn, (row["queue"] for row in rows))
+        return len(rows)
+
+    def run_once(self) -> SchedulerBatch:
+        s = self._settings
+        promoted = self._step(
+            lambda conn, now: repo.promote_due_scheduled(conn, now=now, limit=s.promote_batch_size)
+        )
+        retried = self._step(
+            lambda conn, now: repo.retry_due_failed(conn, now=now, limit=s.retry_batch_size)
+        )
+        republished = self._step(
+            lambda conn, now: repo.republish_unclaimed(
+                conn,
+                now=now,
+                limit=s.republish_batch_size,
+                requeue_after_seconds=s.requeue_after_seconds,
+            )
+        )
+        return SchedulerBatch(
+            promoted=promoted,
+            retried=retried,
+            republished=republished,
+            more=(
+                promoted >= s.promote_batch_size
+                or retried >= s.retry_batch_size
+                or republished >= s.republish_batch_size
+            ),
+        )
+
+    def run(
+        self,
+        stop: threading.Event,
+        *,
+        waker: Waker | None = None,
+        health: LoopHealth | None = None,
+    ) -> None:
+        """Repeat `run_once` until `stop` is set (see `taskplat.common.loops.run_loop`)."""
+        run_loop(
+            "scheduler",
+            self.run_once,
+            stop,
+            interval=self._settings.interval_seconds,
+            waker=waker,
+            health=health,
+        )

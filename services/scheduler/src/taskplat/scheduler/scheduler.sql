@@ -1,0 +1,124 @@
+-- Batches of the scheduler loop.
+--
+-- Each query is one statement that selects a bounded batch with FOR UPDATE SKIP LOCKED, moves the
+-- rows with an UPDATE guarded by the status and attempt it selected, and writes one `enqueue_task`
+-- outbox row per moved task (same shape as the dispatcher's insert_outbox_enqueue). Selection,
+-- transition and outbox row therefore commit together or not at all, and two replicas never move the
+-- same row: a locked row is skipped, and a row another replica moved after this statement's snapshot
+-- fails the re-checked predicate. Time is coalesce(%(now)s::timestamptz, now()).
+
+-- name: promote_due_scheduled
+-- Scheduled -> Queued once scheduled_for has come. A task already past expires_at is left for the
+-- reaper, which expires it.
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+due AS (
+    SELECT t.task_id, t.attempt
+    FROM tasks AS t, n
+    WHERE t.status = 'Scheduled'
+      AND t.scheduled_for <= n.now
+      AND (t.expires_at IS NULL OR t.expires_at > n.now)
+    ORDER BY t.scheduled_for
+    LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
+),
+moved AS (
+    UPDATE tasks AS t
+    SET status = 'Queued',
+        queued_at = n.now,
+        updated_at = n.now
+    FROM due, n
+    WHERE t.task_id = due.task_id
+      AND t.status = 'Scheduled'
+      AND t.attempt = due.attempt
+      AND t.scheduled_for <= n.now
+    RETURNING t.task_id, t.queue
+),
+ob AS (
+    INSERT INTO outbox (kind, task_id, queue, payload, created_at, available_at)
+    SELECT 'enqueue_task', m.task_id, m.queue, jsonb_build_object('task_id', m.task_id::text),
+           n.now, n.now
+    FROM moved AS m, n
+)
+SELECT task_id, queue FROM moved
+
+-- name: retry_due_failed
+-- Failed -> Queued at next_retry_at: the same row, attempt + 1. The ended attempt's lease fields are
+-- cleared (a Queued task holds no lease; a late reply of the old attempt is stale by its attempt
+-- number); replay_offset, last_error and the attempt history are kept.
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+due AS (
+    SELECT t.task_id, t.attempt
+    FROM tasks AS t, n
+    WHERE t.status = 'Failed'
+      AND t.next_retry_at <= n.now
+    ORDER BY t.next_retry_at
+    LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
+),
+moved AS (
+    UPDATE tasks AS t
+    SET status = 'Queued',
+        attempt = t.attempt + 1,
+        attempt_outcome = NULL,
+        next_retry_at = NULL,
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        deadline_at = NULL,
+        worker_id = NULL,
+        started_at = NULL,
+        finished_at = NULL,
+        queued_at = n.now,
+        updated_at = n.now
+    FROM due, n
+    WHERE t.task_id = due.task_id
+      AND t.status = 'Failed'
+      AND t.attempt = due.attempt
+      AND t.next_retry_at <= n.now
+    RETURNING t.task_id, t.queue
+),
+ob AS (
+    INSERT INTO outbox (kind, task_id, queue, payload, created_at, available_at)
+    SELECT 'enqueue_task', m.task_id, m.queue, jsonb_build_object('task_id', m.task_id::text),
+           n.now, n.now
+    FROM moved AS m, n
+)
+SELECT task_id, queue FROM moved
+
+-- name: republish_unclaimed
+-- A Queued task unclaimed for requeue_after_seconds probably lost its wake-up: write a fresh one and
+-- move queued_at to now, so the task is re-announced at most once per period. Tasks already past
+-- expires_at are left for the reaper.
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+due AS (
+    SELECT t.task_id, t.attempt
+    FROM tasks AS t, n
+    WHERE t.status = 'Queued'
+      AND (t.queued_at IS NULL
+           OR t.queued_at
+              <= n.now - make_interval(secs => %(requeue_after_seconds)s::double precision))
+      AND (t.expires_at IS NULL OR t.expires_at > n.now)
+    ORDER BY t.queued_at NULLS FIRST
+    LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
+),
+moved AS (
+    UPDATE tasks AS t
+    SET queued_at = n.now,
+        updated_at = n.now
+    FROM due, n
+    WHERE t.task_id = due.task_id
+      AND t.status = 'Queued'
+      AND t.attempt = due.attempt
+    RETURNING t.task_id, t.queue
+),
+ob AS (
+    INSERT INTO outbox (kind, task_id, queue, payload, created_at, available_at)
+    SELECT 'enqueue_task', m.task_id, m.queue, jsonb_build_object('task_id', m.task_id::text),
+           n.now, n.now
+    FROM moved AS m, n
+)
+SELECT task_id, queue FROM moved
+
+-- name: notify_outbox
+-- Wake the outbox relay; delivered on commit, so only if the outbox rows were committed.
+SELECT pg_notify('taskplat_outbox', q) FROM unnest(%(queues)s::text[]) AS q

@@ -1,0 +1,45 @@
+"""Settings of the scheduler (env prefix `TASKPLAT_SCHEDULER_`, plus the shared names).
+
+Invariants: every default is production-sensible; batch sizes bound the rows one statement locks,
+so a batch stays short even with a large backlog.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from taskplat.common.settings import DatabaseSettings, ServiceSettings
+
+
+class SchedulerSettings(ServiceSettings, DatabaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="TASKPLAT_SCHEDULER_",
+        extra="ignore",
+        frozen=True,
+        case_sensitive=False,
+        populate_by_name=True,
+    )
+
+    interval_seconds: float = Field(
+        0.5,
+        gt=0,
+        le=3600,
+        description="Pause between batches when the previous one was not full.",
+    )
+    promote_batch_size: int = Field(
+        500, ge=1, le=10_000, description="Due Scheduled tasks promoted per batch."
+    )
+    retry_batch_size: int = Field(
+        500, ge=1, le=10_000, description="Due Failed tasks re-queued per batch."
+    )
+    republish_batch_size: int = Field(
+        200, ge=1, le=10_000, description="Unclaimed Queued tasks re-announced per batch."
+    )
+    requeue_after_seconds: float = Field(
+        60.0,
+        gt=0,
+        description=(
+            "A Queued task unclaimed this long gets a fresh wake-up (at most once per period)."
+        ),
+    )

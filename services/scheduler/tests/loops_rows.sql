@@ -1,0 +1,113 @@
+-- Test setup and inspection for the scheduler's and the reaper's tests (not product code).
+
+-- name: insert_task
+INSERT INTO tasks (
+    task_id, status, queue, operator, attempt, replay_offset, max_attempts,
+    backoff_base_seconds, backoff_max_seconds, timeout_seconds, lease_token, lease_expires_at,
+    deadline_at, worker_id, scheduled_for, next_retry_at, expires_at, queued_at, attempt_outcome,
+    dead_reason, last_error, created_at, started_at, finished_at, updated_at
+) VALUES (
+    %(task_id)s, %(status)s, %(queue)s, %(operator)s, %(attempt)s, %(replay_offset)s,
+    %(max_attempts)s, %(backoff_base_seconds)s, %(backoff_max_seconds)s, %(timeout_seconds)s,
+    %(lease_token)s, %(lease_expires_at)s, %(deadline_at)s, %(worker_id)s, %(scheduled_for)s,
+    %(next_retry_at)s, %(expires_at)s, %(queued_at)s, %(attempt_outcome)s, %(dead_reason)s,
+    %(last_error)s, %(created_at)s, %(started_at)s, %(finished_at)s, %(created_at)s
+)
+
+-- name: insert_attempt
+INSERT INTO task_attempts (task_id, attempt, worker_id, lease_token, started_at, finished_at,
+                           outcome)
+VALUES (%(task_id)s, %(attempt)s, %(worker_id)s, %(lease_token)s, %(started_at)s,
+        %(finished_at)s, %(outcome)s)
+
+-- name: insert_output
+INSERT INTO task_outputs (task_id, output_index, attempt, dataset_uuid, dataset_version,
+                          committed_at)
+VALUES (%(task_id)s, 0, %(attempt)s, gen_random_uuid(), gen_random_uuid(), %(now)s)
+
+-- name: insert_event
+INSERT INTO task_events (task_id, attempt, dataset_uuid, dataset_version, "cursor", created_at)
+VALUES (%(task_id)s, %(attempt)s, gen_random_uuid(), gen_random_uuid(), 1, %(now)s)
+
+-- name: insert_outbox
+INSERT INTO outbox (kind, task_id, queue, payload, created_at, available_at, sent_at)
+VALUES ('enqueue_task', %(task_id)s, 'default', jsonb_build_object('task_id', %(task_id)s::text),
+        %(created_at)s, %(created_at)s, %(sent_at)s)
+RETURNING outbox_id
+
+-- name: complete_like_dispatcher
+-- The dispatcher's completion transition (its complete_running guard: status, attempt, lease).
+UPDATE tasks AS t
+SET status = 'Completed',
+    attempt_outcome = 'Completed',
+    finished_at = %(now)s,
+    lease_expires_at = NULL,
+    updated_at = %(now)s
+WHERE t.task_id = %(task_id)s
+  AND t.status = 'Running'
+  AND t.attempt = %(attempt)s
+  AND t.lease_token = %(lease_token)s
+RETURNING t.task_id
+
+-- name: complete_late_like_dispatcher
+-- The dispatcher's late success of a timed-out attempt (its complete_late guard).
+UPDATE tasks AS t
+SET status = 'Completed',
+    attempt_outcome = 'Completed',
+    dead_reason = NULL,
+    next_retry_at = NULL,
+    finished_at = %(now)s,
+    updated_at = %(now)s
+WHERE t.task_id = %(task_id)s
+  AND t.status IN ('Failed', 'Dead')
+  AND t.attempt_outcome IN ('LeaseExpired', 'DeadlineExceeded')
+  AND t.attempt = %(attempt)s
+  AND t.lease_token = %(lease_token)s
+RETURNING t.task_id
+
+-- name: complete_attempt_like_dispatcher
+UPDATE task_attempts
+SET finished_at = %(now)s, outcome = 'Completed'
+WHERE task_id = %(task_id)s AND attempt = %(attempt)s AND lease_token = %(lease_token)s
+
+-- name: heartbeat_like_dispatcher
+UPDATE tasks AS t
+SET lease_expires_at = %(lease_expires_at)s, updated_at = %(now)s
+WHERE t.task_id = %(task_id)s
+  AND t.status = 'Running'
+  AND t.attempt = %(attempt)s
+  AND t.lease_token = %(lease_token)s
+RETURNING t.task_id
+
+-- name: finish_running_task
+UPDATE tasks
+SET status = 'Completed', attempt_outcome = 'Completed', finished_at = %(finished_at)s,
+    lease_expires_at = NULL
+WHERE task_id = %(task_id)s AND status = 'Running'
+
+-- name: attempts_closed_with
+SELECT count(*) AS n
+FROM task_attempts
+WHERE outcome = %(outcome)s AND finished_at = %(finished_at)s
+
+-- name: task_row
+SELECT * FROM tasks WHERE task_id = %(task_id)s
+
+-- name: attempt_rows
+SELECT * FROM task_attempts WHERE task_id = %(task_id)s ORDER BY attempt
+
+-- name: outbox_rows
+SELECT * FROM outbox WHERE task_id = %(task_id)s ORDER BY outbox_id
+
+-- name: all_outbox_rows
+SELECT * FROM outbox ORDER BY outbox_id
+
+-- name: all_tasks
+SELECT * FROM tasks ORDER BY task_id
+
+-- name: row_counts
+SELECT (SELECT count(*) FROM tasks) AS tasks,
+       (SELECT count(*) FROM task_attempts) AS task_attempts,
+       (SELECT count(*) FROM task_outputs) AS task_outputs,
+       (SELECT count(*) FROM task_events) AS task_events,
+       (SELECT count(*) FROM outbox) AS outbox

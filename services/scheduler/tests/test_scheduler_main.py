@@ -1,0 +1,45 @@
+"""`python -m taskplat.scheduler` as a real process: wiring, bad settings, SIGTERM."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from loops_rows import LoopProcess, LoopRows, run_with_bad_settings, seconds
+
+from taskplat.devstack.waiting import wait_for
+
+
+def test_bad_settings_exit_non_zero_with_one_line() -> None:
+    result = run_with_bad_settings(
+        "taskplat.scheduler", {"TASKPLAT_SCHEDULER_INTERVAL_SECONDS": "-1"}
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("taskplat-scheduler: invalid settings:")
+    assert "interval_seconds" in lines[0]
+
+
+def test_runs_against_the_database_clock_and_stops_on_sigterm(db_url: str, rows: LoopRows) -> None:
+    now = datetime.now(UTC)
+    task_id = rows.insert_task(now, "Scheduled", scheduled_for=now - seconds(1))
+    service = LoopProcess(
+        "taskplat.scheduler",
+        {
+            "DATABASE_URL": db_url,
+            "TASKPLAT_LOG_FORMAT": "json",
+            "TASKPLAT_SCHEDULER_INTERVAL_SECONDS": "0.1",
+        },
+    )
+    try:
+        wait_for(
+            lambda: rows.task(task_id)["status"] == "Queued",
+            timeout=30,
+            what="the scheduler to promote the due task",
+        )
+        wait_for(lambda: service.logged("loop_batch"), timeout=10, what="a batch log line")
+    finally:
+        code = service.stop()
+    assert code == 0, "\n".join(service.lines)
+    assert service.logged("loop_stopped")
+    assert len(rows.outbox(task_id)) == 1
