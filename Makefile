@@ -51,7 +51,7 @@ test-fast: venv ## Run the unit and integration tests, not the end-to-end suite
 lint: venv ## ruff and mypy --strict
 	@$(RUN) ruff check .
 	@$(RUN) ruff format --check .
-	@$(RUN) mypy libs/common/src services/dispatcher/src tools/devstack/src
+	@$(RUN) mypy libs/common/src tools/devstack/src $(wildcard services/*/src)
 
 .PHONY: fmt
 fmt: venv ## Format the code with ruff

@@ -76,7 +76,7 @@ def configure_logging(service: str, *, level: str = "INFO", fmt: str = "json") -
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(numeric_level)
-    for noisy in ("botocore", "boto3", "urllib3"):
+    for noisy in ("botocore", "boto3", "urllib3", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(max(numeric_level, logging.WARNING))
 
 

@@ -18,6 +18,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 LogFormat = Literal["json", "console"]
 
 
+_FRAGMENT_CONFIG = SettingsConfigDict(
+    extra="ignore", frozen=True, case_sensitive=False, populate_by_name=True
+)
+
+
 def _alias(*names: str) -> AliasChoices:
     return AliasChoices(*names)
 
@@ -42,6 +47,8 @@ class ServiceSettings(BaseSettings):
 class DatabaseSettings(BaseSettings):
     """Postgres connection fragment for the dispatcher and the loops."""
 
+    model_config = _FRAGMENT_CONFIG
+
     database_url: SecretStr = Field(
         SecretStr("postgresql://taskplat@127.0.0.1:5432/taskplat"),
         validation_alias=_alias("DATABASE_URL"),
@@ -63,6 +70,8 @@ class DatabaseSettings(BaseSettings):
 
 class SqsSettings(BaseSettings):
     """SQS fragment for the relay, the scheduler and the worker wrapper."""
+
+    model_config = _FRAGMENT_CONFIG
 
     sqs_endpoint_url: str | None = Field(
         None,
@@ -88,6 +97,8 @@ class SqsSettings(BaseSettings):
 
 class WorkerTokenSettings(BaseSettings):
     """The bearer token workers present on /internal routes."""
+
+    model_config = _FRAGMENT_CONFIG
 
     worker_token: SecretStr = Field(
         validation_alias=_alias("TASKPLAT_WORKER_TOKEN"),

@@ -1,0 +1,66 @@
+"""`python -m taskplat.worker_wrapper`: settings -> operators -> logging -> wrapper -> signals.
+
+
+Invariants: only wiring lives here; a bad setting or a bad operators file exits with status 2 and
+one line on stderr, never a traceback; SIGTERM/SIGINT start the drain and a drained wrapper
+exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Mapping
+
+import structlog
+from pydantic import ValidationError
+
+from taskplat.common.logging import configure_logging, get_logger
+from taskplat.worker_wrapper.operators import OperatorsFileError, OperatorSpec, load_operators
+from taskplat.worker_wrapper.settings import WrapperSettings, describe_settings_error
+from taskplat.worker_wrapper.worker import build_wrapper
+
+PROG = "taskplat-worker-wrapper"
+
+
+async def serve(settings: WrapperSettings, specs: Mapping[str, OperatorSpec]) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def request_stop(sig: signal.Signals) -> None:
+        get_logger().info("stop_requested", signal=sig.name)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, request_stop, sig)
+    wrapper = build_wrapper(settings, specs)
+    try:
+        await wrapper.run(stop)
+    finally:
+        await wrapper.aclose()
+
+
+def main() -> int:
+    try:
+        settings = WrapperSettings()
+    except ValidationError as exc:
+        print(f"{PROG}: invalid settings: {describe_settings_error(exc)}", file=sys.stderr)
+        return 2
+    try:
+        specs = load_operators(settings.operators_file)
+    except OperatorsFileError as exc:
+        print(f"{PROG}: {exc.message}", file=sys.stderr)
+        return 2
+    configure_logging("worker-wrapper", level=settings.log_level, fmt=settings.log_format)
+    for chatty in ("httpx", "httpcore"):  # one INFO line per request otherwise
+        logging.getLogger(chatty).setLevel(logging.WARNING)
+    structlog.contextvars.bind_contextvars(worker_id=settings.worker_id)
+    get_logger().info("operators_loaded", operators=sorted(specs))
+    asyncio.run(serve(settings, specs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

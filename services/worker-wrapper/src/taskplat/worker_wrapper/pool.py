@@ -1,0 +1,203 @@
+"""Pooled operators: long-lived processes that serve one task at a time each (for operators that
+start slowly).
+
+Invariants:
+  * A pool has `pool_size` slots; a task takes a free slot (waiting for one counts against its
+    deadline and yields to a stop), starting the slot's process if it has none or it died.
+  * A pooled process reads one task JSON per line on stdin and answers each with event lines then
+    one envelope line. It has no per-task environment: the task line carries `task_id`, `attempt`,
+    `lease_token` and `deadline_at`.
+  * A process that crashed, was killed (deadline, stop) or broke the protocol (flood, malformed
+    line, stdout closed) is retired (its group killed) and its slot restarts on next use; a
+    process that answered, whatever the status, is kept.
+  * `close()` kills every process of the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from taskplat.common.logging import get_logger
+from taskplat.worker_wrapper.operators import OperatorSpec
+from taskplat.worker_wrapper.outcomes import (
+    Abort,
+    OperatorRunner,
+    RunOutcome,
+    TaskInput,
+    failure,
+)
+from taskplat.worker_wrapper.process import (
+    Process,
+    StderrTail,
+    describe_exit,
+    dispose,
+    kill_group,
+    operator_env,
+    signal_group,
+    spawn_operator,
+    wait_exit,
+    write_input,
+)
+from taskplat.worker_wrapper.protocol import (
+    Answer,
+    EndOfOutput,
+    EventSink,
+    ProtocolError,
+    StdoutBudget,
+    read_answer,
+)
+from taskplat.worker_wrapper.racing import cancel_and_wait, deadline_message, race
+from taskplat.worker_wrapper.runner import (
+    STDERR_SETTLE_SECONDS,
+    PerTaskRunner,
+    RunnerLimits,
+    envelope_outcome,
+)
+
+
+@dataclass(eq=False)
+class PooledProcess:
+    proc: Process
+    stderr: StderrTail
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.returncode is None
+
+
+class PooledRunner:
+    def __init__(
+        self, name: str, spec: OperatorSpec, limits: RunnerLimits, environ: Mapping[str, str]
+    ) -> None:
+        self._name = name
+        self._spec = spec
+        self._limits = limits
+        self._environ = environ
+        self._slots: asyncio.Queue[PooledProcess | None] = asyncio.Queue()
+        for _ in range(spec.processes):
+            self._slots.put_nowait(None)
+        self._live: set[PooledProcess] = set()
+        self.started = 0  # processes started so far (observability and tests)
+
+    async def run(
+        self, task: TaskInput, *, deadline: float | None, forward: EventSink, abort: Abort
+    ) -> RunOutcome:
+        loop = asyncio.get_running_loop()
+        if abort.is_set:
+            return abort.stopped()
+        waited_from = loop.time()
+        take = asyncio.ensure_future(self._slots.get())
+        finish = await race(take, abort, deadline)
+        if finish != "done":
+            take.cancel()
+            if take.done() and not take.cancelled():
+                self._slots.put_nowait(take.result())
+            if finish == "stopped":
+                return abort.stopped()
+            return failure(
+                deadline_message(loop.time() - waited_from)
+                + " (no free process of the pooled operator)"
+            )
+        slot = take.result()
+        keep: PooledProcess | None = None
+        try:
+            if slot is None or not slot.alive:
+                if slot is not None:
+                    await self._retire(slot)
+                try:
+                    slot = await self._start()
+                except OSError as exc:
+                    return failure(f"cannot start operator {self._name!r}: {exc}")
+            outcome, healthy = await self._serve(slot, task, deadline, forward, abort)
+            if healthy:
+                keep = slot
+            else:
+                await self._retire(slot)
+            return outcome
+        finally:
+            if keep is None and slot is not None and slot in self._live:
+                signal_group(slot.proc.pid, signal.SIGKILL)
+                self._live.discard(slot)
+            self._slots.put_nowait(keep)
+
+    async def _start(self) -> PooledProcess:
+        env = operator_env(self._name, self._spec, self._environ)
+        proc = await spawn_operator(
+            self._spec.argv(), env, line_limit=self._limits.stdout.line_max_bytes
+        )
+        slot = PooledProcess(proc, StderrTail(proc.stderr, self._limits.stderr_tail_bytes))
+        self._live.add(slot)
+        self.started += 1
+        get_logger().info("pooled_operator_started", operator=self._name, pid=proc.pid)
+        return slot
+
+    async def _retire(self, slot: PooledProcess) -> None:
+        self._live.discard(slot)
+        await kill_group(slot.proc, self._limits.kill_grace_seconds)
+        await dispose(slot.proc, slot.stderr)
+
+    async def _serve(
+        self,
+        slot: PooledProcess,
+        task: TaskInput,
+        deadline: float | None,
+        forward: EventSink,
+        abort: Abort,
+    ) -> tuple[RunOutcome, bool]:
+        """Serve one task on `slot`; also say whether the process may serve the next one."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        mark = slot.stderr.mark()
+        session = asyncio.ensure_future(self._session(slot, task, forward))
+        try:
+            finish = await race(session, abort, deadline)
+            if finish != "done":
+                await kill_group(slot.proc, self._limits.kill_grace_seconds)
+                if finish == "stopped":
+                    return abort.stopped(), False
+                await slot.stderr.settle(STDERR_SETTLE_SECONDS)
+                return failure(
+                    deadline_message(loop.time() - started), slot.stderr.text(mark)
+                ), False
+            answer = session.result()
+            if isinstance(answer, ProtocolError | EndOfOutput):
+                if isinstance(answer, EndOfOutput):  # give it a moment to exit by itself
+                    await wait_exit(slot.proc, self._limits.kill_grace_seconds)
+                exit_text = describe_exit(slot.proc.returncode)
+                await kill_group(slot.proc, self._limits.kill_grace_seconds)
+                await slot.stderr.settle(STDERR_SETTLE_SECONDS)
+                if isinstance(answer, ProtocolError):
+                    reason = answer.message
+                else:
+                    reason = f"operator {exit_text} before answering"
+                return failure(reason, slot.stderr.text(mark)), False
+            await asyncio.sleep(0)  # let stderr written with the answer arrive
+            return envelope_outcome(answer, None, slot.stderr.text(mark)), True
+        finally:
+            await cancel_and_wait(session)
+
+    async def _session(self, slot: PooledProcess, task: TaskInput, forward: EventSink) -> Answer:
+        assert slot.proc.stdout is not None
+        if not await write_input(slot.proc, task.line(), close=False):
+            return EndOfOutput()
+        return await read_answer(slot.proc.stdout, StdoutBudget(self._limits.stdout), forward)
+
+    async def close(self) -> None:
+        for slot in list(self._live):
+            await self._retire(slot)
+
+
+def build_runners(
+    specs: Mapping[str, OperatorSpec], limits: RunnerLimits, environ: Mapping[str, str]
+) -> dict[str, OperatorRunner]:
+    """One runner per configured operator: per-task or pooled, as its spec says."""
+    runners: dict[str, OperatorRunner] = {}
+    for name, spec in specs.items():
+        if spec.mode == "pooled":
+            runners[name] = PooledRunner(name, spec, limits, environ)
+        else:
+            runners[name] = PerTaskRunner(name, spec, limits, environ)
+    return runners

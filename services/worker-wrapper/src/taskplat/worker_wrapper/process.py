@@ -1,0 +1,194 @@
+"""Operator child processes: spawning, their environment, their stderr, killing their group.
+
+Invariants:
+  * Every operator process leads its own process group (`start_new_session`), so a kill reaches
+    everything it started in that group; on Linux it also gets `PR_SET_PDEATHSIG = SIGKILL`, so it
+    dies with the wrapper (the signal fires when the spawning thread exits: spawn only from the
+    event loop's thread). Elsewhere the death signal is skipped.
+  * A kill is SIGTERM to the group, then SIGKILL to the group after the grace period, always: the
+    SIGKILL also ends stragglers that outlived the leader.
+  * The environment of an operator is built from its allow-list only; the wrapper's own settings
+    (the worker token above all) never reach it.
+  * An operator's stderr is always drained (a full pipe would block the child); only its last
+    `cap` bytes are kept, for error messages.
+  * Every process is disposed of (`dispose`): its pipes are read to the end or closed, so no
+    transport outlives the task.
+  * Exit is detected by polling `returncode`, not `Process.wait()`, which (from Python 3.12) also
+    waits for the pipes, which a grandchild may hold open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import signal
+import sys
+from collections.abc import Callable, Mapping, Sequence
+
+from taskplat.worker_wrapper.operators import OperatorSpec
+
+_PR_SET_PDEATHSIG = 1
+_POLL_SECONDS = 0.02
+Process = asyncio.subprocess.Process
+
+
+def _death_signal_preexec() -> Callable[[], None] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork, not in the child
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the wrapper died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+async def spawn_operator(
+    argv: Sequence[str], env: Mapping[str, str], *, line_limit: int
+) -> Process:
+    """Start an operator with pipes on stdin, stdout (lines up to `line_limit`) and stderr."""
+    return await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=dict(env),
+        start_new_session=True,
+        preexec_fn=_death_signal_preexec(),
+        limit=line_limit,
+    )
+
+
+def operator_env(
+    name: str,
+    spec: OperatorSpec,
+    source: Mapping[str, str],
+    task_vars: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The allow-listed variables present in `source`, plus the wrapper's `TASKPLAT_*` ones."""
+    env = {key: source[key] for key in spec.env if key in source}
+    env["TASKPLAT_OPERATOR"] = name
+    env["TASKPLAT_OPERATOR_MODE"] = spec.mode
+    env.update(task_vars or {})
+    return env
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+async def wait_exit(proc: Process, timeout: float) -> bool:
+    """Wait up to `timeout` seconds for the process to exit; return whether it has."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while proc.returncode is None:
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(_POLL_SECONDS)
+    return True
+
+
+async def kill_group(proc: Process, grace: float) -> None:
+    """SIGTERM the process group, SIGKILL it after `grace` (or at once once the leader is gone)."""
+    if proc.returncode is None:
+        signal_group(proc.pid, signal.SIGTERM)
+        await wait_exit(proc, grace)
+    signal_group(proc.pid, signal.SIGKILL)
+    await wait_exit(proc, 5.0)
+
+
+def describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+class StderrTail:
+    """Drains a stderr stream in the background, keeping its last `cap` bytes."""
+
+    def __init__(self, stream: asyncio.StreamReader | None, cap: int) -> None:
+        self._cap = cap
+        self._buffer = bytearray()
+        self._total = 0
+        self._task = asyncio.create_task(self._pump(stream)) if stream is not None else None
+
+    async def _pump(self, stream: asyncio.StreamReader) -> None:
+        while True:
+            chunk = await stream.read(64 * 1024)
+            if not chunk:
+                return
+            self._total += len(chunk)
+            if self._cap:
+                self._buffer += chunk
+                if len(self._buffer) > self._cap:
+                    del self._buffer[: len(self._buffer) - self._cap]
+
+    def mark(self) -> int:
+        """A position: `text(since=mark)` shows only what was written after it."""
+        return self._total
+
+    def text(self, since: int = 0) -> str:
+        size = min(len(self._buffer), self._total - since)
+        if size <= 0:
+            return ""
+        return bytes(self._buffer[len(self._buffer) - size :]).decode("utf-8", "replace")
+
+    async def settle(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for the stream to end (after the process exited)."""
+        if self._task is not None and not self._task.done():
+            await asyncio.wait({self._task}, timeout=timeout)
+
+    async def close(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+
+async def dispose(proc: Process, stderr: StderrTail, timeout: float = 2.0) -> None:
+    """Kill what is left of the group and close the pipes: read stdout and stderr to their end
+    (their writers are dead, so the rest is bounded) or, when an escaped process still holds
+    them after `timeout`, close the transport."""
+    signal_group(proc.pid, signal.SIGKILL)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    if proc.stdout is not None:
+        try:
+            while await asyncio.wait_for(proc.stdout.read(64 * 1024), deadline - loop.time()):
+                pass
+        except (TimeoutError, ValueError, OSError):
+            pass
+    await stderr.settle(max(0.0, deadline - loop.time()))
+    await stderr.close()
+    transport = getattr(proc, "_transport", None)  # no public close; ends a pipe still held
+    if transport is not None and not transport.is_closing():
+        transport.close()
+
+
+async def write_input(proc: Process, data: bytes, *, close: bool) -> bool:
+    """Write `data` to the operator's stdin; False when the operator closed it (or exited)."""
+    stdin = proc.stdin
+    if stdin is None:
+        return False
+    try:
+        stdin.write(data)
+        await stdin.drain()
+        if close:
+            stdin.close()
+    except (BrokenPipeError, ConnectionResetError):
+        return False
+    return True

@@ -1,0 +1,157 @@
+"""Per-task operators: a fresh child process for each task (the mode for untrusted code).
+
+Invariants:
+  * The operator starts only if the task was not already stopped and its deadline has not passed.
+  * The task JSON is written to stdin as one line, then stdin is closed. Event lines are forwarded
+    as they are read, in order; the first result envelope ends the answer (later output is
+    discarded, still under the flood cap).
+  * When the leader exits, the rest of its process group is killed at once: a per-task operator
+    lives exactly as long as its leader, and a grandchild holding stdout cannot stall the task.
+  * At the deadline or on a stop, the whole group is killed (SIGTERM, SIGKILL after the grace);
+    whatever happens, including cancellation of `run`, the group gets SIGKILL before `run` returns.
+  * Success needs a `succeeded` envelope and exit code 0; anything else is a failure naming the
+    reason, with the tail of stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from taskplat.worker_wrapper.operators import OperatorSpec
+from taskplat.worker_wrapper.outcomes import (
+    Abort,
+    RunOutcome,
+    Succeeded,
+    TaskInput,
+    failure,
+)
+from taskplat.worker_wrapper.process import (
+    Process,
+    StderrTail,
+    describe_exit,
+    dispose,
+    kill_group,
+    operator_env,
+    signal_group,
+    spawn_operator,
+    wait_exit,
+    write_input,
+)
+from taskplat.worker_wrapper.protocol import (
+    Answer,
+    EndOfOutput,
+    EventSink,
+    ProtocolError,
+    ResultEnvelope,
+    StdoutBudget,
+    StdoutLimits,
+    discard_until_eof,
+    read_answer,
+)
+from taskplat.worker_wrapper.racing import cancel_and_wait, deadline_message, race
+
+STDERR_SETTLE_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class RunnerLimits:
+    stdout: StdoutLimits
+    stderr_tail_bytes: int
+    kill_grace_seconds: float
+
+
+def envelope_outcome(envelope: ResultEnvelope, returncode: int | None, stderr: str) -> RunOutcome:
+    """The outcome of a task answered by `envelope` (returncode None: the process lives on)."""
+    exited_badly = returncode is not None and returncode != 0
+    if not envelope.succeeded:
+        reason = f"operator reported status {envelope.status!r}"
+        if envelope.error:
+            reason += f": {envelope.error}"
+        if exited_badly:
+            reason += f" (and {describe_exit(returncode)})"
+        return failure(reason, stderr)
+    if exited_badly:
+        return failure(f"operator {describe_exit(returncode)} after a succeeded result", stderr)
+    return Succeeded(envelope.payload, tuple(envelope.outputs), tuple(envelope.events))
+
+
+class PerTaskRunner:
+    def __init__(
+        self, name: str, spec: OperatorSpec, limits: RunnerLimits, environ: Mapping[str, str]
+    ) -> None:
+        self._name = name
+        self._spec = spec
+        self._limits = limits
+        self._environ = environ
+
+    async def run(
+        self, task: TaskInput, *, deadline: float | None, forward: EventSink, abort: Abort
+    ) -> RunOutcome:
+        loop = asyncio.get_running_loop()
+        if abort.is_set:
+            return abort.stopped()
+        if deadline is not None and deadline <= loop.time():
+            return failure("deadline passed before the operator started")
+        env = operator_env(self._name, self._spec, self._environ, task.env)
+        started = loop.time()
+        try:
+            proc = await spawn_operator(
+                self._spec.argv(), env, line_limit=self._limits.stdout.line_max_bytes
+            )
+        except OSError as exc:
+            return failure(f"cannot start operator {self._name!r}: {exc}")
+        stderr = StderrTail(proc.stderr, self._limits.stderr_tail_bytes)
+        session = asyncio.ensure_future(self._session(proc, task, forward))
+        try:
+            finish = await race(session, abort, deadline)
+            if finish != "done":
+                await kill_group(proc, self._limits.kill_grace_seconds)
+                await cancel_and_wait(session)
+                if finish == "stopped":
+                    return abort.stopped()
+                await stderr.settle(STDERR_SETTLE_SECONDS)
+                return failure(deadline_message(loop.time() - started), stderr.text())
+            answer = session.result()
+            await stderr.settle(STDERR_SETTLE_SECONDS)
+            if isinstance(answer, ProtocolError):
+                return failure(answer.message, stderr.text())
+            if isinstance(answer, EndOfOutput):
+                reason = f"operator {describe_exit(proc.returncode)} without a result envelope"
+                return failure(reason, stderr.text())
+            return envelope_outcome(answer, proc.returncode, stderr.text())
+        finally:
+            signal_group(proc.pid, signal.SIGKILL)
+            await cancel_and_wait(session)
+            await dispose(proc, stderr)
+
+    async def _session(self, proc: Process, task: TaskInput, forward: EventSink) -> Answer:
+        """Feed the task, read the answer, wait for the leader to exit."""
+        assert proc.stdout is not None
+        budget = StdoutBudget(self._limits.stdout)
+        writer = asyncio.ensure_future(write_input(proc, task.line(), close=True))
+        reaper = asyncio.ensure_future(self._kill_group_on_exit(proc))
+        try:
+            answer: Answer = await read_answer(proc.stdout, budget, forward)
+            if isinstance(answer, ResultEnvelope):
+                late = await discard_until_eof(proc.stdout, budget)
+                if late is not None:
+                    answer = late
+            if isinstance(answer, ProtocolError):
+                signal_group(proc.pid, signal.SIGKILL)
+            await wait_exit(proc, math.inf)
+            return answer
+        finally:
+            await cancel_and_wait(writer)
+            await cancel_and_wait(reaper)
+
+    @staticmethod
+    async def _kill_group_on_exit(proc: Process) -> None:
+        await wait_exit(proc, math.inf)
+        signal_group(proc.pid, signal.SIGKILL)
+
+    async def close(self) -> None:
+        return None

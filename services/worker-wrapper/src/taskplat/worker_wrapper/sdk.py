@@ -1,0 +1,145 @@
+"""A small helper for operators written in Python (standard library only, cheap to import).
+
+    from taskplat.worker_wrapper.sdk import Task, emit_event, serve
+
+    def handle(task: Task) -> dict:
+        emit_event({"dataset_uuid": ..., "dataset_version": ..., "cursor": 42})
+        return {"rows": 42}            # the result payload; raise to fail the task
+
+    if __name__ == "__main__":
+        raise SystemExit(serve(handle))
+
+Invariants:
+  * `serve` answers every task line on stdin with exactly one envelope line on stdout, so the same
+    code runs per-task (one line, then stdin closes) and pooled (a line per task, forever).
+  * While a handler runs, `sys.stdout` points at stderr: a stray `print` cannot corrupt the
+    protocol; only `emit_event` and the envelope write to the real stdout, each line flushed.
+  * A handler that raises fails the task with `error` = `<ExceptionType>: <message>` (traceback
+    on stderr); `OperatorFailure` fails it with just its message.
+  * `task_id` is the idempotency key of external effects; `(attempt, lease_token)` is the fencing
+    token.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+_protocol_out: TextIO | None = None
+
+
+class OperatorFailure(Exception):
+    """Raise to fail the task with this message (no traceback in the error)."""
+
+
+@dataclass(frozen=True)
+class Task:
+    task_id: str
+    attempt: int
+    lease_token: str
+    deadline_at: str | None
+    operator: str
+    queue: str
+    config: dict[str, Any]
+    inputs: list[Any]
+    job: dict[str, Any] | None
+    timeout_seconds: int | None
+    document: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_document(cls, doc: Mapping[str, Any]) -> Task:
+        return cls(
+            task_id=str(doc["task_id"]),
+            attempt=int(doc["attempt"]),
+            lease_token=str(doc.get("lease_token", "")),
+            deadline_at=doc.get("deadline_at"),
+            operator=str(doc.get("operator", "")),
+            queue=str(doc.get("queue", "")),
+            config=dict(doc.get("config") or {}),
+            inputs=list(doc.get("inputs") or []),
+            job=doc.get("job"),
+            timeout_seconds=doc.get("timeout_seconds"),
+            document=dict(doc),
+        )
+
+
+@dataclass(frozen=True)
+class Result:
+    """A full result: payload, outputs (seed 004 shape) and final events."""
+
+    payload: dict[str, Any] | None = None
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+Handler = Callable[[Task], "Mapping[str, Any] | Result | None"]
+
+
+def _write(obj: Mapping[str, Any]) -> None:
+    out = _protocol_out or sys.stdout
+    out.write(json.dumps(obj, separators=(",", ":")) + "\n")
+    out.flush()
+
+
+def emit_event(event: Mapping[str, Any] | None = None, **fields: Any) -> None:
+    """Emit one upstream event: `dataset_uuid`, `dataset_version`, a `cursor` or a partition."""
+    _write({"event": {**(event or {}), **fields}})
+
+
+def emit_events(events: Iterable[Mapping[str, Any]]) -> None:
+    batch = [dict(event) for event in events]
+    if batch:
+        _write({"events": batch})
+
+
+def read_task(stream: TextIO | None = None) -> Task:
+    """Read one task line (for operators that do not use `serve`)."""
+    line = (stream or sys.stdin).readline()
+    if not line.strip():
+        raise OperatorFailure("no task on stdin")
+    return Task.from_document(json.loads(line))
+
+
+def _envelope(handler: Handler, task: Task) -> dict[str, Any]:
+    try:
+        result = handler(task)
+    except OperatorFailure as exc:
+        return {"status": "failed", "error": str(exc) or "operator failed"}
+    except Exception as exc:
+        traceback.print_exc(file=sys.stderr)
+        return {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+    if isinstance(result, Result):
+        envelope: dict[str, Any] = {"status": "succeeded", "payload": result.payload}
+        if result.outputs:
+            envelope["outputs"] = result.outputs
+        if result.events:
+            envelope["events"] = result.events
+    else:
+        envelope = {"status": "succeeded", "payload": dict(result) if result is not None else None}
+    try:
+        json.dumps(envelope)
+    except (TypeError, ValueError) as exc:
+        return {"status": "failed", "error": f"result is not JSON: {exc}"}
+    return envelope
+
+
+def serve(handler: Handler, *, stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
+    """Answer each task line of stdin with one envelope line; return 0 when stdin closes."""
+    global _protocol_out
+    source = stdin or sys.stdin
+    _protocol_out = stdout or sys.stdout
+    real_stdout = sys.stdout
+    sys.stdout = sys.stderr
+    try:
+        for line in source:
+            if not line.strip():
+                continue
+            task = Task.from_document(json.loads(line))
+            _write(_envelope(handler, task))
+    finally:
+        sys.stdout = real_stdout
+    return 0

@@ -1,0 +1,164 @@
+"""Settings of the worker wrapper (env prefix `TASKPLAT_WORKER_`, plus the shared names).
+
+Invariants: the worker token is a secret (never printed, never passed to an operator); every default
+is a production-sensible value; the visibility extension interval is shorter than the visibility
+timeout it extends, so a running task's message never becomes visible while it runs.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Self
+
+from pydantic import AliasChoices, Field, ValidationError, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from taskplat.common.contracts.base import QueueName, WorkerId
+from taskplat.common.settings import ServiceSettings, SqsSettings, WorkerTokenSettings
+
+MIB = 1024 * 1024
+
+
+def default_worker_id() -> str:
+    """`<hostname>:<pid>`: unique among the wrappers running at one time."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class WrapperSettings(ServiceSettings, SqsSettings, WorkerTokenSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="TASKPLAT_WORKER_",
+        extra="ignore",
+        frozen=True,
+        case_sensitive=False,
+        populate_by_name=True,
+    )
+
+    dispatcher_url: str = Field(
+        pattern=r"^https?://\S+$",
+        description="Base URL of the dispatcher, e.g. `http://dispatcher:8080`.",
+    )
+    queue: QueueName = Field(
+        "default",
+        description="Task queue this wrapper serves "
+        "(SQS queue = `TASKPLAT_SQS_QUEUE_PREFIX` + queue).",
+    )
+    concurrency: int = Field(4, ge=1, le=256, description="Tasks run at once by this wrapper.")
+    worker_id: WorkerId = Field(
+        default_factory=default_worker_id,
+        validation_alias=AliasChoices("TASKPLAT_WORKER_ID", "worker_id"),
+        description="Identity recorded on each claimed attempt (`TASKPLAT_WORKER_ID`); "
+        "default `<hostname>:<pid>`.",
+    )
+    operators_file: Path | None = Field(
+        None,
+        description="YAML file configuring the operators by name; default: the `operators.yaml` "
+        "shipped in the package (the example operators).",
+    )
+    wait_time_seconds: int = Field(
+        20, ge=0, le=20, description="SQS long-poll wait (`WaitTimeSeconds`) of each receive."
+    )
+    visibility_timeout_seconds: int = Field(
+        60,
+        ge=2,
+        le=43_200,
+        description="Visibility timeout set on received messages and renewed while a task runs.",
+    )
+    visibility_extension_seconds: float = Field(
+        20.0,
+        gt=0,
+        description="How often a running task's message visibility is renewed.",
+    )
+    heartbeat_fraction: float = Field(
+        1 / 3,
+        gt=0,
+        lt=1,
+        description="Heartbeat after this fraction of the time left on the lease.",
+    )
+    heartbeat_min_interval_seconds: float = Field(
+        0.5, gt=0, description="Floor of the interval between two heartbeats."
+    )
+    drain_timeout_seconds: float = Field(
+        30.0,
+        ge=0,
+        description="On SIGTERM/SIGINT, how long running tasks may finish before they are killed "
+        "and reported Failed for an immediate retry.",
+    )
+    shutdown_report_timeout_seconds: float = Field(
+        15.0,
+        gt=0,
+        description="After the drain, how long the reports of killed tasks may take before exit.",
+    )
+    kill_grace_seconds: float = Field(
+        3.0,
+        ge=0,
+        description="Between SIGTERM and SIGKILL when an operator's process group is killed.",
+    )
+    stdout_line_max_bytes: int = Field(
+        1 * MIB,
+        ge=1024,
+        description="Longest stdout line an operator may write; a longer one kills it "
+        "(stdout flood).",
+    )
+    stdout_max_bytes: int = Field(
+        64 * MIB,
+        ge=1024,
+        description="Most stdout bytes an operator may write for one task; more kills it "
+        "(stdout flood).",
+    )
+    stderr_tail_bytes: int = Field(
+        4096,
+        ge=0,
+        le=12_288,
+        description="How much of the end of an operator's stderr a failure's error message keeps.",
+    )
+    http_timeout_seconds: float = Field(
+        10.0, gt=0, description="Timeout of one dispatcher call (read, write, pool)."
+    )
+    http_connect_timeout_seconds: float = Field(
+        5.0, gt=0, description="Connect timeout of one dispatcher call."
+    )
+    retry_base_seconds: float = Field(
+        0.2, gt=0, description="Backoff base of retried dispatcher and SQS calls (full jitter)."
+    )
+    retry_max_seconds: float = Field(
+        5.0, gt=0, description="Backoff cap of retried dispatcher and SQS calls."
+    )
+    claim_retry_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="How long a claim is retried on network errors and 5xx before the message "
+        "is left for SQS to redeliver.",
+    )
+    complete_retry_min_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="Calls for a running task are retried until its lease expires, and at "
+        "least this long.",
+    )
+
+    @model_validator(mode="after")
+    def _coherent(self) -> Self:
+        if self.visibility_extension_seconds >= self.visibility_timeout_seconds:
+            raise ValueError(
+                "visibility_extension_seconds must be shorter than visibility_timeout_seconds"
+            )
+        if self.retry_base_seconds > self.retry_max_seconds:
+            raise ValueError("retry_base_seconds must not exceed retry_max_seconds")
+        return self
+
+
+def describe_settings_error(exc: ValidationError) -> str:
+    """A one-line summary naming the environment variables at fault."""
+    parts = []
+    for error in exc.errors()[:3]:
+        loc = [str(item) for item in error["loc"]]
+        name = loc[0] if loc else "(settings)"
+        field = WrapperSettings.model_fields.get(name)
+        if field is not None and field.validation_alias is None:
+            name = f"TASKPLAT_WORKER_{name.upper()}"
+        parts.append(f"{'.'.join([name, *loc[1:]])}: {error['msg']}")
+    if exc.error_count() > 3:
+        parts.append(f"and {exc.error_count() - 3} more")
+    return "; ".join(parts)

@@ -1,0 +1,213 @@
+"""The wrapper's main loop: receive wake-ups while slots are free, run them, drain on stop.
+
+Invariants:
+  * At most `concurrency` deliveries are handled at once; a receive asks for no more messages
+    than there are free slots (and at most 10).
+  * A failing receive (SQS down, queue missing) is logged and retried with backoff; the loop never
+    dies of an error, and the handling of one delivery never breaks another.
+  * On stop: no new receive starts; running tasks get `drain_timeout_seconds` to finish; the rest
+    are stopped (process group killed) and reported Failed with `retry_after_seconds: 0`, within
+    the report timeout; messages a receive brings back after the stop are released (visible again
+    at once) for another worker. Then `run` returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from taskplat.common.backoff import full_jitter_delay
+from taskplat.common.logging import get_logger
+from taskplat.common.sqs import sqs_client, sqs_queue_name
+from taskplat.worker_wrapper.dispatcher_client import DispatcherClient
+from taskplat.worker_wrapper.execution import ExecutionSettings, TaskExecutor
+from taskplat.worker_wrapper.intake import Delivery, SqsIntake
+from taskplat.worker_wrapper.operators import OperatorSpec
+from taskplat.worker_wrapper.outcomes import Abort, OperatorRunner
+from taskplat.worker_wrapper.pool import build_runners
+from taskplat.worker_wrapper.protocol import StdoutLimits
+from taskplat.worker_wrapper.racing import cancel_and_wait
+from taskplat.worker_wrapper.runner import RunnerLimits
+from taskplat.worker_wrapper.settings import WrapperSettings
+
+
+@dataclass(frozen=True)
+class DrainSettings:
+    drain_timeout_seconds: float
+    report_timeout_seconds: float
+    kill_grace_seconds: float
+    receive_wait_seconds: float
+
+
+class WorkerWrapper:
+    def __init__(
+        self,
+        intake: SqsIntake,
+        executor: TaskExecutor,
+        runners: Mapping[str, OperatorRunner],
+        *,
+        concurrency: int,
+        drain: DrainSettings,
+        retry_base_seconds: float,
+        retry_max_seconds: float,
+    ) -> None:
+        self.intake = intake
+        self.executor = executor
+        self.runners = runners
+        self.concurrency = concurrency
+        self.drain = drain
+        self._retry_base = retry_base_seconds
+        self._retry_max = retry_max_seconds
+        self._running: dict[asyncio.Future[None], Abort] = {}
+        self.log = get_logger()
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.log.info(
+            "worker_wrapper_started", queue=self.intake.queue_name, concurrency=self.concurrency
+        )
+        stop_wait = asyncio.ensure_future(stop.wait())
+        abandoned: asyncio.Future[list[Delivery]] | None = None
+        failures = 0
+        try:
+            while not stop.is_set():
+                free = self.concurrency - len(self._running)
+                if free <= 0:
+                    waiting: set[asyncio.Future[Any]] = {stop_wait, *self._running}
+                    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                receive = asyncio.ensure_future(self.intake.receive(free))
+                await asyncio.wait({receive, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+                if not receive.done():
+                    abandoned = receive
+                    break
+                try:
+                    deliveries = receive.result()
+                except Exception as exc:
+                    failures += 1
+                    delay = full_jitter_delay(self._retry_base, self._retry_max, failures)
+                    self.log.warning("sqs_receive_failed", error=str(exc), failures=failures)
+                    await asyncio.wait({stop_wait}, timeout=max(delay, self._retry_base))
+                    continue
+                failures = 0
+                for delivery in deliveries:
+                    self._start(delivery)
+        finally:
+            stop_wait.cancel()
+            self.log.info("worker_wrapper_stopping", running=len(self._running))
+            await asyncio.gather(self._drain(), self._hand_back(abandoned))
+            self.log.info("worker_wrapper_stopped")
+
+    def _start(self, delivery: Delivery) -> None:
+        abort = Abort()
+        task = asyncio.ensure_future(self._handle(delivery, abort))
+        self._running[task] = abort
+        task.add_done_callback(lambda done: self._running.pop(done, None))
+
+    async def _handle(self, delivery: Delivery, abort: Abort) -> None:
+        try:
+            await self.executor.handle(delivery, abort)
+        except Exception:
+            self.log.exception("delivery_handling_failed", message_id=delivery.message_id)
+
+    async def _drain(self) -> None:
+        if not self._running:
+            return
+        self.log.info("draining", running=len(self._running))
+        _, pending = await asyncio.wait(
+            set(self._running), timeout=self.drain.drain_timeout_seconds
+        )
+        if not pending:
+            return
+        self.log.warning("drain_timeout_stopping_tasks", stopping=len(pending))
+        for task in pending:
+            abort = self._running.get(task)
+            if abort is not None:
+                abort.trigger("draining", "the wrapper is shutting down")
+        timeout = self.drain.kill_grace_seconds + self.drain.report_timeout_seconds
+        _, stuck = await asyncio.wait(pending, timeout=timeout)
+        for task in stuck:
+            self.log.error("task_report_timed_out_at_shutdown")
+            await cancel_and_wait(task)
+
+    async def _hand_back(self, receive: asyncio.Future[list[Delivery]] | None) -> None:
+        """Release the messages of a receive still in flight when the stop came."""
+        if receive is None:
+            return
+        done, _ = await asyncio.wait({receive}, timeout=self.drain.receive_wait_seconds + 5)
+        if not done or receive.cancelled() or receive.exception() is not None:
+            return
+        for delivery in receive.result():
+            await self.intake.release(delivery)
+            self.log.info("message_released_at_shutdown", message_id=delivery.message_id)
+
+    async def aclose(self) -> None:
+        for runner in self.runners.values():
+            await runner.close()
+        await self.executor.client.aclose()
+        self.intake.close()
+
+
+def build_wrapper(
+    settings: WrapperSettings,
+    specs: Mapping[str, OperatorSpec],
+    environ: Mapping[str, str] | None = None,
+) -> WorkerWrapper:
+    """Wire a wrapper from its settings and operator specs (`environ` feeds the allow-lists)."""
+    limits = RunnerLimits(
+        stdout=StdoutLimits(settings.stdout_line_max_bytes, settings.stdout_max_bytes),
+        stderr_tail_bytes=settings.stderr_tail_bytes,
+        kill_grace_seconds=settings.kill_grace_seconds,
+    )
+    runners = build_runners(specs, limits, dict(os.environ if environ is None else environ))
+    client = DispatcherClient(
+        settings.dispatcher_url,
+        settings.worker_token,
+        timeout_seconds=settings.http_timeout_seconds,
+        connect_timeout_seconds=settings.http_connect_timeout_seconds,
+        retry_base_seconds=settings.retry_base_seconds,
+        retry_max_seconds=settings.retry_max_seconds,
+    )
+    intake = SqsIntake(
+        sqs_client(settings, max_pool_connections=settings.concurrency + 4),
+        sqs_queue_name(settings, settings.queue),
+        wait_time_seconds=settings.wait_time_seconds,
+        visibility_timeout_seconds=settings.visibility_timeout_seconds,
+        threads=settings.concurrency + 2,
+    )
+    executor = TaskExecutor(
+        client,
+        intake,
+        runners,
+        specs,
+        ExecutionSettings(
+            worker_id=settings.worker_id,
+            claim_retry_seconds=settings.claim_retry_seconds,
+            complete_retry_min_seconds=settings.complete_retry_min_seconds,
+            heartbeat_fraction=settings.heartbeat_fraction,
+            heartbeat_min_interval_seconds=settings.heartbeat_min_interval_seconds,
+            visibility_extension_seconds=settings.visibility_extension_seconds,
+            retry_base_seconds=settings.retry_base_seconds,
+            retry_max_seconds=settings.retry_max_seconds,
+        ),
+    )
+    return WorkerWrapper(
+        intake,
+        executor,
+        runners,
+        concurrency=settings.concurrency,
+        drain=DrainSettings(
+            drain_timeout_seconds=settings.drain_timeout_seconds,
+            report_timeout_seconds=settings.shutdown_report_timeout_seconds,
+            kill_grace_seconds=settings.kill_grace_seconds,
+            receive_wait_seconds=settings.wait_time_seconds,
+        ),
+        retry_base_seconds=settings.retry_base_seconds,
+        retry_max_seconds=settings.retry_max_seconds,
+    )

@@ -1,0 +1,103 @@
+"""`python -m taskplat.worker_wrapper` refuses bad settings and bad operators files in one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from taskplat.worker_wrapper.operators import (
+    OperatorsFileError,
+    default_operators_file,
+    load_operators,
+)
+
+GOOD_ENV = {
+    "TASKPLAT_WORKER_TOKEN": "a-worker-token-0123456789",
+    "TASKPLAT_WORKER_DISPATCHER_URL": "http://127.0.0.1:9",
+}
+
+
+def run_main(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "taskplat.worker_wrapper"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def assert_one_line_refusal(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("taskplat-worker-wrapper: ")
+    for needle in needles:
+        assert needle in lines[0]
+
+
+def test_missing_settings_exit_non_zero_in_one_line() -> None:
+    result = run_main({})
+    assert_one_line_refusal(result, "TASKPLAT_WORKER_TOKEN", "TASKPLAT_WORKER_DISPATCHER_URL")
+
+
+def test_invalid_setting_names_its_variable() -> None:
+    result = run_main({**GOOD_ENV, "TASKPLAT_WORKER_CONCURRENCY": "zero"})
+    assert_one_line_refusal(result, "TASKPLAT_WORKER_CONCURRENCY")
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("operators: [unclosed", "not valid YAML"),
+        ("operators:\n  x:\n    command: [a]\n    colour: red\n", "operators.x.colour"),
+        ("operators:\n  x:\n    command: []\n", "operators.x.command"),
+        ("operators:\n  x:\n    command: [a]\n    env: [TASKPLAT_WORKER_TOKEN]\n", "never passed"),
+        ("operators:\n  x:\n    command: [a]\n    pool_size: 2\n", "pooled operators only"),
+        ("operators:\n  x:\n    command: [a]\n    mode: forked\n", "operators.x.mode"),
+        ("just a string\n", "(root)"),
+    ],
+)
+def test_bad_operators_file_exits_non_zero_in_one_line(
+    tmp_path: Path, content: str, needle: str
+) -> None:
+    path = tmp_path / "operators.yaml"
+    path.write_text(content, encoding="utf-8")
+    result = run_main({**GOOD_ENV, "TASKPLAT_WORKER_OPERATORS_FILE": str(path)})
+    assert_one_line_refusal(result, str(path), needle)
+
+
+def test_missing_operators_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(OperatorsFileError, match="cannot read operators file"):
+        load_operators(missing)
+
+
+def test_the_shipped_operators_file_configures_the_examples() -> None:
+    specs = load_operators(default_operators_file())
+    assert specs["echo"].mode == "pooled"
+    assert specs["sleep"].mode == "per-task" and specs["fail"].mode == "per-task"
+    assert specs["echo"].argv()[0] == sys.executable
+
+
+def test_the_wrapper_imports_no_database_code() -> None:
+    modules = [
+        "taskplat.worker_wrapper.__main__",
+        "taskplat.worker_wrapper.worker",
+        "taskplat.worker_wrapper.sdk",
+        "taskplat.worker_wrapper.examples.echo",
+    ]
+    probe = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}: importlib.import_module(name)\n"
+        "bad = sorted(m for m in sys.modules if m.startswith(('psycopg', 'taskplat.common.db')))\n"
+        "print(','.join(bad))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=30, check=True
+    )
+    assert result.stdout.strip() == ""
