@@ -17,7 +17,7 @@ from taskplat.dispatcher.settings import DispatcherSettings
 
 def main() -> int:
     try:
-        settings = DispatcherSettings()  # type: ignore[call-arg]
+        settings = DispatcherSettings()
     except ValidationError as exc:
         print(f"taskplat-dispatcher: invalid settings:\n{exc}", file=sys.stderr)
         return 2

@@ -45,7 +45,7 @@ STATUS_BY_ERROR: dict[type[TaskplatError], int] = {
 def status_for(error: TaskplatError) -> int:
     for error_type in type(error).__mro__:
         if error_type in STATUS_BY_ERROR:
-            return STATUS_BY_ERROR[error_type]  # type: ignore[index]
+            return STATUS_BY_ERROR[error_type]
     return 500
 
 
@@ -61,7 +61,7 @@ async def handle_taskplat_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, TaskplatError)
     if isinstance(exc, Rejected):
         status = 404 if exc.reason == "NotFound" else 409
-        body = RejectedResponse(reason=exc.reason, message=exc.message)  # type: ignore[arg-type]
+        body = RejectedResponse(reason=exc.reason, message=exc.message)
         return json_response(body, status)
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
     response = error_response(status_for(exc), exc.code, exc.message, exc.detail)

@@ -11,9 +11,11 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from taskplat.common.contracts import ErrorResponse
 from taskplat.dispatcher.routes import ROUTES, RouteSpec
 
 _REF_TEMPLATE = "#/components/schemas/{model}"
+_UUID_SCHEMA = {"type": "string", "format": "uuid"}
 
 
 def _models() -> list[type[BaseModel]]:
@@ -29,6 +31,7 @@ def _models() -> list[type[BaseModel]]:
                 candidates.append(model)
         for model in candidates:
             seen[model.__name__] = model
+    seen[ErrorResponse.__name__] = ErrorResponse
     return list(seen.values())
 
 
@@ -38,7 +41,7 @@ def _ref(model: type[BaseModel]) -> dict[str, str]:
 
 def _parameters(spec: RouteSpec) -> list[dict[str, Any]]:
     parameters: list[dict[str, Any]] = [
-        {"name": name, "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
+        {"name": name, "in": "path", "required": True, "schema": _UUID_SCHEMA}
         for name in spec.path_params
     ]
     if spec.query is not None:
@@ -72,6 +75,11 @@ def _operation(spec: RouteSpec) -> dict[str, Any]:
         elif model is not None:
             response["content"] = {"application/json": {"schema": _ref(model)}}
         responses[str(status)] = response
+    # Every route reads or writes Postgres: when it is unreachable the route answers 503.
+    responses["503"] = {
+        "description": "the database is unavailable; retry later",
+        "content": {"application/json": {"schema": _ref(ErrorResponse)}},
+    }
     operation["responses"] = responses
     return operation
 

@@ -38,6 +38,7 @@ from taskplat.common.contracts import (
     FetchResponse,
     HeartbeatRequest,
     HeartbeatResponse,
+    NotClaimedReason,
     NotClaimedResponse,
     TaskList,
     TaskView,
@@ -48,7 +49,11 @@ from taskplat.dispatcher.repository import tasks as repo
 from taskplat.dispatcher.settings import DispatcherSettings, OperatorDefaults
 from taskplat.dispatcher.views import claim_task_payload, task_view
 
-_NOT_CLAIMED_REASONS = {"Running": "AlreadyRunning", "Completed": "Completed", "Canceled": "Canceled"}
+_NOT_CLAIMED_REASONS: dict[str, NotClaimedReason] = {
+    "Running": "AlreadyRunning",
+    "Completed": "Completed",
+    "Canceled": "Canceled",
+}
 
 
 @dataclass(frozen=True)
@@ -257,7 +262,7 @@ class TaskService:
             fence = await repo.read_fence(conn, request.task_id)
         if fence is None:
             return NotClaimedResponse(reason="NotFound")
-        return NotClaimedResponse(reason=_NOT_CLAIMED_REASONS.get(fence["status"], "NotQueued"))  # type: ignore[arg-type]
+        return NotClaimedResponse(reason=_NOT_CLAIMED_REASONS.get(fence["status"], "NotQueued"))
 
     async def fetch(self, task_id: UUID) -> FetchResponse:
         async with self._pool.connection() as conn:
@@ -325,8 +330,10 @@ class TaskService:
                     await self._apply_completion(conn, row, request, digest, now)
                     return CompleteResponse(task_status=row["status"], repeated=False)
                 fence = await repo.read_fence(conn, request.task_id, for_update=True)
-                if fence is None or fence["attempt"] != request.attempt or (
-                    fence["lease_token"] != request.lease_token
+                if (
+                    fence is None
+                    or fence["attempt"] != request.attempt
+                    or (fence["lease_token"] != request.lease_token)
                 ):
                     raise classify_rejection(fence, request.attempt, request.lease_token)
                 if fence["completion_digest"] == digest:
@@ -375,7 +382,9 @@ class TaskService:
                 now=now,
             )
         if row["status"] == "Dead":
-            await repo.enqueue_dead_letter(conn, task_id=request.task_id, queue=row["queue"], now=now)
+            await repo.enqueue_dead_letter(
+                conn, task_id=request.task_id, queue=row["queue"], now=now
+            )
 
 
 def _first(*values: Any) -> Any:

@@ -107,8 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         applied = apply_migrations(url)
     except (psycopg.Error, MigrationError) as exc:
-        log.error("migrate_failed", error=str(exc).strip())
-        print(f"taskplat-migrate: {str(exc).strip()}", file=sys.stderr)
+        message = " ".join(str(exc).split())
+        log.error("migrate_failed", error=message)
+        print(f"taskplat-migrate: {message}", file=sys.stderr)
         return 1
     log.info("migrate_done", applied=applied, latest=available_migrations()[-1].version)
     return 0

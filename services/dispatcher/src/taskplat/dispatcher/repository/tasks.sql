@@ -88,7 +88,9 @@ claimed AS (
         next_retry_at = NULL,
         updated_at = n.now
     FROM n
-    WHERE t.task_id = %(task_id)s AND t.status = 'Queued'
+    WHERE t.task_id = %(task_id)s
+      AND t.status = 'Queued'
+      AND (t.expires_at IS NULL OR t.expires_at > n.now)
     RETURNING t.task_id, t.attempt, t.job, t.operator, t.queue, t.config, t.inputs,
               t.timeout_seconds, t.deadline_at, t.lease_token, t.lease_expires_at,
               t.worker_id, t.started_at, t.queued_at

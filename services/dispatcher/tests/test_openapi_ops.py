@@ -1,0 +1,256 @@
+"""`/openapi.json` describes exactly the served routes and every documented response schema
+validates a real response; `/healthz`, `/readyz` (503 without a database) and `/metrics`."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+from uuid import uuid4
+
+import httpx
+import pytest
+from dispatcher_calls import (
+    INTERNAL_ROUTES,
+    OPEN_ROUTES,
+    PUBLIC_ROUTES,
+    cancel,
+    claim,
+    claimed,
+    complete,
+    create_task,
+    cursor_event,
+)
+from dispatcher_harness import Dispatcher, serve_dispatcher
+from pydantic import BaseModel
+from starlette.routing import Route
+
+from taskplat.common import contracts
+from taskplat.devstack.testdb import with_database
+
+BODY_CAP = 1024
+REF_PREFIX = "#/components/schemas/"
+
+
+@pytest.fixture
+def dispatcher_overrides() -> dict[str, object]:
+    return {"max_body_bytes": BODY_CAP}
+
+
+def _served_routes(dispatcher: Dispatcher) -> set[tuple[str, str]]:
+    assert dispatcher.app is not None
+    served: set[tuple[str, str]] = set()
+    for route in dispatcher.app.routes:
+        assert isinstance(route, Route), route
+        for method in route.methods or ():
+            if method != "HEAD":  # Starlette answers HEAD for every GET route
+                served.add((method, route.path))
+    return served
+
+
+def test_openapi_lists_exactly_the_served_routes(dispatcher: Dispatcher) -> None:
+    response = dispatcher.anonymous.get("/openapi.json")
+    assert response.status_code == 200
+    document = response.json()
+    assert document["openapi"].startswith("3.")
+    documented = {
+        (method.upper(), path)
+        for path, operations in document["paths"].items()
+        for method in operations
+    }
+    assert documented == _served_routes(dispatcher)
+    assert documented == {*PUBLIC_ROUTES, *INTERNAL_ROUTES, *OPEN_ROUTES}
+    for method, path in PUBLIC_ROUTES:
+        assert document["paths"][path][method.lower()]["security"] == [{"api_key": []}]
+    for method, path in INTERNAL_ROUTES:
+        assert document["paths"][path][method.lower()]["security"] == [{"worker_token": []}]
+    for method, path in OPEN_ROUTES:
+        assert "security" not in document["paths"][path][method.lower()]
+
+
+def _component_models(document: dict[str, Any]) -> dict[str, type[BaseModel]]:
+    """The contract model of every schema component, checked to be what the document shows."""
+    models: dict[str, type[BaseModel]] = {}
+    components = document["components"]["schemas"]
+    for name, schema in components.items():
+        model = getattr(contracts, name, None)
+        assert isinstance(model, type) and issubclass(model, BaseModel), name
+        own = model.model_json_schema(ref_template=REF_PREFIX + "{model}")
+        nested = own.pop("$defs", {})
+        assert schema == own, f"component {name} differs from its model's schema"
+        for nested_name, nested_schema in nested.items():
+            assert components[nested_name] == nested_schema, nested_name
+        models[name] = model
+    return models
+
+
+def _validate(
+    response: httpx.Response, documented: dict[str, Any], models: dict[str, type[BaseModel]]
+) -> None:
+    content = documented.get("content", {})
+    if not content:
+        return
+    (media_type, media) = next(iter(content.items()))
+    assert response.headers["content-type"].startswith(media_type), response.headers
+    schema = media.get("schema")
+    if schema is None:
+        if media_type == "application/json":
+            response.json()
+        return
+    refs = [each["$ref"] for each in schema["oneOf"]] if "oneOf" in schema else [schema["$ref"]]
+    matches = []
+    for ref in refs:
+        model = models[ref.removeprefix(REF_PREFIX)]
+        try:
+            model.model_validate_json(response.text)
+        except ValueError:
+            continue
+        matches.append(model.__name__)
+    assert len(matches) == 1, (refs, matches, response.text)
+
+
+Producer = Callable[[Dispatcher], httpx.Response]
+
+
+def _producers(dispatcher: Dispatcher) -> dict[tuple[str, str, str], list[httpx.Response]]:
+    """A real response for every (method, path, status) the document names (503 aside)."""
+    d = dispatcher
+    task = create_task(d, idempotency_key="k")
+    running = claimed(d, create_task(d)["task_id"])
+    done = claimed(d, create_task(d)["task_id"])
+    assert complete(d, done).status_code == 200
+    canceled = create_task(d)["task_id"]
+    assert cancel(d, canceled).status_code == 200
+    ghost = str(uuid4())
+    too_big = {"operator": "echo", "config": {"pad": "x" * BODY_CAP}}
+    anonymous = d.anonymous
+    out: dict[tuple[str, str, str], list[httpx.Response]] = {}
+
+    def add(method: str, path: str, status: int, *responses: httpx.Response) -> None:
+        out.setdefault((method, path, str(status)), []).extend(responses)
+
+    for method, path in OPEN_ROUTES:
+        add(method, path, 200, anonymous.request(method, path))
+
+    add("POST", "/tasks", 201, d.api.post("/tasks", json={"operator": "echo"}))
+    add("POST", "/tasks", 200, d.api.post("/tasks", json={"operator": "e", "idempotency_key": "k"}))
+    add("POST", "/tasks", 400, d.api.post("/tasks", content=b"{"))
+    add("POST", "/tasks", 401, anonymous.post("/tasks", json={"operator": "echo"}))
+    add("POST", "/tasks", 413, d.api.post("/tasks", json=too_big))
+    add("POST", "/tasks", 422, d.api.post("/tasks", json={"operator": ""}))
+    add("GET", "/tasks", 200, d.api.get("/tasks"), d.api.get("/tasks", params={"limit": 1}))
+    add("GET", "/tasks", 401, anonymous.get("/tasks"))
+    add("GET", "/tasks", 422, d.api.get("/tasks", params={"limit": 0}))
+    one = "/tasks/{task_id}"
+    add("GET", one, 200, d.api.get(f"/tasks/{task['task_id']}"))
+    add("GET", one, 401, anonymous.get(f"/tasks/{task['task_id']}"))
+    add("GET", one, 404, d.api.get(f"/tasks/{ghost}"))
+    add("GET", one, 422, d.api.get("/tasks/nope"))
+    for verb, suffix, ok_id, conflict_id in (
+        ("PUT", "cancel", create_task(d)["task_id"], done.task_id),
+        ("POST", "retry", canceled, done.task_id),
+    ):
+        path = f"/tasks/{{task_id}}/{suffix}"
+        add(verb, path, 200, d.api.request(verb, f"/tasks/{ok_id}/{suffix}"))
+        add(verb, path, 401, anonymous.request(verb, f"/tasks/{ok_id}/{suffix}"))
+        add(verb, path, 404, d.api.request(verb, f"/tasks/{ghost}/{suffix}"))
+        add(verb, path, 409, d.api.request(verb, f"/tasks/{conflict_id}/{suffix}"))
+        add(verb, path, 422, d.api.request(verb, f"/tasks/nope/{suffix}"))
+
+    claim_path = "/internal/task-claim"
+    add("POST", claim_path, 200, claim(d, create_task(d)["task_id"]), claim(d, ghost))
+    fetch = "/internal/task-fetch"
+    add("GET", fetch, 200, d.worker.get(fetch, params={"task_id": running.task_id}))
+    add("GET", fetch, 401, anonymous.get(fetch, params={"task_id": running.task_id}))
+    add("GET", fetch, 404, d.worker.get(fetch, params={"task_id": ghost}))
+    add("GET", fetch, 422, d.worker.get(fetch, params={"task_id": "nope"}))
+
+    bodies = {
+        claim_path: {"task_id": running.task_id, "worker_id": "w"},
+        "/internal/heartbeat": running.fence(),
+        "/internal/events": {**running.fence(), "events": [cursor_event(1)]},
+        "/internal/task-complete": {**running.fence(), "status": "Completed"},
+    }
+    for path, body in bodies.items():
+        if path != claim_path:
+            stale = {**body, "lease_token": str(uuid4())}
+            add("POST", path, 409, d.worker.post(path, json=stale))
+            add("POST", path, 404, d.worker.post(path, json={**body, "task_id": ghost}))
+        add("POST", path, 400, d.worker.post(path, content=b"[}"))
+        add("POST", path, 401, anonymous.post(path, json=body))
+        add("POST", path, 413, d.worker.post(path, json={**body, "pad": "x" * BODY_CAP}))
+        add("POST", path, 422, d.worker.post(path, json={**body, "bogus": 1}))
+    # Last: these succeed and end the running attempt.
+    for path in ("/internal/heartbeat", "/internal/events", "/internal/task-complete"):
+        add("POST", path, 200, d.worker.post(path, json=bodies[path]))
+    return out
+
+
+def test_every_documented_response_schema_validates_a_real_response(
+    dispatcher: Dispatcher,
+) -> None:
+    document = dispatcher.anonymous.get("/openapi.json").json()
+    models = _component_models(document)
+    produced = _producers(dispatcher)
+    documented = {
+        (method.upper(), path, status): response
+        for path, operations in document["paths"].items()
+        for method, operation in operations.items()
+        for status, response in operation["responses"].items()
+        if status != "503"
+    }
+    assert set(produced) == set(documented)
+    for key, responses in produced.items():
+        for response in responses:
+            assert str(response.status_code) == key[2], (key, response.text)
+            _validate(response, documented[key], models)
+
+
+def test_healthz_and_readyz(dispatcher: Dispatcher) -> None:
+    assert dispatcher.anonymous.get("/healthz").json() == {"status": "ok"}
+    assert dispatcher.anonymous.get("/readyz").json() == {"status": "ready"}
+
+
+def test_readyz_answers_503_when_the_database_does_not_exist(db_url: str) -> None:
+    missing = with_database(db_url, f"tp_missing_{uuid4().hex}")
+    with serve_dispatcher(missing, db_connect_timeout_seconds=0.5, db_pool_min_size=1) as broken:
+        assert broken.anonymous.get("/healthz").status_code == 200
+        ready = broken.anonymous.get("/readyz")
+        assert ready.status_code == 503, ready.text
+        assert ready.json()["status"] == "unavailable"
+        # A route that needs the database answers 503 too, never 500.
+        listing = broken.api.get("/tasks")
+        assert listing.status_code == 503, listing.text
+        assert listing.json()["error"] == "unavailable"
+        document = broken.anonymous.get("/openapi.json").json()
+        assert "503" in document["paths"]["/readyz"]["get"]["responses"]
+
+
+_METRIC = re.compile(r'^taskplat_tasks\{queue="([^"]*)",status="([^"]*)"\} (\d+)$')
+
+
+def test_metrics_show_task_counts_by_queue_and_status(dispatcher: Dispatcher) -> None:
+    for _ in range(2):
+        create_task(dispatcher, queue="alpha")
+    claimed(dispatcher, create_task(dispatcher, queue="alpha")["task_id"])
+    later = (dispatcher.clock.now().replace(year=2031)).isoformat()
+    create_task(dispatcher, queue="beta", scheduled_for=later)
+    assert cancel(dispatcher, create_task(dispatcher, queue="beta")["task_id"]).status_code == 200
+
+    response = dispatcher.anonymous.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    counts: dict[tuple[str, str], int] = {}
+    for line in response.text.splitlines():
+        if line.startswith("#"):
+            continue
+        match = _METRIC.match(line)
+        assert match, line
+        counts[(match.group(1), match.group(2))] = int(match.group(3))
+    assert counts == {
+        ("alpha", "Queued"): 2,
+        ("alpha", "Running"): 1,
+        ("beta", "Scheduled"): 1,
+        ("beta", "Canceled"): 1,
+    }
+    assert "# TYPE taskplat_tasks gauge" in response.text
