@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from taskplat.common.contracts import ClaimedResponse, ClaimTask
 from taskplat.worker_wrapper.execution import effective_deadline
 from taskplat.worker_wrapper.operators import OperatorSpec
+from taskplat.worker_wrapper.outcomes import failure
 from taskplat.worker_wrapper.protocol import ProtocolError, ResultEnvelope, parse_line
 from taskplat.worker_wrapper.sdk import OperatorFailure, Result, Task, serve
 
@@ -117,3 +118,19 @@ def test_operator_timeout_applies_only_when_the_task_set_none_and_it_is_sooner()
     assert effective_deadline(claimed(far, None), OperatorSpec(command=["x"]), NOW) == far
     assert effective_deadline(claimed(None, None), spec, NOW) == NOW + timedelta(seconds=60)
     assert effective_deadline(claimed(far, None), None, NOW) == far
+
+
+def test_an_envelope_whose_payload_cannot_be_stored_is_a_protocol_error() -> None:
+    for line in (
+        b'{"status": "succeeded", "payload": {"x": NaN}}\n',
+        b'{"status": "succeeded", "payload": {"x": "a\\u0000b"}}\n',
+    ):
+        parsed = parse_line(line)
+        assert isinstance(parsed, ProtocolError), line
+        assert "invalid result envelope" in parsed.message
+
+
+def test_a_failure_message_never_carries_nul_characters() -> None:
+    failed = failure("exit 1\x00", stderr_tail="bad\x00byte\n")
+    assert "\x00" not in failed.error_message
+    assert "bad\\0byte" in failed.error_message

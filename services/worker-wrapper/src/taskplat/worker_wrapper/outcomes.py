@@ -48,8 +48,10 @@ def failure(reason: str, stderr_tail: str = "") -> Failed:
     """A failure whose message is `reason` plus the tail of the operator's stderr."""
     if len(reason) > REASON_MAX_CHARS:
         reason = reason[: REASON_MAX_CHARS - 3] + "..."
+    # Postgres text cannot hold NUL characters; an operator's stderr may contain them.
+    reason = reason.replace("\x00", "\\0")
     message = reason
-    tail = stderr_tail.strip("\n")
+    tail = stderr_tail.replace("\x00", "\\0").strip("\n")
     if tail:
         message = f"{reason}\n--- end of stderr ---\n{tail}"
     return Failed(

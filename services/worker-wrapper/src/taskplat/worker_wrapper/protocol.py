@@ -18,11 +18,11 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from taskplat.common.contracts import Event, Output
+from taskplat.common.contracts.base import JsonObject
 from taskplat.common.logging import get_logger
 from taskplat.worker_wrapper.operators import summarize
 
@@ -38,7 +38,8 @@ class _Strict(BaseModel):
 
 class ResultEnvelope(_Strict):
     status: str = Field(min_length=1, max_length=64)
-    payload: dict[str, Any] | None = None
+    # The same storable-JSON rule as the completion contract: no NaN/Infinity, no NUL characters.
+    payload: JsonObject | None = None
     outputs: list[Output] = Field(default_factory=list, max_length=1000)
     events: list[Event] = Field(default_factory=list, max_length=1000)
     error: str | None = None
