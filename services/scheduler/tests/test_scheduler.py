@@ -124,8 +124,10 @@ def test_unclaimed_queued_task_is_republished_once_per_period(
     clock.advance(0.001)
     assert scheduler.run_once() == SchedulerBatch(0, 0, 1, more=False)
     assert_one_wakeup(rows, task_id, clock)
-    assert rows.task(task_id)["queued_at"] == clock.now()
-    assert rows.task(task_id)["status"] == "Queued"
+    republished = rows.task(task_id)
+    assert republished["last_wakeup_at"] == clock.now()
+    assert republished["queued_at"] == clock.now() - seconds(60), "queued_at must not move"
+    assert republished["status"] == "Queued"
 
     assert scheduler.run_once().republished == 0
     clock.advance(59)

@@ -8,6 +8,8 @@ Invariants:
     waits up to `interval` seconds, waking early on a NOTIFY.
   * An error in a batch is logged and counted, never fatal: the loop backs off and tries again.
   * `stop` (set by SIGTERM/SIGINT) ends the loop after the batch in progress.
+  * With a `Telemetry`, every batch records its duration, its counts (one counter per result
+    field) and its errors, labelled by loop name; `LoopHealth` tells liveness from progress.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import asdict, is_dataclass
 from typing import Any, Protocol
 
 from taskplat.common.logging import get_logger
+from taskplat.common.telemetry import SIZE_BUCKETS, Telemetry
 
 
 class BatchResult(Protocol):
@@ -59,6 +62,41 @@ class LoopHealth:
         with self._lock:
             return time.monotonic() - self.last_progress
 
+    def check(self, stall_seconds: float) -> tuple[bool, str]:
+        """Healthy while the last batch finished less than `stall_seconds` ago."""
+        idle = self.seconds_since_progress()
+        if idle > stall_seconds:
+            return False, f"no batch completed for {idle:.0f}s ({self.errors} errors so far)"
+        return True, f"last batch {idle:.1f}s ago"
+
+
+class LoopMetrics:
+    """Per-batch instruments of one loop."""
+
+    def __init__(self, telemetry: Telemetry, loop: str) -> None:
+        self._attributes = {"loop": loop}
+        self._duration = telemetry.histogram(
+            "taskplat.loop.batch.duration", description="Duration of one loop batch."
+        )
+        self._items = telemetry.histogram(
+            "taskplat.loop.batch.size",
+            unit="1",
+            buckets=SIZE_BUCKETS,
+            description="Items a batch handled, by kind (a field of the batch result).",
+        )
+        self._errors = telemetry.counter(
+            "taskplat.loop.errors", description="Loop batches that raised an error."
+        )
+
+    def batch(self, seconds: float, fields: dict[str, Any]) -> None:
+        self._duration.record(seconds, self._attributes)
+        for kind, value in fields.items():
+            if isinstance(value, int) and not isinstance(value, bool):
+                self._items.record(value, {**self._attributes, "kind": kind})
+
+    def error(self) -> None:
+        self._errors.add(1, self._attributes)
+
 
 def install_stop_signals(stop: threading.Event) -> None:
     """Set `stop` on SIGTERM and SIGINT (call from the main thread)."""
@@ -85,12 +123,14 @@ def run_loop(
     interval: float,
     waker: Waker | None = None,
     health: LoopHealth | None = None,
+    telemetry: Telemetry | None = None,
     error_backoff: float = 1.0,
     max_error_backoff: float = 30.0,
 ) -> None:
     """Repeat `run_once` until `stop` is set."""
     log = get_logger().bind(loop=name)
     health = health or LoopHealth()
+    metrics = LoopMetrics(telemetry, name) if telemetry is not None else None
     consecutive_errors = 0
     log.info("loop_started", interval=interval)
     while not stop.is_set():
@@ -100,6 +140,8 @@ def run_loop(
         except Exception:
             consecutive_errors += 1
             health.failed()
+            if metrics is not None:
+                metrics.error()
             delay = min(max_error_backoff, error_backoff * 2 ** (consecutive_errors - 1))
             log.exception(
                 "loop_batch_failed", consecutive_errors=consecutive_errors, retry_in=delay
@@ -108,13 +150,12 @@ def run_loop(
             continue
         consecutive_errors = 0
         health.progressed()
+        elapsed = time.monotonic() - started
         fields = _fields(result)
+        if metrics is not None:
+            metrics.batch(elapsed, fields)
         if any(value for key, value in fields.items() if key != "more"):
-            log.info(
-                "loop_batch",
-                duration_ms=round((time.monotonic() - started) * 1000, 1),
-                **fields,
-            )
+            log.info("loop_batch", duration_ms=round(elapsed * 1000, 1), **fields)
         if result.more:
             continue
         if waker is not None:

@@ -7,8 +7,8 @@ Invariants:
   * Every transition names the status and attempt it selected (`FOR UPDATE SKIP LOCKED`), so any
     number of replicas may run at once: each task moves exactly once per due event.
   * A retry increments `attempt` on the same row; it never creates a task.
-  * Re-publishing moves `queued_at` to now. `queued_at` therefore means "when the task was last
-    announced", and schedule lag measured from it counts from the latest wake-up, not the first.
+  * Re-publishing sets `last_wakeup_at` to now and leaves `queued_at` alone: `queued_at` keeps
+    meaning "when the task became Queued", so schedule lag counts from then.
   * Time comes from the injected clock (`clock.sql_now()`; None lets the database decide).
 """
 

@@ -86,24 +86,25 @@ SELECT task_id, queue FROM moved
 
 -- name: republish_unclaimed
 -- A Queued task unclaimed for requeue_after_seconds probably lost its wake-up: write a fresh one and
--- move queued_at to now, so the task is re-announced at most once per period. Tasks already past
--- expires_at are left for the reaper.
+-- set last_wakeup_at to now, so the task is re-announced at most once per period (queued_at keeps
+-- the time it became Queued, for schedule lag). Tasks already past expires_at are left for the
+-- reaper.
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 due AS (
     SELECT t.task_id, t.attempt
     FROM tasks AS t, n
     WHERE t.status = 'Queued'
-      AND (t.queued_at IS NULL
-           OR t.queued_at
+      AND (greatest(t.queued_at, t.last_wakeup_at) IS NULL
+           OR greatest(t.queued_at, t.last_wakeup_at)
               <= n.now - make_interval(secs => %(requeue_after_seconds)s::double precision))
       AND (t.expires_at IS NULL OR t.expires_at > n.now)
-    ORDER BY t.queued_at NULLS FIRST
+    ORDER BY greatest(t.queued_at, t.last_wakeup_at) NULLS FIRST
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED
 ),
 moved AS (
     UPDATE tasks AS t
-    SET queued_at = n.now,
+    SET last_wakeup_at = n.now,
         updated_at = n.now
     FROM due, n
     WHERE t.task_id = due.task_id

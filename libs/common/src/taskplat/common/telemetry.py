@@ -1,0 +1,174 @@
+"""Metrics and traces of one Taskplat process.
+
+Invariants:
+  * Each `Telemetry` owns its MeterProvider and its Prometheus registry (never the global ones), so
+    several instances in one process (tests) never mix their counts; `prometheus_text()` is the
+    exposition of exactly this instance.
+  * Tracing is off and free unless an OTLP endpoint is configured (or a span exporter is passed in,
+    as tests do): the tracer is then a no-op and `inject()` writes nothing.
+  * Trace context crosses process boundaries only as W3C `traceparent`/`tracestate` strings: in HTTP
+    headers, SQS message attributes and the outbox row's `trace_context`.
+  * Durations are recorded in seconds, with bucket boundaries suited to the platform's latencies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.sdk.metrics import Counter, Histogram, MeterProvider, UpDownCounter
+from opentelemetry.sdk.metrics.export import AggregationTemporality
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from prometheus_client import CollectorRegistry, generate_latest
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# Seconds: from a millisecond HTTP call to a long operator run.
+LATENCY_BUCKETS: Sequence[float] = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600,
+)  # fmt: skip
+# Counts per batch (loop batch sizes).
+SIZE_BUCKETS: Sequence[float] = (0, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000)
+
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+__all__ = [
+    "LATENCY_BUCKETS",
+    "PROMETHEUS_CONTENT_TYPE",
+    "SIZE_BUCKETS",
+    "AggregationTemporality",
+    "Counter",
+    "Histogram",
+    "Telemetry",
+    "TelemetrySettings",
+    "UpDownCounter",
+    "extract",
+    "inject",
+]
+
+
+class TelemetrySettings(BaseSettings):
+    """Trace export fragment (metrics are always on and cost only memory)."""
+
+    model_config = SettingsConfigDict(
+        extra="ignore", frozen=True, case_sensitive=False, populate_by_name=True
+    )
+
+    otlp_endpoint: str | None = Field(
+        None,
+        validation_alias=AliasChoices("OTEL_EXPORTER_OTLP_ENDPOINT"),
+        description="OTLP/HTTP collector base URL (e.g. http://collector:4318); unset = no traces.",
+    )
+    trace_sample_ratio: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        validation_alias=AliasChoices("TASKPLAT_TRACE_SAMPLE_RATIO"),
+        description="Share of new traces sampled (children follow their parent's decision).",
+    )
+
+
+class Telemetry:
+    """The metrics registry and tracer of one service process."""
+
+    def __init__(
+        self,
+        service: str,
+        settings: TelemetrySettings | None = None,
+        *,
+        span_exporter: SpanExporter | None = None,
+    ) -> None:
+        settings = settings or TelemetrySettings()
+        self.service = service
+        resource = Resource.create({"service.name": f"taskplat-{service}"})
+        self.registry = CollectorRegistry(auto_describe=True)
+        reader = PrometheusMetricReader(
+            disable_target_info=True, scope_info_enabled=False, registry=self.registry
+        )
+        self._meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
+        self.meter = self._meter_provider.get_meter(f"taskplat.{service}")
+        self._tracer_provider: TracerProvider | None = None
+        exporter = span_exporter or _otlp_exporter(settings.otlp_endpoint)
+        if exporter is not None:
+            self._tracer_provider = TracerProvider(
+                resource=resource,
+                sampler=ParentBased(TraceIdRatioBased(settings.trace_sample_ratio)),
+            )
+            self._tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
+            self.tracer: trace.Tracer = self._tracer_provider.get_tracer(f"taskplat.{service}")
+        else:
+            self.tracer = trace.NoOpTracer()
+
+    @property
+    def tracing(self) -> bool:
+        return self._tracer_provider is not None
+
+    def counter(self, name: str, *, unit: str = "1", description: str = "") -> Any:
+        return self.meter.create_counter(name, unit=unit, description=description)
+
+    def up_down_counter(self, name: str, *, unit: str = "1", description: str = "") -> Any:
+        return self.meter.create_up_down_counter(name, unit=unit, description=description)
+
+    def histogram(
+        self,
+        name: str,
+        *,
+        unit: str = "s",
+        description: str = "",
+        buckets: Sequence[float] = LATENCY_BUCKETS,
+    ) -> Any:
+        return self.meter.create_histogram(
+            name,
+            unit=unit,
+            description=description,
+            explicit_bucket_boundaries_advisory=list(buckets),
+        )
+
+    def observable_gauge(
+        self, name: str, callbacks: Sequence[Any], *, unit: str = "1", description: str = ""
+    ) -> Any:
+        return self.meter.create_observable_gauge(
+            name, callbacks=list(callbacks), unit=unit, description=description
+        )
+
+    def prometheus_text(self) -> bytes:
+        """The Prometheus text exposition of this process's metrics."""
+        return generate_latest(self.registry)
+
+    def force_flush(self) -> None:
+        if self._tracer_provider is not None:
+            self._tracer_provider.force_flush()
+
+    def shutdown(self) -> None:
+        if self._tracer_provider is not None:
+            self._tracer_provider.shutdown()
+        self._meter_provider.shutdown()
+
+
+def _otlp_exporter(endpoint: str | None) -> SpanExporter | None:
+    if not endpoint:
+        return None
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter(endpoint=endpoint.rstrip("/") + "/v1/traces")
+
+
+def inject(ctx: otel_context.Context | None = None) -> dict[str, str]:
+    """The W3C trace context of `ctx` (default: the current one) as strings; empty when none."""
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier, context=ctx)
+    return carrier
+
+
+def extract(carrier: Mapping[str, str] | None) -> otel_context.Context:
+    """A context whose parent is the span named by `carrier` (`traceparent`/`tracestate`)."""
+    return _PROPAGATOR.extract(dict(carrier or {}))
