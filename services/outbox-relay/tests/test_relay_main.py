@@ -1,4 +1,5 @@
-"""`python -m taskplat.outbox_relay` as a real process: bad settings, no database, a clean run."""
+"""`python -m taskplat.outbox_relay` as a real process: bad settings, no database, a clean run
+with its ops endpoints."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import httpx
 from relay_harness import Queues, Rows, task_ids_of
 
 from taskplat.common.clock import SystemClock
@@ -39,6 +41,10 @@ def _relay_process(env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
         if process.poll() is None:
             process.kill()
         process.communicate(timeout=30)
+
+
+def _relayed(metrics: str) -> str | None:
+    return metrics if "taskplat_outbox_relayed_total{" in metrics else None
 
 
 def test_invalid_settings_exit_non_zero_with_a_one_line_message() -> None:
@@ -76,6 +82,7 @@ def test_the_process_relays_rows_and_stops_cleanly_on_sigterm(
         TASKPLAT_SQS_QUEUE_PREFIX=settings.sqs_queue_prefix,
         TASKPLAT_DEAD_LETTER_QUEUE=settings.dead_letter_queue_name,
         TASKPLAT_RELAY_INTERVAL_SECONDS="0.2",
+        TASKPLAT_RELAY_OPS_PORT=str(ops_port := free_port()),
     )
     with _relay_process(env) as process:
         # The process runs on the database clock, so the rows are written at the database's now.
@@ -87,6 +94,16 @@ def test_the_process_relays_rows_and_stops_cleanly_on_sigterm(
             timeout=10,
             what="the rows to be marked sent",
         )
+        ops = f"http://127.0.0.1:{ops_port}"
+        assert httpx.get(f"{ops}/healthz", timeout=5).status_code == 200
+        metrics = wait_for(
+            lambda: _relayed(httpx.get(f"{ops}/metrics", timeout=5).text),
+            timeout=10,
+            what="the relayed rows in /metrics",
+        )
+        assert 'taskplat_outbox_relayed_total{kind="enqueue_task"} 2.0' in metrics
+        assert 'taskplat_sqs_sent_total{kind="enqueue_task",queue="default"} 2.0' in metrics
+        assert 'taskplat_loop_batch_duration_seconds_count{loop="outbox_relay"}' in metrics
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=30)
     assert process.returncode == 0

@@ -10,6 +10,7 @@ import pytest
 from loops_rows import LoopRows, open_pool
 
 from taskplat.common.clock import FakeClock
+from taskplat.common.telemetry import Telemetry
 from taskplat.reaper.reaper import Reaper
 from taskplat.reaper.settings import ReaperSettings
 
@@ -50,12 +51,19 @@ def reaper_settings(db_url: str, **overrides: object) -> ReaperSettings:
 @pytest.fixture
 def make_reaper(db_url: str, clock: FakeClock) -> Iterator[Callable[..., Reaper]]:
     """Build reapers over the test database, each with its own pool (a replica each); the
-    jitter of every retry delay is 0.5 unless `rand` is given."""
+    jitter of every retry delay is 0.5 unless `rand` is given; no telemetry unless given."""
     with ExitStack() as stack:
 
-        def make(*, rand: random.Random | None = None, **overrides: object) -> Reaper:
+        def make(
+            *,
+            rand: random.Random | None = None,
+            telemetry: Telemetry | None = None,
+            **overrides: object,
+        ) -> Reaper:
             settings = reaper_settings(db_url, **overrides)
             pool = stack.enter_context(open_pool(settings, "reaper-test"))
-            return Reaper(pool, settings, clock=clock, rand=rand or FixedRandom(0.5))
+            return Reaper(
+                pool, settings, clock=clock, rand=rand or FixedRandom(0.5), telemetry=telemetry
+            )
 
         yield make

@@ -9,6 +9,7 @@ import pytest
 from loops_rows import LoopRows, open_pool
 
 from taskplat.common.clock import FakeClock
+from taskplat.common.telemetry import Telemetry
 from taskplat.scheduler.scheduler import Scheduler
 from taskplat.scheduler.settings import SchedulerSettings
 
@@ -39,12 +40,13 @@ def scheduler_settings(db_url: str, **overrides: object) -> SchedulerSettings:
 
 @pytest.fixture
 def make_scheduler(db_url: str, clock: FakeClock) -> Iterator[MakeScheduler]:
-    """Build schedulers over the test database, each with its own pool (a replica each)."""
+    """Build schedulers over the test database, each with its own pool (a replica each), with
+    the given `telemetry` or none."""
     with ExitStack() as stack:
 
-        def make(**overrides: object) -> Scheduler:
+        def make(*, telemetry: Telemetry | None = None, **overrides: object) -> Scheduler:
             settings = scheduler_settings(db_url, **overrides)
             pool = stack.enter_context(open_pool(settings, "scheduler-test"))
-            return Scheduler(pool, settings, clock=clock)
+            return Scheduler(pool, settings, clock=clock, telemetry=telemetry)
 
         yield make

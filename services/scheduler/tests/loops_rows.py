@@ -8,18 +8,20 @@ written for their status (a Running task has a lease, a deadline and an open att
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
 
+import httpx
 import psycopg
 from psycopg import Connection
 from psycopg.rows import DictRow, dict_row
@@ -237,6 +239,15 @@ class LoopProcess:
     def logged(self, event: str) -> bool:
         return any(f'"event": "{event}"' in line for line in list(self.lines))
 
+    def events(self) -> list[dict[str, Any]]:
+        """The JSON log lines so far, parsed (other lines are skipped)."""
+        parsed: list[dict[str, Any]] = []
+        for line in list(self.lines):
+            if line.startswith("{"):
+                with suppress(ValueError):
+                    parsed.append(json.loads(line))
+        return parsed
+
     def stop(self, timeout: float = 20) -> int:
         """SIGTERM, then the exit code (the process is killed if it does not stop in time)."""
         if self.proc.poll() is None:
@@ -251,6 +262,27 @@ class LoopProcess:
         if self.proc.stderr is not None:
             self.proc.stderr.close()
         return code
+
+
+def metric_lines(text: bytes | str) -> set[str]:
+    """The sample lines of a Prometheus text exposition (comments dropped)."""
+    if isinstance(text, bytes):
+        text = text.decode()
+    return {line for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def ops_get(port: int, path: str) -> httpx.Response | None:
+    """GET a loop's ops endpoint; None while nothing answers on `port`."""
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}{path}", timeout=5)
+    except httpx.TransportError:
+        return None
+
+
+def ops_status(port: int) -> int | None:
+    """The `/healthz` status code of the ops server on `port` (None: not answering)."""
+    response = ops_get(port, "/healthz")
+    return response.status_code if response is not None else None
 
 
 def run_with_bad_settings(module: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -50,6 +50,17 @@ def test_invalid_setting_names_its_variable() -> None:
     assert_one_line_refusal(result, "TASKPLAT_WORKER_CONCURRENCY")
 
 
+def test_stall_limit_must_exceed_the_long_poll_wait() -> None:
+    result = run_main(
+        {
+            **GOOD_ENV,
+            "TASKPLAT_WORKER_WAIT_TIME_SECONDS": "20",
+            "TASKPLAT_WORKER_STALL_SECONDS": "10",
+        }
+    )
+    assert_one_line_refusal(result, "stall_seconds must exceed wait_time_seconds")
+
+
 @pytest.mark.parametrize(
     ("content", "needle"),
     [

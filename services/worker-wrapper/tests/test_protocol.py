@@ -8,7 +8,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 from taskplat.common.contracts import ClaimedResponse, ClaimTask
-from taskplat.worker_wrapper.execution import effective_deadline
+from taskplat.worker_wrapper.attempt import effective_deadline
 from taskplat.worker_wrapper.operators import OperatorSpec
 from taskplat.worker_wrapper.outcomes import failure
 from taskplat.worker_wrapper.protocol import ProtocolError, ResultEnvelope, parse_line

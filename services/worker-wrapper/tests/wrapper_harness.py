@@ -27,6 +27,7 @@ from pydantic_settings import SettingsConfigDict
 
 from taskplat.common.settings import SqsSettings
 from taskplat.common.sqs import ensure_queue, sqs_client, sqs_queue_name, wake_up_body
+from taskplat.common.telemetry import Telemetry
 from taskplat.devstack.ports import free_port
 from taskplat.devstack.procs import Child, spawn, wait_until
 from taskplat.devstack.waiting import wait_for
@@ -76,8 +77,13 @@ def write_operators_file(directory: Path) -> Path:
         "  sleep:",
         '    command: ["{python}", "-m", "taskplat.worker_wrapper.examples.sleep"]',
     ]
-    for name in ("record", "hang", "crash"):
+    for name in ("record", "hang", "crash", "trace"):
         lines += [f"  {name}:", f'    command: ["{{python}}", "{script}", "{name}"]']
+    lines += [
+        "  trace-pooled:",
+        f'    command: ["{{python}}", "{script}", "trace"]',
+        "    mode: pooled",
+    ]
     path = directory / "operators.yaml"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     load_operators(path)  # fail here, not in the wrapper, on a broken file
@@ -244,8 +250,9 @@ def wrapper_settings(
 class InProcessWrapper:
     """A wrapper running on its own event loop in a thread; `stop()` drains it like SIGTERM."""
 
-    def __init__(self, settings: WrapperSettings) -> None:
+    def __init__(self, settings: WrapperSettings, telemetry: Telemetry | None = None) -> None:
         self.settings = settings
+        self.telemetry = telemetry
         self.specs = load_operators(settings.operators_file)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -264,7 +271,9 @@ class InProcessWrapper:
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        self.wrapper = build_wrapper(self.settings, self.specs, environ={})
+        self.wrapper = build_wrapper(
+            self.settings, self.specs, environ={}, telemetry=self.telemetry
+        )
         self._ready.set()
         try:
             await self.wrapper.run(self._stop)

@@ -15,6 +15,8 @@ Behaviours (the task's `config` tunes some of them):
   hang          emits an event if `config.emit`, starts a grandchild (its pid written to
                 `config.pid_file`), then hangs
   stubborn      ignores SIGTERM, then hangs
+  trace         returns the trace context it was given: `TRACEPARENT` of its environment and
+                `traceparent` of its task line
 """
 
 from __future__ import annotations
@@ -75,7 +77,17 @@ def record(task: Task) -> dict[str, Any]:
     return {"recorded": True}
 
 
+def trace(task: Task) -> dict[str, Any]:
+    return {
+        "env": os.environ.get("TRACEPARENT"),
+        "document": task.document.get("traceparent"),
+        "sdk": task.traceparent,
+    }
+
+
 def main(behaviour: str) -> int:
+    if behaviour == "trace":
+        return serve(trace)
     if behaviour == "env":
         return serve(lambda task: {"env": dict(os.environ)})
     if behaviour == "pid":

@@ -1,7 +1,10 @@
-"""`python -m taskplat.outbox_relay`: settings -> logging -> pool -> SQS client -> relay -> run.
+"""`python -m taskplat.outbox_relay`: settings -> logging -> pool -> telemetry -> SQS client ->
+relay -> ops server -> signals -> run.
 
-Invariant: only wiring lives here. Bad settings or an unreachable database at start-up exit
-non-zero with a one-line message, never a traceback; once running, errors are the loop's to log.
+Invariant: only wiring lives here. Bad settings (or an ops port that cannot be bound) or an
+unreachable database at start-up exit non-zero with a one-line message, never a traceback; once
+running, errors are the loop's to log. On exit the ops server, the relay, the pool and the telemetry
+are shut down.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from pydantic import ValidationError
 from taskplat.common.db.pools import make_pool
 from taskplat.common.logging import configure_logging, get_logger
 from taskplat.common.loops import install_stop_signals
+from taskplat.common.ops_server import start_ops_server
 from taskplat.common.sqs import sqs_client
+from taskplat.common.telemetry import Telemetry
 from taskplat.outbox_relay.relay import Relay
 from taskplat.outbox_relay.settings import RelaySettings
 
@@ -44,8 +49,23 @@ def main() -> int:
         pool.close()
         print(f"taskplat-{SERVICE}: cannot connect to the database", file=sys.stderr)
         return 1
+    telemetry = Telemetry(SERVICE, settings)
     sqs = sqs_client(settings, max_pool_connections=max(10, settings.send_concurrency * 2))
-    relay = Relay(settings, pool=pool, sqs=sqs)
+    relay = Relay(settings, pool=pool, sqs=sqs, telemetry=telemetry)
+    try:
+        ops = start_ops_server(
+            settings, telemetry, lambda: relay.health.check(settings.stall_seconds)
+        )
+    except OSError as exc:
+        relay.close()
+        pool.close()
+        telemetry.shutdown()
+        print(
+            f"taskplat-{SERVICE}: invalid settings: cannot serve ops on "
+            f"{settings.ops_host}:{settings.ops_port}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 2
     stop = threading.Event()
     install_stop_signals(stop)
     log.info(
@@ -53,12 +73,17 @@ def main() -> int:
         batch_size=settings.batch_size,
         interval_seconds=settings.interval_seconds,
         send_concurrency=settings.send_concurrency,
+        ops_port=ops.port if ops is not None else None,
+        tracing=telemetry.tracing,
     )
     try:
         relay.run(stop)
     finally:
+        if ops is not None:
+            ops.stop()
         relay.close()
         pool.close()
+        telemetry.shutdown()
     return 0
 
 

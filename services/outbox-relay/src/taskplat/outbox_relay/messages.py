@@ -5,8 +5,9 @@ Invariants (pure functions, no I/O):
     exactly `wake_up_body(task_id)`;
   * a `dead_letter` row becomes a `DeadLetterRecord` (validated from the row's payload, its
     `task_id` must match the row's) sent as JSON to `settings.dead_letter_queue_name`;
-  * the row's W3C trace context travels only as the String message attributes `traceparent` and
-    `tracestate`, never in the body;
+  * trace context travels only as the String message attributes `traceparent` and `tracestate`,
+    never in the body; `build_message` copies the row's, and the relay replaces it with the context
+    of its own "outbox.send" span (`taskplat.outbox_relay.metrics`);
   * a row that cannot be turned into a message raises `UnsendableRow`; the relay records the error
     on the row and retries it later, it never drops it.
 """

@@ -62,11 +62,12 @@ def claim_pending(conn: Conn, *, limit: int, now: datetime | None) -> list[Outbo
     ]
 
 
-def mark_sent(conn: Conn, ids: Sequence[int], *, now: datetime | None) -> int:
-    """Set `sent_at` on the given unsent rows; returns how many were marked."""
+def mark_sent(conn: Conn, ids: Sequence[int], *, now: datetime | None) -> list[int]:
+    """Set `sent_at` on the given unsent rows; returns the ids it marked."""
     if not ids:
-        return 0
-    return len(conn.execute(Q["mark_sent"], {"ids": list(ids), "now": now}).fetchall())
+        return []
+    rows = conn.execute(Q["mark_sent"], {"ids": list(ids), "now": now}).fetchall()
+    return [row["outbox_id"] for row in rows]
 
 
 def mark_failed(conn: Conn, failures: Sequence[Failure], *, now: datetime | None) -> int:

@@ -19,15 +19,19 @@ Invariants:
   * every `enqueue_task` row is sent, whatever the task's state now (a stale wake-up is harmless);
   * `run_once()` returns what it did; `run(stop)` only waits (interval, NOTIFY on
     `taskplat_outbox`, or stop) and calls it.
+  * each row is sent inside its own "outbox.send" span, child of the row's stored trace context,
+    and its message carries that span's context (`metrics`), so one task attempt is one trace
+    from `POST /tasks` through the relay to the worker.
 """
 
 from __future__ import annotations
 
 import random
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from opentelemetry.trace import Span
 from psycopg import Connection
 from psycopg.rows import DictRow
 from psycopg_pool import ConnectionPool
@@ -36,8 +40,15 @@ from taskplat.common.backoff import full_jitter_delay
 from taskplat.common.clock import Clock, SystemClock
 from taskplat.common.db.notify import OUTBOX_CHANNEL, PgNotifyWaker
 from taskplat.common.loops import LoopHealth, run_loop
+from taskplat.common.telemetry import Telemetry
 from taskplat.outbox_relay import outbox
-from taskplat.outbox_relay.messages import OutgoingMessage, UnsendableRow, build_message
+from taskplat.outbox_relay.messages import (
+    OutgoingMessage,
+    UnsendableRow,
+    build_message,
+    trace_attributes,
+)
+from taskplat.outbox_relay.metrics import RelayMetrics
 from taskplat.outbox_relay.outbox import Failure, OutboxRow
 from taskplat.outbox_relay.sender import Sender
 from taskplat.outbox_relay.settings import RelaySettings
@@ -69,6 +80,7 @@ class Relay:
         sqs: SQSClient,
         clock: Clock | None = None,
         rand: random.Random | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self._settings = settings
         self._pool = pool
@@ -76,26 +88,32 @@ class Relay:
         self._rand = rand or random.Random()
         self._sender = Sender(sqs, concurrency=settings.send_concurrency)
         self.health = LoopHealth()
+        self._telemetry = telemetry
+        self._metrics = RelayMetrics(telemetry)
 
     def run_once(self) -> RelayBatch:
         """Claim, send and mark one batch in one transaction."""
         now = self._clock.sql_now()
-        with self._pool.connection() as conn, conn.transaction():
-            rows = outbox.claim_pending(conn, limit=self._settings.batch_size, now=now)
-            if not rows:
-                return RelayBatch(0, 0, 0, 0, more=False)
-            messages, failures = self._build(rows)
-            outcome = self._sender.send(messages)
-            accepted = [outbox_id for outbox_id, error in outcome.items() if error is None]
-            by_id = {row.outbox_id: row for row in rows}
-            failures += [
-                self._failure(by_id[outbox_id], error)
-                for outbox_id, error in outcome.items()
-                if error is not None
-            ]
-            outbox.mark_sent(conn, accepted, now=now)
-            outbox.mark_failed(conn, failures, now=now)
-        dead_letters = sum(1 for outbox_id in accepted if by_id[outbox_id].kind == "dead_letter")
+        spans: dict[int, Span] = {}
+        try:
+            with self._pool.connection() as conn, conn.transaction():
+                rows = outbox.claim_pending(conn, limit=self._settings.batch_size, now=now)
+                if not rows:
+                    return RelayBatch(0, 0, 0, 0, more=False)
+                spans = {row.outbox_id: self._metrics.start_span(row) for row in rows}
+                accepted, failures = self._send(rows, spans)
+                marked = outbox.mark_sent(conn, [row.outbox_id for row in accepted], now=now)
+                outbox.mark_failed(conn, failures, now=now)
+        except BaseException as exc:
+            for span in spans.values():
+                self._metrics.end_span(span, f"batch failed: {type(exc).__name__}: {exc}")
+            raise
+        errors = {failure.outbox_id: failure.error for failure in failures}
+        for outbox_id, span in spans.items():
+            self._metrics.end_span(span, errors.get(outbox_id))
+        marked_ids = set(marked)
+        self._metrics.relayed(row for row in rows if row.outbox_id in marked_ids)
+        dead_letters = sum(1 for row in accepted if row.kind == "dead_letter")
         return RelayBatch(
             claimed=len(rows),
             sent=len(accepted) - dead_letters,
@@ -103,6 +121,23 @@ class Relay:
             failed=len(failures),
             more=len(rows) >= self._settings.batch_size,
         )
+
+    def _send(
+        self, rows: list[OutboxRow], spans: dict[int, Span]
+    ) -> tuple[list[OutboxRow], list[Failure]]:
+        """Send the rows' messages; the rows SQS accepted, and a failure for each other row."""
+        messages, failures = self._build(rows, spans)
+        outcome = self._sender.send(messages)
+        by_id = {row.outbox_id: row for row in rows}
+        accepted = [by_id[outbox_id] for outbox_id, error in outcome.items() if error is None]
+        failures += [
+            self._failure(by_id[outbox_id], error)
+            for outbox_id, error in outcome.items()
+            if error is not None
+        ]
+        self._metrics.sent(accepted)
+        self._metrics.failed(by_id[failure.outbox_id] for failure in failures)
+        return accepted, failures
 
     def run(self, stop: threading.Event) -> None:
         """Repeat `run_once` until `stop`, waking on the dispatcher's NOTIFY or the interval."""
@@ -114,19 +149,28 @@ class Relay:
             interval=self._settings.interval_seconds,
             waker=waker,
             health=self.health,
+            telemetry=self._telemetry,
         )
 
     def close(self) -> None:
         self._sender.close()
 
-    def _build(self, rows: list[OutboxRow]) -> tuple[list[OutgoingMessage], list[Failure]]:
+    def _build(
+        self, rows: list[OutboxRow], spans: dict[int, Span]
+    ) -> tuple[list[OutgoingMessage], list[Failure]]:
+        """Each row's message, carrying the W3C context of the row's span (not the row's own)."""
         messages: list[OutgoingMessage] = []
         failures: list[Failure] = []
         for row in rows:
+            span = spans[row.outbox_id]
             try:
-                messages.append(build_message(row, self._settings))
+                message = build_message(row, self._settings)
             except UnsendableRow as exc:
                 failures.append(self._failure(row, exc.message))
+                continue
+            span.set_attribute("messaging.destination.name", message.queue_name)
+            attributes = trace_attributes(self._metrics.carrier(span))
+            messages.append(replace(message, attributes=attributes))
         return messages, failures
 
     def _failure(self, row: OutboxRow, error: str) -> Failure:

@@ -2,7 +2,8 @@
 
 Invariants: read once in `__main__` (or a test) and passed down; every default is a
 production-sensible value; a batch is bounded (`batch_size`), so one transaction never holds more
-than `batch_size` outbox row locks.
+than `batch_size` outbox row locks. `/metrics` and `/healthz` are served only when
+`TASKPLAT_RELAY_OPS_PORT` is set; traces are exported only with `OTEL_EXPORTER_OTLP_ENDPOINT`.
 """
 
 from __future__ import annotations
@@ -10,10 +11,12 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from taskplat.common.ops_server import OpsSettings
 from taskplat.common.settings import DatabaseSettings, ServiceSettings, SqsSettings
+from taskplat.common.telemetry import TelemetrySettings
 
 
-class RelaySettings(ServiceSettings, DatabaseSettings, SqsSettings):
+class RelaySettings(ServiceSettings, DatabaseSettings, SqsSettings, TelemetrySettings, OpsSettings):
     model_config = SettingsConfigDict(
         env_prefix="TASKPLAT_RELAY_",
         extra="ignore",

@@ -15,6 +15,8 @@ Invariants:
     relay is NOTIFYed in the same transaction.
   * Only terminal tasks and sent outbox rows are pruned; a Running task is never expired.
   * Jitter comes from the injected `random.Random`, time from the injected clock.
+  * Each transition is logged and counted once, after its step committed (`metrics`); with a
+    `Telemetry` the loop also records its batch durations, sizes and errors (`run_loop`).
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from psycopg.rows import DictRow
 from psycopg_pool import ConnectionPool
 
 from taskplat.common.clock import Clock, SystemClock
-from taskplat.common.logging import get_logger
 from taskplat.common.loops import LoopHealth, Waker, run_loop
+from taskplat.common.telemetry import Telemetry
 from taskplat.reaper import repository as repo
+from taskplat.reaper.metrics import ReaperMetrics, TimeoutKind
 from taskplat.reaper.settings import ReaperSettings
 
 
@@ -56,17 +59,19 @@ class Reaper:
         *,
         clock: Clock | None = None,
         rand: random.Random | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self._pool = pool
         self._settings = settings
         self._clock = clock or SystemClock()
         self._rand = rand or random.Random()
-        self._log = get_logger().bind(loop="reaper")
+        self._telemetry = telemetry
+        self._metrics = ReaperMetrics(telemetry)
 
     def _jitters(self) -> list[float]:
         return [self._rand.random() for _ in range(self._settings.reap_batch_size)]
 
-    def _timeouts(self, kind: str, now: datetime | None) -> list[repo.Row]:
+    def _timeouts(self, kind: TimeoutKind, now: datetime | None) -> list[repo.Row]:
         s = self._settings
         with self._pool.connection() as conn, conn.transaction():
             if kind == "lease":
@@ -82,21 +87,14 @@ class Reaper:
                     jitters=self._jitters(),
                 )
             repo.notify_outbox(conn, (row["queue"] for row in rows if row["status"] == "Dead"))
-        event = "task_lease_expired" if kind == "lease" else "task_deadline_exceeded"
-        for row in rows:
-            self._log.info(
-                event,
-                task_id=str(row["task_id"]),
-                attempt=row["attempt"],
-                worker_id=row["worker_id"],
-                status=row["status"],
-            )
+        self._metrics.timed_out(kind, rows)
         return rows
 
     def _expire(self, now: datetime | None) -> list[repo.Row]:
         with self._pool.connection() as conn, conn.transaction():
             rows = repo.expire_unstarted(conn, now=now, limit=self._settings.expire_batch_size)
             repo.notify_outbox(conn, (row["queue"] for row in rows))
+        self._metrics.expired(rows)
         return rows
 
     def _prune(self, now: datetime | None) -> tuple[int, int]:
@@ -106,6 +104,7 @@ class Reaper:
                 tasks = repo.prune_finished_tasks(
                     conn, now=now, limit=s.prune_batch_size, retention_seconds=s.retention_seconds
                 )
+            self._metrics.pruned(tasks=tasks)
             with conn.transaction():
                 outbox = repo.prune_sent_outbox(
                     conn,
@@ -113,6 +112,7 @@ class Reaper:
                     limit=s.outbox_prune_batch_size,
                     retention_seconds=s.outbox_retention_seconds,
                 )
+        self._metrics.pruned(outbox=outbox)
         return tasks, outbox
 
     def run_once(self) -> ReaperBatch:
@@ -154,4 +154,5 @@ class Reaper:
             interval=self._settings.interval_seconds,
             waker=waker,
             health=health,
+            telemetry=self._telemetry,
         )

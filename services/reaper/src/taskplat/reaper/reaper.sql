@@ -7,7 +7,9 @@
 -- one that committed after this statement's snapshot is seen when the lock is taken, and the
 -- re-checked predicate and guard then exclude the row, so the reaper never overwrites it.
 -- Time is coalesce(%(now)s::timestamptz, now()). Jitter for the retry delay comes from the caller,
--- one value per selected row (%(jitters)s, indexed by row number).
+-- one value per selected row (%(jitters)s, indexed by row number). Transitions return each moved
+-- task's task_id, attempt, new status, queue, operator and dead_reason (timeouts also worker_id and
+-- next_retry_at), for logs and metrics.
 
 -- name: reap_expired_leases
 -- Running with lease_expires_at < now: Failed with a retry at now + backoff, or Dead when the
@@ -50,7 +52,7 @@ moved AS (
       AND t.lease_token = j.lease_token
       AND t.lease_expires_at < n.now
     RETURNING t.task_id, t.attempt, t.lease_token, t.status, t.queue, t.operator, t.worker_id,
-              t.max_attempts, t.dead_reason, t.last_error, t.finished_at
+              t.max_attempts, t.dead_reason, t.last_error, t.finished_at, t.next_retry_at
 ),
 closed AS (
     UPDATE task_attempts AS a
@@ -70,7 +72,8 @@ dead AS (
     FROM moved AS m, n
     WHERE m.status = 'Dead'
 )
-SELECT task_id, attempt, status, queue, worker_id FROM moved
+SELECT task_id, attempt, status, queue, operator, worker_id, dead_reason, next_retry_at
+FROM moved
 
 -- name: reap_overrun_deadlines
 -- Running past deadline_at + grace, even while heartbeats keep the lease fresh: the same outcome
@@ -113,7 +116,7 @@ moved AS (
       AND t.lease_token = j.lease_token
       AND t.deadline_at < n.now - make_interval(secs => %(grace_seconds)s::double precision)
     RETURNING t.task_id, t.attempt, t.lease_token, t.status, t.queue, t.operator, t.worker_id,
-              t.max_attempts, t.dead_reason, t.last_error, t.finished_at
+              t.max_attempts, t.dead_reason, t.last_error, t.finished_at, t.next_retry_at
 ),
 closed AS (
     UPDATE task_attempts AS a
@@ -133,7 +136,8 @@ dead AS (
     FROM moved AS m, n
     WHERE m.status = 'Dead'
 )
-SELECT task_id, attempt, status, queue, worker_id FROM moved
+SELECT task_id, attempt, status, queue, operator, worker_id, dead_reason, next_retry_at
+FROM moved
 
 -- name: expire_unstarted
 -- Queued or Scheduled past expires_at: Dead (Expired). A Running task is never expired.
@@ -163,7 +167,7 @@ moved AS (
       AND t.attempt = due.attempt
       AND t.expires_at <= n.now
     RETURNING t.task_id, t.attempt, t.status, t.queue, t.operator, t.max_attempts,
-              t.dead_reason, t.last_error, t.finished_at
+              t.dead_reason, t.last_error, t.finished_at, due.status AS expired_from
 ),
 dead AS (
     INSERT INTO outbox (kind, task_id, queue, payload, created_at, available_at)
@@ -175,7 +179,7 @@ dead AS (
            n.now, n.now
     FROM moved AS m, n
 )
-SELECT task_id, attempt, status, queue FROM moved
+SELECT task_id, attempt, status, queue, operator, dead_reason, expired_from FROM moved
 
 -- name: prune_finished_tasks
 -- Terminal tasks finished longer ago than the retention; attempts, outputs and events go with them

@@ -33,7 +33,8 @@ def reap_expired_leases(
     """Running tasks whose lease ran out -> Failed (retry with backoff) or Dead.
 
     `jitters` holds one uniform [0, 1) draw per possible row (at least `limit` values).
-    Returns `task_id, attempt, status, queue, worker_id` per reaped task.
+    Returns `task_id, attempt, status, queue, operator, worker_id, dead_reason, next_retry_at`
+    per reaped task.
     """
     return _rows(
         conn, "reap_expired_leases", {"now": now, "limit": limit, "jitters": list(jitters)}
@@ -57,7 +58,10 @@ def reap_overrun_deadlines(
 
 
 def expire_unstarted(conn: Conn, *, now: datetime | None, limit: int) -> list[Row]:
-    """Queued or Scheduled tasks past `expires_at` -> Dead (Expired), each with a dead letter."""
+    """Queued or Scheduled tasks past `expires_at` -> Dead (Expired), each with a dead letter.
+
+    Returns `task_id, attempt, status, queue, operator, dead_reason, expired_from` per task.
+    """
     return _rows(conn, "expire_unstarted", {"now": now, "limit": limit})
 
 

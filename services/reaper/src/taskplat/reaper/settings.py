@@ -3,6 +3,8 @@
 Invariants: every default is production-sensible. With the default 1 s interval a task whose worker
 died runs again within about lease TTL + 1 s + retry delay; batch sizes bound the rows one statement
 locks (pruning uses small batches because a task's attempts, outputs and events go with it).
+`/metrics` and `/healthz` are served only when `TASKPLAT_REAPER_OPS_PORT` is set; traces are
+exported only with `OTEL_EXPORTER_OTLP_ENDPOINT`.
 """
 
 from __future__ import annotations
@@ -10,12 +12,14 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from taskplat.common.ops_server import OpsSettings
 from taskplat.common.settings import DatabaseSettings, ServiceSettings
+from taskplat.common.telemetry import TelemetrySettings
 
 DAY = 24 * 3600
 
 
-class ReaperSettings(ServiceSettings, DatabaseSettings):
+class ReaperSettings(ServiceSettings, DatabaseSettings, TelemetrySettings, OpsSettings):
     model_config = SettingsConfigDict(
         env_prefix="TASKPLAT_REAPER_",
         extra="ignore",

@@ -1,7 +1,9 @@
-"""`python -m taskplat.scheduler`: settings -> logging -> pool -> scheduler -> signals -> loop.
+"""`python -m taskplat.scheduler`: settings -> logging -> telemetry -> ops server -> signals -> pool
+-> scheduler -> loop.
 
-Invariant: only wiring lives here; bad settings exit with status 2 and one line on stderr, never a
-traceback. SIGTERM/SIGINT end the loop after the batch in progress.
+Invariant: only wiring lives here; bad settings (or an ops port that cannot be bound) exit with
+status 2 and one line on stderr, never a traceback. SIGTERM/SIGINT end the loop after the batch in
+progress; the ops server, the telemetry and the pool are then shut down.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from pydantic import ValidationError
 
 from taskplat.common.db.pools import make_pool
 from taskplat.common.logging import configure_logging, get_logger
-from taskplat.common.loops import install_stop_signals
+from taskplat.common.loops import LoopHealth, install_stop_signals
+from taskplat.common.ops_server import start_ops_server
+from taskplat.common.telemetry import Telemetry
 from taskplat.scheduler.scheduler import Scheduler
 from taskplat.scheduler.settings import SchedulerSettings
 
@@ -41,6 +45,18 @@ def main() -> int:
         print(f"{NAME}: invalid settings: DATABASE_URL is not a valid libpq URL", file=sys.stderr)
         return 2
     configure_logging("scheduler", level=settings.log_level, fmt=settings.log_format)
+    telemetry = Telemetry("scheduler", settings)
+    health = LoopHealth()
+    try:
+        ops = start_ops_server(settings, telemetry, lambda: health.check(settings.stall_seconds))
+    except OSError as exc:
+        telemetry.shutdown()
+        print(
+            f"{NAME}: invalid settings: cannot serve ops on "
+            f"{settings.ops_host}:{settings.ops_port}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 2
     stop = threading.Event()
     install_stop_signals(stop)
     pool = make_pool(settings, application_name=NAME)
@@ -49,11 +65,16 @@ def main() -> int:
         "scheduler_starting",
         interval_seconds=settings.interval_seconds,
         requeue_after_seconds=settings.requeue_after_seconds,
+        ops_port=ops.port if ops is not None else None,
+        tracing=telemetry.tracing,
     )
     try:
-        Scheduler(pool, settings).run(stop)
+        Scheduler(pool, settings, telemetry=telemetry).run(stop, health=health)
     finally:
+        if ops is not None:
+            ops.stop()
         pool.close()
+        telemetry.shutdown()
     return 0
 
 

@@ -1,9 +1,10 @@
 """The scheduler's statements (`scheduler.sql`).
 
 Invariants: each batch function runs one statement that selects, transitions and writes the outbox
-rows of up to `limit` tasks, and returns the moved rows (`task_id`, `queue`); an empty list means
-nothing was due or every due row was locked by another replica. Functions take the caller's
-connection and never commit: the caller owns the transaction and sends `notify_outbox` in it.
+rows of up to `limit` tasks, and returns the moved rows (`task_id`, `attempt` after the move,
+`queue`, `operator`); an empty list means nothing was due or every due row was locked by another
+replica. Functions take the caller's connection and never commit: the caller owns the transaction
+and sends `notify_outbox` in it.
 """
 
 from __future__ import annotations

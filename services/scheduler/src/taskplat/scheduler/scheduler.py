@@ -10,6 +10,8 @@ Invariants:
   * Re-publishing sets `last_wakeup_at` to now and leaves `queued_at` alone: `queued_at` keeps
     meaning "when the task became Queued", so schedule lag counts from then.
   * Time comes from the injected clock (`clock.sql_now()`; None lets the database decide).
+  * Each moved task is logged and counted once, after its step committed (`metrics`); with a
+    `Telemetry` the loop also records its batch durations, sizes and errors (`run_loop`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from psycopg_pool import ConnectionPool
 
 from taskplat.common.clock import Clock, SystemClock
 from taskplat.common.loops import LoopHealth, Waker, run_loop
+from taskplat.common.telemetry import Telemetry
 from taskplat.scheduler import repository as repo
+from taskplat.scheduler.metrics import PROMOTED, REPUBLISHED, RETRIED, SchedulerMetrics
 from taskplat.scheduler.settings import SchedulerSettings
 
 
@@ -49,33 +53,40 @@ class Scheduler:
         settings: SchedulerSettings,
         *,
         clock: Clock | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self._pool = pool
         self._settings = settings
         self._clock = clock or SystemClock()
+        self._telemetry = telemetry
+        self._metrics = SchedulerMetrics(telemetry)
 
-    def _step(self, step: Step) -> int:
+    def _step(self, event: str, step: Step) -> int:
         now = self._clock.sql_now()
         with self._pool.connection() as conn, conn.transaction():
             rows = step(conn, now)
             repo.notify_outbox(conn, (row["queue"] for row in rows))
+        self._metrics.moved(event, rows)
         return len(rows)
 
     def run_once(self) -> SchedulerBatch:
         s = self._settings
         promoted = self._step(
-            lambda conn, now: repo.promote_due_scheduled(conn, now=now, limit=s.promote_batch_size)
+            PROMOTED,
+            lambda conn, now: repo.promote_due_scheduled(conn, now=now, limit=s.promote_batch_size),
         )
         retried = self._step(
-            lambda conn, now: repo.retry_due_failed(conn, now=now, limit=s.retry_batch_size)
+            RETRIED,
+            lambda conn, now: repo.retry_due_failed(conn, now=now, limit=s.retry_batch_size),
         )
         republished = self._step(
+            REPUBLISHED,
             lambda conn, now: repo.republish_unclaimed(
                 conn,
                 now=now,
                 limit=s.republish_batch_size,
                 requeue_after_seconds=s.requeue_after_seconds,
-            )
+            ),
         )
         return SchedulerBatch(
             promoted=promoted,
@@ -103,4 +114,5 @@ class Scheduler:
             interval=self._settings.interval_seconds,
             waker=waker,
             health=health,
+            telemetry=self._telemetry,
         )

@@ -5,7 +5,8 @@
 -- outbox row per moved task (same shape as the dispatcher's insert_outbox_enqueue). Selection,
 -- transition and outbox row therefore commit together or not at all, and two replicas never move the
 -- same row: a locked row is skipped, and a row another replica moved after this statement's snapshot
--- fails the re-checked predicate. Time is coalesce(%(now)s::timestamptz, now()).
+-- fails the re-checked predicate. Time is coalesce(%(now)s::timestamptz, now()). Each returns the
+-- moved tasks' task_id, attempt (after the move), queue and operator, for logs and metrics.
 
 -- name: promote_due_scheduled
 -- Scheduled -> Queued once scheduled_for has come. A task already past expires_at is left for the
@@ -31,7 +32,7 @@ moved AS (
       AND t.status = 'Scheduled'
       AND t.attempt = due.attempt
       AND t.scheduled_for <= n.now
-    RETURNING t.task_id, t.queue
+    RETURNING t.task_id, t.attempt, t.queue, t.operator
 ),
 ob AS (
     INSERT INTO outbox (kind, task_id, queue, payload, created_at, available_at)
@@ -39,7 +40,7 @@ ob AS (
            n.now, n.now
     FROM moved AS m, n
 )
-SELECT task_id, queue FROM moved
+SELECT task_id, attempt, queue, operator FROM moved
 
 -- name: retry_due_failed
 -- Failed -> Queued at next_retry_at: the same row, attempt + 1. The ended attempt's lease fields are
@@ -74,7 +75,7 @@ moved AS (
       AND t.status = 'Failed'
       AND t.attempt = due.attempt
       AND t.next_retry_at <= n.now
-    RETURNING t.task_id, t.queue
+    RETURNING t.task_id, t.attempt, t.queue, t.operator
 ),
 ob AS (
     INSERT INTO outbox (kind, task_id, queue, payload, created_at, available_at)
@@ -82,7 +83,7 @@ ob AS (
            n.now, n.now
     FROM moved AS m, n
 )
-SELECT task_id, queue FROM moved
+SELECT task_id, attempt, queue, operator FROM moved
 
 -- name: republish_unclaimed
 -- A Queued task unclaimed for requeue_after_seconds probably lost its wake-up: write a fresh one and
@@ -110,7 +111,7 @@ moved AS (
     WHERE t.task_id = due.task_id
       AND t.status = 'Queued'
       AND t.attempt = due.attempt
-    RETURNING t.task_id, t.queue
+    RETURNING t.task_id, t.attempt, t.queue, t.operator
 ),
 ob AS (
     INSERT INTO outbox (kind, task_id, queue, payload, created_at, available_at)
@@ -118,7 +119,7 @@ ob AS (
            n.now, n.now
     FROM moved AS m, n
 )
-SELECT task_id, queue FROM moved
+SELECT task_id, attempt, queue, operator FROM moved
 
 -- name: notify_outbox
 -- Wake the outbox relay; delivered on commit, so only if the outbox rows were committed.

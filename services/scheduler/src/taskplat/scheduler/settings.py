@@ -1,7 +1,8 @@
 """Settings of the scheduler (env prefix `TASKPLAT_SCHEDULER_`, plus the shared names).
 
 Invariants: every default is production-sensible; batch sizes bound the rows one statement locks,
-so a batch stays short even with a large backlog.
+so a batch stays short even with a large backlog. `/metrics` and `/healthz` are served only when
+`TASKPLAT_SCHEDULER_OPS_PORT` is set; traces are exported only with `OTEL_EXPORTER_OTLP_ENDPOINT`.
 """
 
 from __future__ import annotations
@@ -9,10 +10,12 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from taskplat.common.ops_server import OpsSettings
 from taskplat.common.settings import DatabaseSettings, ServiceSettings
+from taskplat.common.telemetry import TelemetrySettings
 
 
-class SchedulerSettings(ServiceSettings, DatabaseSettings):
+class SchedulerSettings(ServiceSettings, DatabaseSettings, TelemetrySettings, OpsSettings):
     model_config = SettingsConfigDict(
         env_prefix="TASKPLAT_SCHEDULER_",
         extra="ignore",

@@ -1,9 +1,10 @@
-"""`python -m taskplat.worker_wrapper`: settings -> operators -> logging -> wrapper -> signals.
-
+"""`python -m taskplat.worker_wrapper`: settings -> operators -> logging -> telemetry -> wrapper ->
+ops server -> signals -> run.
 
 Invariants: only wiring lives here; a bad setting or a bad operators file exits with status 2 and
 one line on stderr, never a traceback; SIGTERM/SIGINT start the drain and a drained wrapper
-exits 0.
+exits 0. The process has one `Telemetry`, created here and passed down; `/metrics` and `/healthz`
+are served only when `TASKPLAT_WORKER_OPS_PORT` is set, and spans are flushed before exit.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import structlog
 from pydantic import ValidationError
 
 from taskplat.common.logging import configure_logging, get_logger
+from taskplat.common.ops_server import start_ops_server
+from taskplat.common.telemetry import Telemetry
+from taskplat.worker_wrapper.observability import SERVICE
 from taskplat.worker_wrapper.operators import OperatorsFileError, OperatorSpec, load_operators
 from taskplat.worker_wrapper.settings import WrapperSettings, describe_settings_error
 from taskplat.worker_wrapper.worker import build_wrapper
@@ -25,7 +29,9 @@ from taskplat.worker_wrapper.worker import build_wrapper
 PROG = "taskplat-worker-wrapper"
 
 
-async def serve(settings: WrapperSettings, specs: Mapping[str, OperatorSpec]) -> None:
+async def serve(
+    settings: WrapperSettings, specs: Mapping[str, OperatorSpec], telemetry: Telemetry
+) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
 
@@ -35,11 +41,23 @@ async def serve(settings: WrapperSettings, specs: Mapping[str, OperatorSpec]) ->
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, request_stop, sig)
-    wrapper = build_wrapper(settings, specs)
+    wrapper = build_wrapper(settings, specs, telemetry=telemetry)
+    try:
+        ops = start_ops_server(
+            settings, telemetry, lambda: wrapper.health.check(settings.stall_seconds)
+        )
+    except OSError as exc:
+        await wrapper.aclose()
+        where = f"{settings.ops_host}:{settings.ops_port}"
+        raise SystemExit(f"{PROG}: cannot serve /metrics on {where}: {exc.strerror}") from None
+    if ops is not None:
+        get_logger().info("ops_server_started", host=settings.ops_host, port=ops.port)
     try:
         await wrapper.run(stop)
     finally:
         await wrapper.aclose()
+        if ops is not None:
+            ops.stop()
 
 
 def main() -> int:
@@ -53,12 +71,16 @@ def main() -> int:
     except OperatorsFileError as exc:
         print(f"{PROG}: {exc.message}", file=sys.stderr)
         return 2
-    configure_logging("worker-wrapper", level=settings.log_level, fmt=settings.log_format)
+    configure_logging(SERVICE, level=settings.log_level, fmt=settings.log_format)
     for chatty in ("httpx", "httpcore"):  # one INFO line per request otherwise
         logging.getLogger(chatty).setLevel(logging.WARNING)
     structlog.contextvars.bind_contextvars(worker_id=settings.worker_id)
     get_logger().info("operators_loaded", operators=sorted(specs))
-    asyncio.run(serve(settings, specs))
+    telemetry = Telemetry(SERVICE, settings)
+    try:
+        asyncio.run(serve(settings, specs, telemetry))
+    finally:
+        telemetry.shutdown()
     return 0
 
 

@@ -9,6 +9,10 @@ Invariants:
     canceled, unknown task); any other 4xx is a `DispatcherProtocolError` (wrong token, a body the
     dispatcher refused), never taken for a rejection: a wrongly configured URL must not make the
     wrapper delete messages.
+  * Each call is one CLIENT span (`dispatcher.claim`, `dispatcher.heartbeat`, `dispatcher.events`,
+    `dispatcher.complete`), and every HTTP request carries that span's W3C `traceparent` header,
+    so the dispatcher's server spans join the task's trace. Each answer is counted by route and
+    status, each request that got no answer by route.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import TypeVar
 from uuid import UUID
 
 import httpx
+from opentelemetry import trace
 from pydantic import BaseModel, SecretStr, TypeAdapter, ValidationError
 
 from taskplat.common.backoff import full_jitter_delay
@@ -36,6 +41,8 @@ from taskplat.common.contracts import (
 )
 from taskplat.common.errors import TaskplatError
 from taskplat.common.logging import get_logger
+from taskplat.common.telemetry import inject
+from taskplat.worker_wrapper.observability import WrapperTelemetry
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 ClaimAnswer = ClaimedResponse | NotClaimedResponse
@@ -74,6 +81,7 @@ class DispatcherClient:
         connect_timeout_seconds: float = 5.0,
         retry_base_seconds: float = 0.2,
         retry_max_seconds: float = 5.0,
+        telemetry: WrapperTelemetry | None = None,
     ) -> None:
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
@@ -85,13 +93,14 @@ class DispatcherClient:
         )
         self._retry_base = retry_base_seconds
         self._retry_max = retry_max_seconds
+        self._telemetry = telemetry or WrapperTelemetry()
 
     async def aclose(self) -> None:
         await self._http.aclose()
 
     async def claim(self, task_id: UUID, worker_id: str, *, until: float) -> ClaimAnswer:
         body = ClaimRequest(task_id=task_id, worker_id=worker_id)
-        response = await self._post("/internal/task-claim", body, until=until)
+        response = await self._post("/internal/task-claim", body, until=until, span="claim")
         if response.status_code != 200:
             raise _unexpected(response)
         try:
@@ -104,22 +113,28 @@ class DispatcherClient:
     async def heartbeat(
         self, body: HeartbeatRequest, *, until: float
     ) -> HeartbeatResponse | Rejection:
-        return await self._worker_call("/internal/heartbeat", body, HeartbeatResponse, until)
+        return await self._worker_call(
+            "/internal/heartbeat", body, HeartbeatResponse, until, span="heartbeat"
+        )
 
     async def events(
         self, body: EventsRequest, *, until: float
     ) -> EventsAcceptedResponse | Rejection:
-        return await self._worker_call("/internal/events", body, EventsAcceptedResponse, until)
+        return await self._worker_call(
+            "/internal/events", body, EventsAcceptedResponse, until, span="events"
+        )
 
     async def complete(
         self, body: CompleteRequest, *, until: float
     ) -> CompleteResponse | Rejection:
-        return await self._worker_call("/internal/task-complete", body, CompleteResponse, until)
+        return await self._worker_call(
+            "/internal/task-complete", body, CompleteResponse, until, span="complete"
+        )
 
     async def _worker_call(
-        self, path: str, body: BaseModel, answer: type[ModelT], until: float
+        self, path: str, body: BaseModel, answer: type[ModelT], until: float, *, span: str
     ) -> ModelT | Rejection:
-        response = await self._post(path, body, until=until)
+        response = await self._post(path, body, until=until, span=span)
         try:
             if response.status_code == 200:
                 return answer.model_validate_json(response.content)
@@ -130,16 +145,33 @@ class DispatcherClient:
             raise _unexpected(response, f"unexpected answer from {path}") from exc
         raise _unexpected(response)
 
-    async def _post(self, path: str, body: BaseModel, *, until: float) -> httpx.Response:
+    async def _post(self, path: str, body: BaseModel, *, until: float, span: str) -> httpx.Response:
+        attributes = {"http.request.method": "POST", "url.path": path}
+        task_id = getattr(body, "task_id", None)
+        if task_id is not None:
+            attributes["taskplat.task_id"] = str(task_id)
+        with self._telemetry.tracer.start_as_current_span(
+            f"dispatcher.{span}", kind=trace.SpanKind.CLIENT, attributes=attributes
+        ) as current:
+            response = await self._post_with_retries(path, body, until=until)
+            current.set_attribute("http.response.status_code", response.status_code)
+            return response
+
+    async def _post_with_retries(
+        self, path: str, body: BaseModel, *, until: float
+    ) -> httpx.Response:
         loop = asyncio.get_running_loop()
         content = body.model_dump_json(exclude_none=False).encode()
+        headers = inject()  # the current span: this call's
         failures = 0
         while True:
             try:
-                response = await self._http.post(path, content=content)
+                response = await self._http.post(path, content=content, headers=headers)
             except httpx.HTTPError as exc:
+                self._telemetry.dispatcher_call_error(path)
                 problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             else:
+                self._telemetry.dispatcher_call(path, response.status_code)
                 if response.status_code < 500:
                     return response
                 problem = f"HTTP {response.status_code}"

@@ -9,26 +9,32 @@ Invariants:
     undeleted message only comes back later, and a claim then answers NotClaimed.
   * The queue URL is resolved on first use and cached; an error forgets it, so a queue created
     after the wrapper started is found.
+  * A receive asks for every message attribute: the W3C trace context (`traceparent`,
+    `tracestate` String attributes) travels there; nothing else of them is used.
+  * Every message received, every message deleted (with why) and every failed SQS call is counted;
+    each deletion is logged as `message_deleted` with its why.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from taskplat.common.logging import get_logger
 from taskplat.common.sqs import QueueUrls
+from taskplat.worker_wrapper.observability import DeleteWhy, SqsOp, WrapperTelemetry
 
 if TYPE_CHECKING:
     from types_boto3_sqs.client import SQSClient
 
 T = TypeVar("T")
 SQS_MAX_BATCH = 10
+TRACE_ATTRIBUTES = ("traceparent", "tracestate")
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,7 @@ class Delivery:
     receipt_handle: str
     body: str
     receive_count: int
+    trace_context: Mapping[str, str] = field(default_factory=dict)
 
 
 class SqsIntake:
@@ -50,6 +57,7 @@ class SqsIntake:
         wait_time_seconds: int,
         visibility_timeout_seconds: int,
         threads: int = 8,
+        telemetry: WrapperTelemetry | None = None,
     ) -> None:
         self._client = client
         self.queue_name = queue_name
@@ -57,6 +65,7 @@ class SqsIntake:
         self._wait = wait_time_seconds
         self._visibility = visibility_timeout_seconds
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sqs")
+        self._telemetry = telemetry or WrapperTelemetry()
 
     async def _call(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
@@ -76,22 +85,35 @@ class SqsIntake:
                     WaitTimeSeconds=self._wait,
                     VisibilityTimeout=self._visibility,
                     MessageSystemAttributeNames=["ApproximateReceiveCount"],
+                    MessageAttributeNames=["All"],
                 )
             except (BotoCoreError, ClientError):
                 self._urls.forget(self.queue_name)
                 raise
             return [_delivery(message) for message in answer.get("Messages", [])]
 
-        return await self._call(call)
+        try:
+            deliveries = await self._call(call)
+        except Exception:
+            self._telemetry.sqs_error("receive")
+            raise
+        self._telemetry.received(len(deliveries))
+        return deliveries
 
-    async def delete(self, delivery: Delivery) -> bool:
-        return await self._quietly(
+    async def delete(self, delivery: Delivery, why: DeleteWhy, **fields: object) -> bool:
+        """Delete the message; log `message_deleted` (with `fields`) and count it by `why`."""
+        deleted = await self._quietly(
             "sqs_delete_failed",
+            "delete",
             delivery,
             lambda: self._client.delete_message(
                 QueueUrl=self._url(), ReceiptHandle=delivery.receipt_handle
             ),
         )
+        if deleted:
+            self._telemetry.deleted(why)
+            get_logger().info("message_deleted", why=why, message_id=delivery.message_id, **fields)
+        return deleted
 
     async def extend(self, delivery: Delivery) -> bool:
         """Renew the message's visibility timeout (it stays hidden while the task runs)."""
@@ -104,6 +126,7 @@ class SqsIntake:
     async def _set_visibility(self, delivery: Delivery, seconds: int) -> bool:
         return await self._quietly(
             "sqs_visibility_failed",
+            "change_visibility",
             delivery,
             lambda: self._client.change_message_visibility(
                 QueueUrl=self._url(),
@@ -112,10 +135,13 @@ class SqsIntake:
             ),
         )
 
-    async def _quietly(self, event: str, delivery: Delivery, fn: Callable[[], Any]) -> bool:
+    async def _quietly(
+        self, event: str, op: SqsOp, delivery: Delivery, fn: Callable[[], Any]
+    ) -> bool:
         try:
             await self._call(fn)
         except (BotoCoreError, ClientError) as exc:
+            self._telemetry.sqs_error(op)
             get_logger().warning(event, message_id=delivery.message_id, error=str(exc))
             return False
         return True
@@ -132,4 +158,15 @@ def _delivery(message: Any) -> Delivery:
         receipt_handle=str(message["ReceiptHandle"]),
         body=str(message.get("Body", "")),
         receive_count=int(attributes.get("ApproximateReceiveCount", "1")),
+        trace_context=_trace_context(message.get("MessageAttributes") or {}),
     )
+
+
+def _trace_context(attributes: Mapping[str, Any]) -> dict[str, str]:
+    """The `traceparent`/`tracestate` String attributes of a message (others ignored)."""
+    carrier: dict[str, str] = {}
+    for name in TRACE_ATTRIBUTES:
+        value = attributes.get(name)
+        if isinstance(value, Mapping) and isinstance(value.get("StringValue"), str):
+            carrier[name] = value["StringValue"]
+    return carrier

@@ -4,9 +4,9 @@ Invariants:
   * The file is validated strictly (unknown keys are errors) when the wrapper starts; a bad file
     stops the wrapper with one clear message, never at the first task.
   * An operator's environment holds only the variables its `env` allow-list names (plus the
-    per-task `TASKPLAT_*` variables the wrapper sets); the allow-list can never name the worker
-    token nor any other `TASKPLAT_WORKER_*` setting, so operator code never sees the wrapper's
-    dispatcher credentials.
+    per-task `TASKPLAT_*` and `TRACEPARENT`/`TRACESTATE` variables the wrapper sets, which the
+    allow-list cannot name); the allow-list can never name the worker token nor any other
+    `TASKPLAT_WORKER_*` setting, so operator code never sees the wrapper's dispatcher credentials.
   * `{python}` in a command stands for the wrapper's own interpreter (`sys.executable`).
 """
 
@@ -36,6 +36,8 @@ TASK_ENV_VARS = frozenset(
         "TASKPLAT_DEADLINE_AT",
         "TASKPLAT_OPERATOR",
         "TASKPLAT_OPERATOR_MODE",
+        "TRACEPARENT",
+        "TRACESTATE",
     }
 )
 _FORBIDDEN_PREFIX = "TASKPLAT_WORKER_"

@@ -11,6 +11,9 @@ Invariants:
     line, stdout closed) is retired (its group killed) and its slot restarts on next use; a
     process that answered, whatever the status, is kept.
   * `close()` kills every process of the pool.
+  * Each process start is counted; each task handed to a process is logged (`operator_started`,
+    with `reused`); kills are counted and logged with their reason; a process that died or
+    closed stdout before answering (also while idle) is counted as a crash.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from taskplat.common.logging import get_logger
+from taskplat.worker_wrapper.observability import WrapperTelemetry
 from taskplat.worker_wrapper.operators import OperatorSpec
 from taskplat.worker_wrapper.outcomes import (
     Abort,
@@ -55,6 +59,9 @@ from taskplat.worker_wrapper.runner import (
     PerTaskRunner,
     RunnerLimits,
     envelope_outcome,
+    kill_reason,
+    protocol_kill_reason,
+    record_kill,
 )
 
 
@@ -70,12 +77,18 @@ class PooledProcess:
 
 class PooledRunner:
     def __init__(
-        self, name: str, spec: OperatorSpec, limits: RunnerLimits, environ: Mapping[str, str]
+        self,
+        name: str,
+        spec: OperatorSpec,
+        limits: RunnerLimits,
+        environ: Mapping[str, str],
+        telemetry: WrapperTelemetry | None = None,
     ) -> None:
         self._name = name
         self._spec = spec
         self._limits = limits
         self._environ = environ
+        self._telemetry = telemetry or WrapperTelemetry()
         self._slots: asyncio.Queue[PooledProcess | None] = asyncio.Queue()
         for _ in range(spec.processes):
             self._slots.put_nowait(None)
@@ -104,13 +117,22 @@ class PooledRunner:
         slot = take.result()
         keep: PooledProcess | None = None
         try:
+            reused = slot is not None and slot.alive
             if slot is None or not slot.alive:
-                if slot is not None:
+                if slot is not None:  # it died while idle
+                    self._telemetry.operator_crashed(self._name)
                     await self._retire(slot)
                 try:
                     slot = await self._start()
                 except OSError as exc:
                     return failure(f"cannot start operator {self._name!r}: {exc}")
+            get_logger().info(
+                "operator_started",
+                operator=self._name,
+                mode=self._spec.mode,
+                pid=slot.proc.pid,
+                reused=reused,
+            )
             outcome, healthy = await self._serve(slot, task, deadline, forward, abort)
             if healthy:
                 keep = slot
@@ -131,6 +153,7 @@ class PooledRunner:
         slot = PooledProcess(proc, StderrTail(proc.stderr, self._limits.stderr_tail_bytes))
         self._live.add(slot)
         self.started += 1
+        self._telemetry.operator_started(self._name, self._spec.mode)
         get_logger().info("pooled_operator_started", operator=self._name, pid=proc.pid)
         return slot
 
@@ -155,6 +178,7 @@ class PooledRunner:
         try:
             finish = await race(session, abort, deadline)
             if finish != "done":
+                record_kill(self._telemetry, self._name, kill_reason(finish, abort), slot.proc.pid)
                 await kill_group(slot.proc, self._limits.kill_grace_seconds)
                 if finish == "stopped":
                     return abort.stopped(), False
@@ -165,7 +189,11 @@ class PooledRunner:
             answer = session.result()
             if isinstance(answer, ProtocolError | EndOfOutput):
                 if isinstance(answer, EndOfOutput):  # give it a moment to exit by itself
+                    self._telemetry.operator_crashed(self._name)
                     await wait_exit(slot.proc, self._limits.kill_grace_seconds)
+                else:
+                    kill = protocol_kill_reason(answer)
+                    record_kill(self._telemetry, self._name, kill, slot.proc.pid, answer.message)
                 exit_text = describe_exit(slot.proc.returncode)
                 await kill_group(slot.proc, self._limits.kill_grace_seconds)
                 await slot.stderr.settle(STDERR_SETTLE_SECONDS)
@@ -191,13 +219,16 @@ class PooledRunner:
 
 
 def build_runners(
-    specs: Mapping[str, OperatorSpec], limits: RunnerLimits, environ: Mapping[str, str]
+    specs: Mapping[str, OperatorSpec],
+    limits: RunnerLimits,
+    environ: Mapping[str, str],
+    telemetry: WrapperTelemetry | None = None,
 ) -> dict[str, OperatorRunner]:
     """One runner per configured operator: per-task or pooled, as its spec says."""
     runners: dict[str, OperatorRunner] = {}
     for name, spec in specs.items():
         if spec.mode == "pooled":
-            runners[name] = PooledRunner(name, spec, limits, environ)
+            runners[name] = PooledRunner(name, spec, limits, environ, telemetry)
         else:
-            runners[name] = PerTaskRunner(name, spec, limits, environ)
+            runners[name] = PerTaskRunner(name, spec, limits, environ, telemetry)
     return runners

@@ -11,6 +11,9 @@ Invariants:
     whatever happens, including cancellation of `run`, the group gets SIGKILL before `run` returns.
   * Success needs a `succeeded` envelope and exit code 0; anything else is a failure naming the
     reason, with the tail of stderr.
+  * Each process started is counted and logged (`operator_started`); each kill is counted and
+    logged with its reason (`operator_killed`: deadline, a stop reason, or a protocol error);
+    an exit without an envelope or a non-zero exit is counted as a crash.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from taskplat.common.logging import get_logger
+from taskplat.worker_wrapper.observability import KillReason, WrapperTelemetry
 from taskplat.worker_wrapper.operators import OperatorSpec
 from taskplat.worker_wrapper.outcomes import (
     Abort,
@@ -52,7 +57,7 @@ from taskplat.worker_wrapper.protocol import (
     discard_until_eof,
     read_answer,
 )
-from taskplat.worker_wrapper.racing import cancel_and_wait, deadline_message, race
+from taskplat.worker_wrapper.racing import Finish, cancel_and_wait, deadline_message, race
 
 STDERR_SETTLE_SECONDS = 1.0
 
@@ -62,6 +67,25 @@ class RunnerLimits:
     stdout: StdoutLimits
     stderr_tail_bytes: int
     kill_grace_seconds: float
+
+
+def kill_reason(finish: Finish, abort: Abort) -> KillReason:
+    """Why a race that did not finish killed the operator: its stop reason, or the deadline."""
+    if finish == "stopped" and abort.reason is not None:
+        return abort.reason
+    return "deadline"
+
+
+def protocol_kill_reason(error: ProtocolError) -> KillReason:
+    return "flood" if error.message.startswith("stdout flood") else "protocol_error"
+
+
+def record_kill(
+    telemetry: WrapperTelemetry, operator: str, reason: KillReason, pid: int, detail: str = ""
+) -> None:
+    telemetry.operator_killed(operator, reason)
+    log = get_logger()
+    log.warning("operator_killed", operator=operator, reason=reason, pid=pid, detail=detail)
 
 
 def envelope_outcome(envelope: ResultEnvelope, returncode: int | None, stderr: str) -> RunOutcome:
@@ -81,12 +105,18 @@ def envelope_outcome(envelope: ResultEnvelope, returncode: int | None, stderr: s
 
 class PerTaskRunner:
     def __init__(
-        self, name: str, spec: OperatorSpec, limits: RunnerLimits, environ: Mapping[str, str]
+        self,
+        name: str,
+        spec: OperatorSpec,
+        limits: RunnerLimits,
+        environ: Mapping[str, str],
+        telemetry: WrapperTelemetry | None = None,
     ) -> None:
         self._name = name
         self._spec = spec
         self._limits = limits
         self._environ = environ
+        self._telemetry = telemetry or WrapperTelemetry()
 
     async def run(
         self, task: TaskInput, *, deadline: float | None, forward: EventSink, abort: Abort
@@ -104,11 +134,16 @@ class PerTaskRunner:
             )
         except OSError as exc:
             return failure(f"cannot start operator {self._name!r}: {exc}")
+        self._telemetry.operator_started(self._name, self._spec.mode)
+        get_logger().info(
+            "operator_started", operator=self._name, mode=self._spec.mode, pid=proc.pid
+        )
         stderr = StderrTail(proc.stderr, self._limits.stderr_tail_bytes)
         session = asyncio.ensure_future(self._session(proc, task, forward))
         try:
             finish = await race(session, abort, deadline)
             if finish != "done":
+                record_kill(self._telemetry, self._name, kill_reason(finish, abort), proc.pid)
                 await kill_group(proc, self._limits.kill_grace_seconds)
                 await cancel_and_wait(session)
                 if finish == "stopped":
@@ -118,7 +153,11 @@ class PerTaskRunner:
             answer = session.result()
             await stderr.settle(STDERR_SETTLE_SECONDS)
             if isinstance(answer, ProtocolError):
+                kill = protocol_kill_reason(answer)
+                record_kill(self._telemetry, self._name, kill, proc.pid, answer.message)
                 return failure(answer.message, stderr.text())
+            if isinstance(answer, EndOfOutput) or proc.returncode:
+                self._telemetry.operator_crashed(self._name)
             if isinstance(answer, EndOfOutput):
                 reason = f"operator {describe_exit(proc.returncode)} without a result envelope"
                 return failure(reason, stderr.text())

@@ -23,6 +23,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Mapping
@@ -65,6 +66,13 @@ class Task:
             timeout_seconds=doc.get("timeout_seconds"),
             document=dict(doc),
         )
+
+    @property
+    def traceparent(self) -> str | None:
+        """The W3C trace context to continue (parent of the operator's own spans), if traced:
+        `traceparent` of the task line (pooled) or `TRACEPARENT` (per-task)."""
+        value = self.document.get("traceparent") or os.environ.get("TRACEPARENT")
+        return str(value) if value else None
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 Invariants: the worker token is a secret (never printed, never passed to an operator); every default
 is a production-sensible value; the visibility extension interval is shorter than the visibility
-timeout it extends, so a running task's message never becomes visible while it runs.
+timeout it extends, so a running task's message never becomes visible while it runs; the stall
+limit of `/healthz` exceeds the long-poll wait (an idle wrapper polls at least that often).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from pydantic import AliasChoices, Field, ValidationError, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from taskplat.common.contracts.base import QueueName, WorkerId
+from taskplat.common.ops_server import OpsSettings
 from taskplat.common.settings import ServiceSettings, SqsSettings, WorkerTokenSettings
+from taskplat.common.telemetry import TelemetrySettings
 
 MIB = 1024 * 1024
 
@@ -26,7 +29,9 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-class WrapperSettings(ServiceSettings, SqsSettings, WorkerTokenSettings):
+class WrapperSettings(
+    ServiceSettings, SqsSettings, WorkerTokenSettings, TelemetrySettings, OpsSettings
+):
     model_config = SettingsConfigDict(
         env_prefix="TASKPLAT_WORKER_",
         extra="ignore",
@@ -146,6 +151,8 @@ class WrapperSettings(ServiceSettings, SqsSettings, WorkerTokenSettings):
             )
         if self.retry_base_seconds > self.retry_max_seconds:
             raise ValueError("retry_base_seconds must not exceed retry_max_seconds")
+        if self.stall_seconds <= self.wait_time_seconds:
+            raise ValueError("stall_seconds must exceed wait_time_seconds")
         return self
 
 

@@ -9,6 +9,10 @@ Invariants:
     are stopped (process group killed) and reported Failed with `retry_after_seconds: 0`, within
     the report timeout; messages a receive brings back after the stop are released (visible again
     at once) for another worker. Then `run` returns.
+  * Liveness (`health`, served as `/healthz`): the mark moves each time a receive poll returned,
+    and each time a saturated wrapper's wait for a free slot timed out (at most
+    `wait_time_seconds` apart, as a poll); a failing receive does not move it. From the stop on,
+    the wrapper reports `draining`.
 """
 
 from __future__ import annotations
@@ -22,9 +26,11 @@ from typing import Any
 from taskplat.common.backoff import full_jitter_delay
 from taskplat.common.logging import get_logger
 from taskplat.common.sqs import sqs_client, sqs_queue_name
+from taskplat.common.telemetry import Telemetry
 from taskplat.worker_wrapper.dispatcher_client import DispatcherClient
 from taskplat.worker_wrapper.execution import ExecutionSettings, TaskExecutor
 from taskplat.worker_wrapper.intake import Delivery, SqsIntake
+from taskplat.worker_wrapper.observability import IntakeHealth, WrapperTelemetry
 from taskplat.worker_wrapper.operators import OperatorSpec
 from taskplat.worker_wrapper.outcomes import Abort, OperatorRunner
 from taskplat.worker_wrapper.pool import build_runners
@@ -62,11 +68,16 @@ class WorkerWrapper:
         self._retry_base = retry_base_seconds
         self._retry_max = retry_max_seconds
         self._running: dict[asyncio.Future[None], Abort] = {}
+        self.health = IntakeHealth()
         self.log = get_logger()
 
     @property
     def running(self) -> int:
         return len(self._running)
+
+    @property
+    def _busy_tick(self) -> float:
+        return max(1.0, self.drain.receive_wait_seconds)
 
     async def run(self, stop: asyncio.Event) -> None:
         self.log.info(
@@ -80,7 +91,11 @@ class WorkerWrapper:
                 free = self.concurrency - len(self._running)
                 if free <= 0:
                     waiting: set[asyncio.Future[Any]] = {stop_wait, *self._running}
-                    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                    done, _ = await asyncio.wait(
+                        waiting, timeout=self._busy_tick, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    if not done:  # saturated, yet the loop turns: that is progress
+                        self.health.polled()
                     continue
                 receive = asyncio.ensure_future(self.intake.receive(free))
                 await asyncio.wait({receive, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
@@ -90,15 +105,18 @@ class WorkerWrapper:
                 try:
                     deliveries = receive.result()
                 except Exception as exc:
+                    self.health.poll_failed()
                     failures += 1
                     delay = full_jitter_delay(self._retry_base, self._retry_max, failures)
                     self.log.warning("sqs_receive_failed", error=str(exc), failures=failures)
                     await asyncio.wait({stop_wait}, timeout=max(delay, self._retry_base))
                     continue
+                self.health.polled()
                 failures = 0
                 for delivery in deliveries:
                     self._start(delivery)
         finally:
+            self.health.draining = True
             stop_wait.cancel()
             self.log.info("worker_wrapper_stopping", running=len(self._running))
             await asyncio.gather(self._drain(), self._hand_back(abandoned))
@@ -158,14 +176,19 @@ def build_wrapper(
     settings: WrapperSettings,
     specs: Mapping[str, OperatorSpec],
     environ: Mapping[str, str] | None = None,
+    telemetry: Telemetry | None = None,
 ) -> WorkerWrapper:
-    """Wire a wrapper from its settings and operator specs (`environ` feeds the allow-lists)."""
+    """Wire a wrapper from its settings and operator specs (`environ` feeds the allow-lists);
+    it records into `telemetry` (None: records and traces nothing)."""
+    instruments = WrapperTelemetry(telemetry, queue=settings.queue)
     limits = RunnerLimits(
         stdout=StdoutLimits(settings.stdout_line_max_bytes, settings.stdout_max_bytes),
         stderr_tail_bytes=settings.stderr_tail_bytes,
         kill_grace_seconds=settings.kill_grace_seconds,
     )
-    runners = build_runners(specs, limits, dict(os.environ if environ is None else environ))
+    runners = build_runners(
+        specs, limits, dict(os.environ if environ is None else environ), instruments
+    )
     client = DispatcherClient(
         settings.dispatcher_url,
         settings.worker_token,
@@ -173,6 +196,7 @@ def build_wrapper(
         connect_timeout_seconds=settings.http_connect_timeout_seconds,
         retry_base_seconds=settings.retry_base_seconds,
         retry_max_seconds=settings.retry_max_seconds,
+        telemetry=instruments,
     )
     intake = SqsIntake(
         sqs_client(settings, max_pool_connections=settings.concurrency + 4),
@@ -180,6 +204,7 @@ def build_wrapper(
         wait_time_seconds=settings.wait_time_seconds,
         visibility_timeout_seconds=settings.visibility_timeout_seconds,
         threads=settings.concurrency + 2,
+        telemetry=instruments,
     )
     executor = TaskExecutor(
         client,
@@ -196,6 +221,7 @@ def build_wrapper(
             retry_base_seconds=settings.retry_base_seconds,
             retry_max_seconds=settings.retry_max_seconds,
         ),
+        instruments,
     )
     return WorkerWrapper(
         intake,

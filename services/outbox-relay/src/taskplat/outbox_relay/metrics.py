@@ -1,0 +1,100 @@
+"""The relay's metrics and its `outbox.send` spans.
+
+Invariants:
+  * every claimed row gets one span "outbox.send" (kind PRODUCER) whose parent is the row's stored
+    W3C context (`extract(row.trace_context)`; a row without one starts a new trace), and the SQS
+    message carries `inject()` of that span, so the relay is a link of the task's trace. With
+    tracing off the span is the row's own (non-recording) context, so the row's context is
+    forwarded unchanged and costs nothing;
+  * each span ends exactly once, with status ERROR and the reason when its row was not sent;
+  * counters, labelled by the row's task `queue` and outbox `kind` (never a task id):
+    `taskplat.sqs.sent{queue,kind}` messages SQS accepted, `taskplat.sqs.send_errors{queue,kind}`
+    rows whose send failed for any reason (SQS refused or unreachable, missing queue, unsendable
+    row), `taskplat.outbox.relayed{kind}` rows marked sent, counted only once the batch committed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from taskplat.common.telemetry import Telemetry, extract, inject
+from taskplat.outbox_relay.outbox import OutboxRow
+
+SPAN_NAME = "outbox.send"
+
+
+class RelayMetrics:
+    def __init__(self, telemetry: Telemetry | None) -> None:
+        self._tracer: trace.Tracer = (
+            telemetry.tracer if telemetry is not None else trace.NoOpTracer()
+        )
+        self._sent: Any = None
+        self._errors: Any = None
+        self._relayed: Any = None
+        if telemetry is not None:
+            self._sent = telemetry.counter(
+                "taskplat.sqs.sent", description="Messages SQS accepted, by task queue and kind."
+            )
+            self._errors = telemetry.counter(
+                "taskplat.sqs.send_errors",
+                description="Outbox rows whose send failed (retried later), by queue and kind.",
+            )
+            self._relayed = telemetry.counter(
+                "taskplat.outbox.relayed", description="Outbox rows marked sent, by kind."
+            )
+
+    def start_span(self, row: OutboxRow) -> Span:
+        """The "outbox.send" span of `row`, child of the row's stored trace context."""
+        return self._tracer.start_span(
+            SPAN_NAME,
+            context=extract(_strings(row.trace_context)),
+            kind=SpanKind.PRODUCER,
+            attributes={
+                "messaging.system": "aws_sqs",
+                "messaging.operation.type": "send",
+                "taskplat.task_id": str(row.task_id),
+                "taskplat.queue": row.queue,
+                "taskplat.outbox.id": row.outbox_id,
+                "taskplat.outbox.kind": row.kind,
+                "taskplat.outbox.send_attempt": row.send_attempts + 1,
+            },
+        )
+
+    @staticmethod
+    def carrier(span: Span) -> dict[str, str]:
+        """The W3C context the message carries: the span's own (or the row's, tracing off)."""
+        return inject(trace.set_span_in_context(span))
+
+    @staticmethod
+    def end_span(span: Span, error: str | None) -> None:
+        if error is not None:
+            span.set_status(Status(StatusCode.ERROR, error))
+        span.end()
+
+    def sent(self, rows: Iterable[OutboxRow]) -> None:
+        _add(self._sent, Counter((row.queue, row.kind) for row in rows), ("queue", "kind"))
+
+    def failed(self, rows: Iterable[OutboxRow]) -> None:
+        _add(self._errors, Counter((row.queue, row.kind) for row in rows), ("queue", "kind"))
+
+    def relayed(self, rows: Iterable[OutboxRow]) -> None:
+        _add(self._relayed, Counter((row.kind,) for row in rows), ("kind",))
+
+
+def _add(counter: Any, groups: Counter[tuple[str, ...]], labels: tuple[str, ...]) -> None:
+    if counter is None:
+        return
+    for values, count in groups.items():
+        counter.add(count, dict(zip(labels, values, strict=True)))
+
+
+def _strings(trace_context: Mapping[str, Any] | None) -> dict[str, str]:
+    """The string fields of a stored trace context (anything else is ignored)."""
+    if not trace_context:
+        return {}
+    return {key: value for key, value in trace_context.items() if isinstance(value, str)}

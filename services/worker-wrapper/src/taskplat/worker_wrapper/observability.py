@@ -1,0 +1,161 @@
+"""The worker wrapper's metrics, tracer and liveness (the plan's "Worker wrapper" section).
+
+Invariants:
+  * One `WrapperTelemetry` per wrapper, built on the process's one `Telemetry` (created in
+    `__main__`, or by a test); `WrapperTelemetry(None)` records and traces nothing, for runners and
+    clients built on their own. Nothing here is a module global.
+  * Label values are bounded: queue, operator, route, status, why, op, reason, outcome, mode, result
+    (never a task id). `operator` is the task's operator name, as on the dispatcher's metrics.
+  * `taskplat.worker.tasks{outcome}` counts each claimed attempt once, when it ends: `Completed`,
+    `Failed` or `Canceled` when the dispatcher accepted a completion with that status; `Stopped`
+    when the attempt ended without an accepted report (lease lost, completion rejected as stale,
+    or the report could not be delivered). `taskplat.operator.run_time` uses the same outcome.
+  * `IntakeHealth` is the intake loop's liveness: a mark set each time a receive poll returned
+    (or a saturated wrapper's wait timed out), healthy while the last mark is younger than
+    `stall_seconds`; once the wrapper drains it reports `draining` (healthy: it is exiting).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from opentelemetry import trace
+from opentelemetry.metrics import NoOpMeter
+
+from taskplat.common.loops import LoopHealth
+from taskplat.common.telemetry import Telemetry
+
+SERVICE = "worker-wrapper"
+
+DeleteWhy = Literal["not_claimed", "completed", "rejected", "poison"]
+SqsOp = Literal["receive", "delete", "change_visibility"]
+TaskOutcome = Literal["Completed", "Failed", "Canceled", "Stopped"]
+KillReason = Literal["deadline", "canceled", "lease_lost", "draining", "flood", "protocol_error"]
+
+
+class WrapperTelemetry:
+    """The instruments of one wrapper; every method is cheap and thread-safe."""
+
+    def __init__(self, telemetry: Telemetry | None = None, *, queue: str = "default") -> None:
+        self.queue = queue
+        self.telemetry = telemetry
+        self.tracer: trace.Tracer = (
+            telemetry.tracer if telemetry is not None else trace.NoOpTracer()
+        )
+        noop = NoOpMeter("taskplat.worker-wrapper")
+
+        def counter(name: str, description: str) -> Any:
+            if telemetry is None:
+                return noop.create_counter(name)
+            return telemetry.counter(name, description=description)
+
+        self._received = counter("taskplat.sqs.received", "SQS messages received.")
+        self._deleted = counter(
+            "taskplat.sqs.deleted",
+            "SQS messages deleted, by why: not_claimed, completed, rejected, poison.",
+        )
+        self._sqs_errors = counter(
+            "taskplat.sqs.errors", "Failed SQS calls, by op: receive, delete, change_visibility."
+        )
+        self._claims = counter(
+            "taskplat.worker.claims", "Claim answers, by result: Claimed or the NotClaimed reason."
+        )
+        self._tasks = counter(
+            "taskplat.worker.tasks",
+            "Claimed attempts ended, by outcome: Completed, Failed, Canceled (accepted by the "
+            "dispatcher) or Stopped (no accepted report).",
+        )
+        self._starts = counter("taskplat.operator.starts", "Operator processes started.")
+        self._crashes = counter(
+            "taskplat.operator.crashes",
+            "Operator processes that exited non-zero or without a result envelope.",
+        )
+        self._kills = counter(
+            "taskplat.operator.kills", "Operator process groups killed by the wrapper, by reason."
+        )
+        self._calls = counter(
+            "taskplat.dispatcher.calls", "Dispatcher HTTP calls answered, by route and status."
+        )
+        self._call_errors = counter(
+            "taskplat.dispatcher.call_errors",
+            "Dispatcher HTTP calls that got no answer (network errors), by route.",
+        )
+        run_time = "taskplat.operator.run_time"
+        busy = "taskplat.worker.busy"
+        if telemetry is None:
+            self._run_time: Any = noop.create_histogram(run_time)
+            self._busy: Any = noop.create_up_down_counter(busy)
+        else:
+            self._run_time = telemetry.histogram(
+                run_time, description="Operator run time of one attempt, by outcome."
+            )
+            self._busy = telemetry.up_down_counter(
+                busy, description="Claimed tasks this wrapper runs now."
+            )
+
+    # ---- SQS ----------------------------------------------------------------------------
+
+    def received(self, count: int) -> None:
+        if count:
+            self._received.add(count, {"queue": self.queue})
+
+    def deleted(self, why: DeleteWhy) -> None:
+        self._deleted.add(1, {"queue": self.queue, "why": why})
+
+    def sqs_error(self, op: SqsOp) -> None:
+        self._sqs_errors.add(1, {"queue": self.queue, "op": op})
+
+    # ---- tasks --------------------------------------------------------------------------
+
+    def claim(self, result: str) -> None:
+        self._claims.add(1, {"queue": self.queue, "result": result})
+
+    def task_ended(self, operator: str, outcome: TaskOutcome, run_seconds: float | None) -> None:
+        self._tasks.add(1, {"operator": operator, "outcome": outcome})
+        if run_seconds is not None:
+            self._run_time.record(run_seconds, {"operator": operator, "outcome": outcome})
+
+    def busy(self, delta: int) -> None:
+        self._busy.add(delta)
+
+    # ---- operator processes -------------------------------------------------------------
+
+    def operator_started(self, operator: str, mode: str) -> None:
+        self._starts.add(1, {"operator": operator, "mode": mode})
+
+    def operator_crashed(self, operator: str) -> None:
+        self._crashes.add(1, {"operator": operator})
+
+    def operator_killed(self, operator: str, reason: KillReason) -> None:
+        self._kills.add(1, {"operator": operator, "reason": reason})
+
+    # ---- the dispatcher -----------------------------------------------------------------
+
+    def dispatcher_call(self, route: str, status: int) -> None:
+        self._calls.add(1, {"route": route, "status": str(status)})
+
+    def dispatcher_call_error(self, route: str) -> None:
+        self._call_errors.add(1, {"route": route})
+
+
+class IntakeHealth:
+    """Liveness of the intake loop for `/healthz` (thread-safe: read by the ops server)."""
+
+    def __init__(self) -> None:
+        self.progress = LoopHealth()
+        self.draining = False
+
+    def polled(self) -> None:
+        self.progress.progressed()
+
+    def poll_failed(self) -> None:
+        self.progress.failed()
+
+    def check(self, stall_seconds: float) -> tuple[bool, str]:
+        if self.draining:
+            return True, "draining"
+        idle = self.progress.seconds_since_progress()
+        if idle > stall_seconds:
+            errors = self.progress.errors
+            return False, f"no SQS receive completed for {idle:.0f}s ({errors} failed so far)"
+        return True, f"last receive {idle:.1f}s ago"
