@@ -2,10 +2,15 @@
 
 Invariants: each test gets its own database and its own server; the server's clock is a FakeClock
 the test moves; requests go over real HTTP, so concurrency tests hit real concurrent transactions.
+The server has its own `Telemetry` (or the test's, e.g. one with an in-memory span exporter) and
+reads its Postgres gauges afresh on every scrape (`metrics_cache_seconds=0` unless overridden).
+The server thread runs in a copy of the caller's context, so log context the test bound (e.g. by
+`configure_logging`) is on the server's log lines too.
 """
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,6 +21,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from taskplat.common.clock import FakeClock
+from taskplat.common.telemetry import Telemetry
 from taskplat.devstack.ports import free_port
 from taskplat.devstack.waiting import wait_for
 from taskplat.dispatcher.app import create_app
@@ -35,6 +41,7 @@ class Dispatcher:
     anonymous: httpx.Client
     # The served Starlette app (its routes are compared with the OpenAPI document).
     app: Starlette | None = None
+    telemetry: Telemetry | None = None
 
 
 def make_settings(db_url: str, **overrides: object) -> DispatcherSettings:
@@ -43,17 +50,21 @@ def make_settings(db_url: str, **overrides: object) -> DispatcherSettings:
         "api_keys": API_KEY,
         "worker_token": WORKER_TOKEN,
         "db_pool_max_size": 20,
+        "metrics_cache_seconds": 0,
     }
     values.update(overrides)
     return DispatcherSettings(**values)  # type: ignore[arg-type]
 
 
 @contextmanager
-def serve_dispatcher(db_url: str, **overrides: object) -> Iterator[Dispatcher]:
+def serve_dispatcher(
+    db_url: str, *, telemetry: Telemetry | None = None, **overrides: object
+) -> Iterator[Dispatcher]:
     clock = FakeClock()
     settings = make_settings(db_url, **overrides)
     port = free_port()
-    app = create_app(settings, clock=clock)
+    telemetry = telemetry or Telemetry("dispatcher")
+    app = create_app(settings, clock=clock, telemetry=telemetry)
     config = uvicorn.Config(
         app,
         host="127.0.0.1",
@@ -63,7 +74,10 @@ def serve_dispatcher(db_url: str, **overrides: object) -> Iterator[Dispatcher]:
         lifespan="on",
     )
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="dispatcher", daemon=True)
+    context = contextvars.copy_context()
+    thread = threading.Thread(
+        target=context.run, args=(server.run,), name="dispatcher", daemon=True
+    )
     thread.start()
     base_url = f"http://127.0.0.1:{port}"
     wait_for(lambda: server.started, timeout=15, what="the dispatcher to start")
@@ -77,7 +91,9 @@ def serve_dispatcher(db_url: str, **overrides: object) -> Iterator[Dispatcher]:
     ]
     try:
         api, worker, anonymous = clients
-        yield Dispatcher(base_url, clock, settings, api, worker, anonymous, app=app)
+        yield Dispatcher(
+            base_url, clock, settings, api, worker, anonymous, app=app, telemetry=telemetry
+        )
     finally:
         for client in clients:
             client.close()

@@ -1,6 +1,7 @@
-"""`python -m taskplat.dispatcher`: settings -> logging -> app -> uvicorn.
+"""`python -m taskplat.dispatcher`: settings -> logging -> telemetry -> app -> uvicorn.
 
-Invariant: only wiring lives here; a settings error exits non-zero with a message, not a traceback.
+Invariant: only wiring lives here; a settings error exits non-zero with a message, not a traceback;
+the process's one `Telemetry` is shut down (pending spans flushed) when the server stops.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from taskplat.common.logging import configure_logging, get_logger
+from taskplat.common.telemetry import Telemetry
 from taskplat.dispatcher.app import create_app
 from taskplat.dispatcher.settings import DispatcherSettings
 
@@ -22,15 +24,21 @@ def main() -> int:
         print(f"taskplat-dispatcher: invalid settings:\n{exc}", file=sys.stderr)
         return 2
     configure_logging("dispatcher", level=settings.log_level, fmt=settings.log_format)
-    get_logger().info("dispatcher_starting", host=settings.host, port=settings.port)
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_config=None,
-        access_log=False,
-        timeout_graceful_shutdown=20,
+    telemetry = Telemetry("dispatcher", settings.telemetry_settings())
+    get_logger().info(
+        "dispatcher_starting", host=settings.host, port=settings.port, tracing=telemetry.tracing
     )
+    try:
+        uvicorn.run(
+            create_app(settings, telemetry=telemetry),
+            host=settings.host,
+            port=settings.port,
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=20,
+        )
+    finally:
+        telemetry.shutdown()
     return 0
 
 

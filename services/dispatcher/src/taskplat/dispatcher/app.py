@@ -1,12 +1,15 @@
 """The dispatcher's Starlette application factory.
 
-Invariants: `create_app(settings, *, pool, clock)` builds everything from its arguments (no module
-globals); the pool is opened in the lifespan and closed on shutdown; every route comes from
-`ROUTES` or the open operational routes.
+Invariants: `create_app(settings, *, pool, clock, telemetry)` builds everything from its arguments
+(no module globals); the pool is opened in the lifespan and closed on shutdown; every route comes
+from `ROUTES` or the open operational routes; every HTTP request is timed (and traced when tracing
+is on) by `HttpTelemetryMiddleware`. The caller owns `telemetry` (it shuts it down); without one
+the app makes its own from the settings. Buffered spans are exported when the app shuts down.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -14,16 +17,21 @@ from psycopg import AsyncConnection
 from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool
 from starlette.applications import Starlette
-from starlette.routing import Route
+from starlette.middleware import Middleware
+from starlette.routing import BaseRoute, Route
 
 from taskplat.common.clock import Clock, SystemClock
 from taskplat.common.db.pools import make_async_pool
+from taskplat.common.telemetry import Telemetry
 from taskplat.dispatcher import operational
 from taskplat.dispatcher.errors import EXCEPTION_HANDLERS
+from taskplat.dispatcher.http_telemetry import HttpTelemetryMiddleware
 from taskplat.dispatcher.openapi import build_openapi
+from taskplat.dispatcher.recorder import Recorder
 from taskplat.dispatcher.routes import ROUTES, guarded
 from taskplat.dispatcher.service import TaskService
 from taskplat.dispatcher.settings import DispatcherSettings
+from taskplat.dispatcher.state_gauges import StateGauges
 
 Pool = AsyncConnectionPool[AsyncConnection[DictRow]]
 
@@ -33,9 +41,11 @@ def create_app(
     *,
     pool: Pool | None = None,
     clock: Clock | None = None,
+    telemetry: Telemetry | None = None,
 ) -> Starlette:
     pool = pool or make_async_pool(settings, application_name="taskplat-dispatcher")
     clock = clock or SystemClock()
+    telemetry = telemetry or Telemetry("dispatcher", settings.telemetry_settings())
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -44,8 +54,11 @@ def create_app(
             yield
         finally:
             await pool.close()
+            # uvicorn re-raises SIGTERM once it stopped, so code after `uvicorn.run` may never run:
+            # export the spans still buffered now.
+            await asyncio.to_thread(telemetry.force_flush)
 
-    routes = [
+    routes: list[BaseRoute] = [
         Route(spec.path, guarded(spec), methods=[spec.method], name=spec.name) for spec in ROUTES
     ]
     routes += [
@@ -54,9 +67,21 @@ def create_app(
         Route("/metrics", operational.metrics, methods=["GET"]),
         Route("/openapi.json", operational.openapi, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS, lifespan=lifespan)
+    middleware = [Middleware(HttpTelemetryMiddleware, telemetry=telemetry, routes=routes)]
+    app = Starlette(
+        routes=routes,
+        middleware=middleware,
+        exception_handlers=EXCEPTION_HANDLERS,
+        lifespan=lifespan,
+    )
+    recorder = Recorder(telemetry)
     app.state.settings = settings
     app.state.pool = pool
-    app.state.service = TaskService(pool, clock, settings)
+    app.state.telemetry = telemetry
+    app.state.recorder = recorder
+    app.state.service = TaskService(pool, clock, settings, recorder)
+    app.state.gauges = StateGauges(
+        telemetry, pool, clock, cache_seconds=settings.metrics_cache_seconds
+    )
     app.state.openapi = build_openapi()
     return app

@@ -29,8 +29,6 @@ from taskplat.common.errors import (
 )
 from taskplat.common.logging import get_logger
 
-log = get_logger(__name__)
-
 STATUS_BY_ERROR: dict[type[TaskplatError], int] = {
     BadRequest: 400,
     Unauthorized: 401,
@@ -80,19 +78,23 @@ async def handle_http_exception(request: Request, exc: Exception) -> Response:
 
 
 async def handle_database_unavailable(request: Request, exc: Exception) -> Response:
-    log.error("database_unavailable", path=request.url.path, error=type(exc).__name__)
+    get_logger(__name__).error(
+        "database_unavailable", path=request.url.path, error=type(exc).__name__
+    )
     return error_response(503, "unavailable", "the database is unavailable; retry later")
 
 
 async def handle_unstorable_value(request: Request, exc: Exception) -> Response:
     """A value the contracts let through but Postgres refuses (SQLSTATE class 22): the client's."""
-    log.warning("unstorable_value", path=request.url.path, error=type(exc).__name__)
+    get_logger(__name__).warning(
+        "unstorable_value", path=request.url.path, error=type(exc).__name__
+    )
     first_line = (str(exc).splitlines() or ["invalid value"])[0]
     return error_response(422, "validation_error", f"a value cannot be stored: {first_line}")
 
 
 async def handle_unexpected(request: Request, exc: Exception) -> Response:
-    log.exception("unhandled_error", path=request.url.path)
+    get_logger(__name__).exception("unhandled_error", path=request.url.path)
     return JSONResponse(
         {"error": "internal_error", "message": "internal error", "detail": None}, status_code=500
     )

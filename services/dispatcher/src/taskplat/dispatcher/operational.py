@@ -1,7 +1,9 @@
 """Open operational routes: liveness, readiness, metrics and the OpenAPI document.
 
 Invariants: `/healthz` answers while the process serves; `/readyz` answers 200 only when Postgres
-answers a query within a short timeout; `/metrics` is Prometheus text.
+answers a query within a short timeout; `/metrics` is the Prometheus text of the process's
+telemetry, with the Postgres-derived gauges of `state_gauges` (a scrape still answers 200 when
+Postgres is down, without those gauges).
 """
 
 from __future__ import annotations
@@ -9,8 +11,9 @@ from __future__ import annotations
 import asyncio
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 
+from taskplat.common.telemetry import PROMETHEUS_CONTENT_TYPE, Telemetry
 from taskplat.dispatcher.repository import tasks as repo
 
 READINESS_TIMEOUT_SECONDS = 2.0
@@ -34,23 +37,11 @@ async def readyz(request: Request) -> Response:
     return JSONResponse({"status": "ready"})
 
 
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
 async def metrics(request: Request) -> Response:
-    async with request.app.state.pool.connection() as conn:
-        rows = await repo.task_counts(conn)
-    lines = [
-        "# HELP taskplat_tasks Tasks by queue and status.",
-        "# TYPE taskplat_tasks gauge",
-    ]
-    for row in rows:
-        lines.append(
-            f'taskplat_tasks{{queue="{_label(row["queue"])}",status="{row["status"]}"}} '
-            f"{row['tasks']}"
-        )
-    return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+    """The process's metrics plus the Postgres-derived gauges (refreshed when stale)."""
+    await request.app.state.gauges.refresh()
+    telemetry: Telemetry = request.app.state.telemetry
+    return Response(telemetry.prometheus_text(), media_type=PROMETHEUS_CONTENT_TYPE)
 
 
 async def openapi(request: Request) -> Response:

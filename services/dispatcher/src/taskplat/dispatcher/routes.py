@@ -3,7 +3,10 @@ both built from `ROUTES`.
 
 Invariants: public routes need an API key and internal routes the worker token (checked before the
 body is read); health, readiness, metrics and the OpenAPI document are open. A handler validates the
-whole request before it calls the service, so invalid input never writes.
+whole request before it calls the service, so invalid input never writes. A handler binds the
+task it acts on (`task_id`, `attempt`, `worker_id`) to the request's log context; a refused worker
+call is counted and logged (`worker_call_rejected`) and a refused token logged
+(`request_unauthorized`, never the token itself).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Literal, TypeVar
 
+import structlog
 from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import Response
@@ -35,10 +39,14 @@ from taskplat.common.contracts import (
     TaskView,
 )
 from taskplat.common.contracts.base import Contract, OperatorName, QueueName
+from taskplat.common.errors import Rejected, Unauthorized
+from taskplat.common.logging import get_logger
 from taskplat.dispatcher.auth import require_token
 from taskplat.dispatcher.errors import json_response
+from taskplat.dispatcher.recorder import Recorder
 from taskplat.dispatcher.requests import parse_body, parse_query, parse_uuid
-from taskplat.dispatcher.service import ListFilters, TaskService
+from taskplat.dispatcher.service import TaskService
+from taskplat.dispatcher.service_rules import ListFilters
 from taskplat.dispatcher.settings import DispatcherSettings
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -80,6 +88,18 @@ def _service(request: Request) -> TaskService:
     return service
 
 
+def _recorder(request: Request) -> Recorder:
+    recorder: Recorder = request.app.state.recorder
+    return recorder
+
+
+def _bind(**fields: object) -> None:
+    """Add the task a request acts on to its log context."""
+    structlog.contextvars.bind_contextvars(
+        **{key: str(value) if key == "task_id" else value for key, value in fields.items()}
+    )
+
+
 def _settings(request: Request) -> DispatcherSettings:
     settings: DispatcherSettings = request.app.state.settings
     return settings
@@ -115,16 +135,19 @@ async def list_tasks(request: Request) -> Response:
 
 async def get_task(request: Request) -> Response:
     task_id = parse_uuid(request.path_params["task_id"], name="task_id")
+    _bind(task_id=task_id)
     return json_response(await _service(request).get(task_id))
 
 
 async def cancel_task(request: Request) -> Response:
     task_id = parse_uuid(request.path_params["task_id"], name="task_id")
+    _bind(task_id=task_id)
     return json_response(await _service(request).cancel(task_id))
 
 
 async def retry_task(request: Request) -> Response:
     task_id = parse_uuid(request.path_params["task_id"], name="task_id")
+    _bind(task_id=task_id)
     return json_response(await _service(request).replay(task_id))
 
 
@@ -133,27 +156,32 @@ async def retry_task(request: Request) -> Response:
 
 async def task_claim(request: Request) -> Response:
     body = await _body(request, ClaimRequest)
+    _bind(task_id=body.task_id, worker_id=body.worker_id)
     return json_response(await _service(request).claim(body))
 
 
 async def task_fetch(request: Request) -> Response:
     query = parse_query(request, FetchQuery)
     task_id = parse_uuid(query.task_id, name="task_id", where="query")
+    _bind(task_id=task_id)
     return json_response(await _service(request).fetch(task_id))
 
 
 async def heartbeat(request: Request) -> Response:
     body = await _body(request, HeartbeatRequest)
+    _bind(task_id=body.task_id, attempt=body.attempt)
     return json_response(await _service(request).heartbeat(body))
 
 
 async def events(request: Request) -> Response:
     body = await _body(request, EventsRequest)
+    _bind(task_id=body.task_id, attempt=body.attempt)
     return json_response(await _service(request).events(body))
 
 
 async def task_complete(request: Request) -> Response:
     body = await _body(request, CompleteRequest)
+    _bind(task_id=body.task_id, attempt=body.attempt)
     return json_response(await _service(request).complete(body))
 
 
@@ -217,8 +245,16 @@ def guarded(spec: RouteSpec) -> Handler:
     """Wrap a handler with its authentication check (before any body is read)."""
 
     async def endpoint(request: Request) -> Response:
-        _authorize(request, spec.auth)
-        return await spec.handler(request)
+        try:
+            _authorize(request, spec.auth)
+        except Unauthorized:
+            get_logger().info("request_unauthorized", method=spec.method, route=spec.path)
+            raise
+        try:
+            return await spec.handler(request)
+        except Rejected as exc:
+            _recorder(request).worker_call_rejected(spec.path, exc.reason)
+            raise
 
     endpoint.__name__ = spec.name
     return endpoint

@@ -8,16 +8,15 @@ Invariants:
   * A repeated accepted completion (same digest) is acknowledged and applies nothing again.
   * A late success of the current attempt after a timeout is accepted while no newer attempt started
     and the task was not canceled.
+  * A transition is recorded (metrics, one log event) only after its transaction committed; the
+    outbox rows of POST /tasks, a replay and a completion that made the task Dead carry the current
+    trace context (the request's server span), so the relay's send continues that trace.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
 import json
 import random
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID, uuid4
@@ -45,64 +44,19 @@ from taskplat.common.contracts import (
 )
 from taskplat.common.contracts.public import CreateTaskRequest
 from taskplat.common.errors import Conflict, NotFound, Rejected, ValidationFailed
+from taskplat.common.telemetry import inject
+from taskplat.dispatcher.recorder import Recorder
 from taskplat.dispatcher.repository import tasks as repo
+from taskplat.dispatcher.service_rules import (
+    NOT_CLAIMED_REASONS,
+    ListFilters,
+    classify_rejection,
+    completion_digest,
+    decode_cursor,
+    encode_cursor,
+)
 from taskplat.dispatcher.settings import DispatcherSettings, OperatorDefaults
 from taskplat.dispatcher.views import claim_task_payload, task_view
-
-_NOT_CLAIMED_REASONS: dict[str, NotClaimedReason] = {
-    "Running": "AlreadyRunning",
-    "Completed": "Completed",
-    "Canceled": "Canceled",
-}
-
-
-@dataclass(frozen=True)
-class ListFilters:
-    status: str | None
-    queue: str | None
-    operator: str | None
-    cursor: str | None
-    limit: int
-
-
-def completion_digest(request: CompleteRequest) -> str:
-    """A stable digest of a completion, to recognise an exact repeat."""
-    canonical = json.dumps(request.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def encode_cursor(created_at: datetime, task_id: UUID) -> str:
-    raw = json.dumps([created_at.isoformat(), str(task_id)]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        created_at_text, task_id_text = json.loads(raw)
-        created_at = datetime.fromisoformat(created_at_text)
-        if created_at.tzinfo is None:
-            raise ValueError("naive timestamp")
-        return created_at, UUID(task_id_text)
-    except (ValueError, TypeError, binascii.Error, json.JSONDecodeError) as exc:
-        raise ValidationFailed(
-            "invalid cursor", detail=[{"loc": ["query", "cursor"], "msg": "not a cursor"}]
-        ) from exc
-
-
-def classify_rejection(
-    fence: dict[str, Any] | None, attempt: int, lease_token: UUID | None
-) -> Rejected:
-    """Why a guarded worker call did not match, from a fresh read of the task."""
-    if fence is None:
-        return Rejected("NotFound", "task not found")
-    if fence["attempt"] != attempt:
-        return Rejected("StaleAttempt", f"attempt {attempt} is not current ({fence['attempt']})")
-    if lease_token is not None and fence["lease_token"] != lease_token:
-        return Rejected("StaleLease", "lease token does not match the current lease")
-    if fence["status"] == "Canceled":
-        return Rejected("Canceled", "task was canceled")
-    return Rejected("NotRunning", f"task is {fence['status']}, not Running")
 
 
 class TaskService:
@@ -111,11 +65,13 @@ class TaskService:
         pool: AsyncConnectionPool[AsyncConnection[DictRow]],
         clock: Clock,
         settings: DispatcherSettings,
+        recorder: Recorder,
         rand: random.Random | None = None,
     ) -> None:
         self._pool = pool
         self._clock = clock
         self._settings = settings
+        self._recorder = recorder
         self._rand = rand or random.Random()
 
     # ---- public API ----------------------------------------------------------------------
@@ -174,8 +130,14 @@ class TaskService:
                     task_id, created = row["task_id"], True
                     if row["status"] == "Queued":
                         await repo.enqueue_wakeup(
-                            conn, task_id=task_id, queue=row["queue"], now=now
+                            conn,
+                            task_id=task_id,
+                            queue=row["queue"],
+                            now=now,
+                            trace_context=inject(),
                         )
+            if row is not None:  # committed
+                self._recorder.task_created(row)
             view = await repo.get_task(conn, task_id)
         assert view is not None
         return task_view(view), created
@@ -212,12 +174,15 @@ class TaskService:
         now = self._clock.sql_now()
         async with self._pool.connection() as conn:
             async with conn.transaction():
-                if not await repo.cancel_task(conn, task_id, now):
+                canceled = await repo.cancel_task(conn, task_id, now)
+                if canceled is None:
                     fence = await repo.read_fence(conn, task_id)
                     if fence is None:
                         raise NotFound(f"task {task_id} not found")
                     if fence["status"] != "Canceled":
                         raise Conflict(f"task is {fence['status']} and can no longer be canceled")
+            if canceled is not None:
+                self._recorder.task_canceled(canceled)
             row = await repo.get_task(conn, task_id)
         assert row is not None
         return task_view(row)
@@ -234,7 +199,10 @@ class TaskService:
                     raise Conflict(
                         f"task is {fence['status']}; only Dead or Canceled tasks can be replayed"
                     )
-                await repo.enqueue_wakeup(conn, task_id=task_id, queue=row["queue"], now=now)
+                await repo.enqueue_wakeup(
+                    conn, task_id=task_id, queue=row["queue"], now=now, trace_context=inject()
+                )
+            self._recorder.task_replayed(row)
             view = await repo.get_task(conn, task_id)
         assert view is not None
         return task_view(view)
@@ -251,8 +219,9 @@ class TaskService:
             "now": self._clock.sql_now(),
         }
         async with self._pool.connection() as conn:
-            row = await repo.claim_task(conn, params)
+            row = await repo.claim_task(conn, params)  # one statement: committed on return
             if row is not None:
+                self._recorder.task_claimed(row)
                 return ClaimedResponse(
                     attempt=row["attempt"],
                     lease_token=row["lease_token"],
@@ -260,9 +229,11 @@ class TaskService:
                     task=claim_task_payload(row),
                 )
             fence = await repo.read_fence(conn, request.task_id)
-        if fence is None:
-            return NotClaimedResponse(reason="NotFound")
-        return NotClaimedResponse(reason=_NOT_CLAIMED_REASONS.get(fence["status"], "NotQueued"))
+        reason: NotClaimedReason = (
+            "NotFound" if fence is None else NOT_CLAIMED_REASONS.get(fence["status"], "NotQueued")
+        )
+        self._recorder.claim_not_claimed(request.task_id, request.worker_id, reason)
+        return NotClaimedResponse(reason=reason)
 
     async def fetch(self, task_id: UUID) -> FetchResponse:
         async with self._pool.connection() as conn:
@@ -282,6 +253,7 @@ class TaskService:
         async with self._pool.connection() as conn:
             row = await repo.heartbeat(conn, params)
             if row is not None:
+                self._recorder.heartbeat(row)
                 return HeartbeatResponse(lease_expires_at=row["lease_expires_at"])
             fence = await repo.read_fence(conn, request.task_id)
         raise classify_rejection(fence, request.attempt, request.lease_token)
@@ -325,28 +297,43 @@ class TaskService:
         }
         async with self._pool.connection() as conn:
             async with conn.transaction():
-                row = await repo.complete_running(conn, params)
-                if row is not None:
-                    await self._apply_completion(conn, row, request, digest, now)
-                    return CompleteResponse(task_status=row["status"], repeated=False)
-                fence = await repo.read_fence(conn, request.task_id, for_update=True)
-                if (
-                    fence is None
-                    or fence["attempt"] != request.attempt
-                    or (fence["lease_token"] != request.lease_token)
-                ):
-                    raise classify_rejection(fence, request.attempt, request.lease_token)
-                if fence["completion_digest"] == digest:
-                    return CompleteResponse(task_status=fence["status"], repeated=True)
-                if fence["status"] == "Canceled":
-                    if request.status == "Canceled":
-                        return CompleteResponse(task_status="Canceled", repeated=False)
-                    raise Rejected("Canceled", "task was canceled")
-                if request.status == "Completed":
-                    row = await repo.complete_late(conn, params)
-                    if row is not None:
-                        await self._apply_completion(conn, row, request, digest, now)
-                        return CompleteResponse(task_status=row["status"], repeated=False)
+                response, row, late = await self._complete_in(conn, request, params, digest, now)
+        if row is not None:  # committed
+            self._recorder.attempt_ended(row, request.status, late=late)
+        return response
+
+    async def _complete_in(
+        self,
+        conn: AsyncConnection[DictRow],
+        request: CompleteRequest,
+        params: dict[str, Any],
+        digest: str,
+        now: datetime | None,
+    ) -> tuple[CompleteResponse, dict[str, Any] | None, bool]:
+        """A completion inside the caller's transaction: the answer, the transitioned row (None
+        when nothing changed) and whether it was a late success; raises `Rejected` when stale."""
+        row = await repo.complete_running(conn, params)
+        if row is not None:
+            await self._apply_completion(conn, row, request, digest, now)
+            return CompleteResponse(task_status=row["status"], repeated=False), row, False
+        fence = await repo.read_fence(conn, request.task_id, for_update=True)
+        if (
+            fence is None
+            or fence["attempt"] != request.attempt
+            or (fence["lease_token"] != request.lease_token)
+        ):
+            raise classify_rejection(fence, request.attempt, request.lease_token)
+        if fence["completion_digest"] == digest:
+            return CompleteResponse(task_status=fence["status"], repeated=True), None, False
+        if fence["status"] == "Canceled":
+            if request.status == "Canceled":
+                return CompleteResponse(task_status="Canceled", repeated=False), None, False
+            raise Rejected("Canceled", "task was canceled")
+        if request.status == "Completed":
+            row = await repo.complete_late(conn, params)
+            if row is not None:
+                await self._apply_completion(conn, row, request, digest, now)
+                return CompleteResponse(task_status=row["status"], repeated=False), row, True
         raise classify_rejection(fence, request.attempt, request.lease_token)
 
     async def _apply_completion(
@@ -383,7 +370,7 @@ class TaskService:
             )
         if row["status"] == "Dead":
             await repo.enqueue_dead_letter(
-                conn, task_id=request.task_id, queue=row["queue"], now=now
+                conn, task_id=request.task_id, queue=row["queue"], now=now, trace_context=inject()
             )
 
 

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from taskplat.common.settings import DatabaseSettings, ServiceSettings, WorkerTokenSettings
+from taskplat.common.telemetry import TelemetrySettings
 
 
 class OperatorDefaults(BaseModel):
@@ -25,7 +26,7 @@ class OperatorDefaults(BaseModel):
     timeout_seconds: Annotated[int, Field(ge=1)] | None = None
 
 
-class DispatcherSettings(ServiceSettings, DatabaseSettings, WorkerTokenSettings):
+class DispatcherSettings(ServiceSettings, DatabaseSettings, WorkerTokenSettings, TelemetrySettings):
     model_config = SettingsConfigDict(
         env_prefix="TASKPLAT_DISPATCHER_",
         extra="ignore",
@@ -59,6 +60,17 @@ class DispatcherSettings(ServiceSettings, DatabaseSettings, WorkerTokenSettings)
         description='JSON object of per-operator defaults, e.g. {"sleep": {"max_attempts": 5}}.',
     )
     list_max_limit: int = Field(500, ge=1, description="Largest page of `GET /tasks`.")
+    metrics_cache_seconds: float = Field(
+        5.0,
+        ge=0,
+        description="How long `/metrics` reuses its Postgres-derived gauges before querying again.",
+    )
+
+    def telemetry_settings(self) -> TelemetrySettings:
+        """The trace export fragment of these settings (for `Telemetry("dispatcher", ...)`)."""
+        return TelemetrySettings(
+            otlp_endpoint=self.otlp_endpoint, trace_sample_ratio=self.trace_sample_ratio
+        )
 
     @field_validator("api_keys", mode="before")
     @classmethod

@@ -62,10 +62,21 @@ async def enqueue_wakeup(
 
 
 async def enqueue_dead_letter(
-    conn: Conn, *, task_id: UUID, queue: str, now: datetime | None
+    conn: Conn,
+    *,
+    task_id: UUID,
+    queue: str,
+    now: datetime | None,
+    trace_context: dict[str, str] | None = None,
 ) -> None:
+    """Write the `dead_letter` outbox row of a task that is Dead (and notify the relay)."""
     await conn.execute(
-        Q["insert_outbox_dead_letter"], {"task_id": task_id, "now": now, "trace_context": None}
+        Q["insert_outbox_dead_letter"],
+        {
+            "task_id": task_id,
+            "now": now,
+            "trace_context": Jsonb(trace_context) if trace_context else None,
+        },
     )
     await conn.execute(Q["notify_outbox"], {"queue": queue})
 
@@ -175,17 +186,13 @@ async def close_attempt(conn: Conn, params: dict[str, Any]) -> None:
     await conn.execute(Q["close_attempt"], params)
 
 
-async def cancel_task(conn: Conn, task_id: UUID, now: datetime | None) -> bool:
-    return await _one(conn, "cancel_task", {"task_id": task_id, "now": now}) is not None
+async def cancel_task(conn: Conn, task_id: UUID, now: datetime | None) -> Row | None:
+    """Cancel a task that has not finished; the canceled row (queue, operator...) or None."""
+    return await _one(conn, "cancel_task", {"task_id": task_id, "now": now})
 
 
 async def replay_task(conn: Conn, task_id: UUID, now: datetime | None) -> Row | None:
     return await _one(conn, "replay_task", {"task_id": task_id, "now": now})
-
-
-async def task_counts(conn: Conn) -> list[Row]:
-    cursor = await conn.execute(Q["task_counts"])
-    return await cursor.fetchall()
 
 
 async def ping(conn: Conn) -> None:

@@ -21,7 +21,7 @@ SELECT
     n.now, n.now
 FROM (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS n
 ON CONFLICT (idempotency_key) DO NOTHING
-RETURNING task_id, status, queue
+RETURNING task_id, status, queue, operator, attempt
 
 -- name: find_task_by_idempotency_key
 SELECT task_id FROM tasks WHERE idempotency_key = %(idempotency_key)s
@@ -93,7 +93,7 @@ claimed AS (
       AND (t.expires_at IS NULL OR t.expires_at > n.now)
     RETURNING t.task_id, t.attempt, t.job, t.operator, t.queue, t.config, t.inputs,
               t.timeout_seconds, t.deadline_at, t.lease_token, t.lease_expires_at,
-              t.worker_id, t.started_at, t.queued_at
+              t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset
 ),
 history AS (
     INSERT INTO task_attempts (task_id, attempt, worker_id, lease_token, started_at)
@@ -116,7 +116,7 @@ WHERE t.task_id = %(task_id)s
   AND t.status = 'Running'
   AND t.attempt = %(attempt)s
   AND t.lease_token = %(lease_token)s
-RETURNING t.lease_expires_at
+RETURNING t.lease_expires_at, t.queue
 
 -- name: insert_events
 -- Stores events only while the named attempt is Running and holds the lease (when a token is
@@ -210,7 +210,8 @@ WHERE t.task_id = %(task_id)s
   AND t.status = 'Running'
   AND t.attempt = %(attempt)s
   AND t.lease_token = %(lease_token)s
-RETURNING t.task_id, t.status, t.queue, t.attempt
+RETURNING t.task_id, t.status, t.queue, t.operator, t.attempt, t.worker_id, t.started_at,
+          t.dead_reason, t.next_retry_at, n.now AS ended_at
 
 -- name: complete_late
 -- A late success of the current attempt after its lease or deadline ran out: accepted while no
@@ -229,7 +230,8 @@ WHERE t.task_id = %(task_id)s
   AND t.attempt_outcome IN ('LeaseExpired', 'DeadlineExceeded')
   AND t.attempt = %(attempt)s
   AND t.lease_token = %(lease_token)s
-RETURNING t.task_id, t.status, t.queue, t.attempt
+RETURNING t.task_id, t.status, t.queue, t.operator, t.attempt, t.worker_id, t.started_at,
+          t.dead_reason, t.next_retry_at, n.now AS ended_at
 
 -- name: close_attempt
 UPDATE task_attempts
@@ -252,7 +254,7 @@ canceled AS (
     FROM n
     WHERE t.task_id = %(task_id)s
       AND t.status IN ('Scheduled', 'Queued', 'Failed', 'Running')
-    RETURNING t.task_id, t.attempt
+    RETURNING t.task_id, t.attempt, t.queue, t.operator, t.worker_id
 ),
 closed AS (
     UPDATE task_attempts AS a
@@ -260,7 +262,7 @@ closed AS (
     FROM canceled AS c, n
     WHERE a.task_id = c.task_id AND a.attempt = c.attempt AND a.outcome IS NULL
 )
-SELECT task_id FROM canceled
+SELECT task_id, attempt, queue, operator, worker_id FROM canceled
 
 -- name: replay_task
 -- A replay: a new attempt with a fresh attempt budget, Queued at once.
@@ -284,12 +286,7 @@ SET status = 'Queued',
 FROM (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS n
 WHERE t.task_id = %(task_id)s
   AND t.status IN ('Dead', 'Canceled')
-RETURNING t.task_id, t.queue
-
--- name: task_counts
-SELECT queue, status, count(*) AS tasks
-FROM tasks
-GROUP BY queue, status
+RETURNING t.task_id, t.queue, t.operator, t.attempt
 
 -- name: ping
 SELECT 1 AS ok

@@ -1,0 +1,152 @@
+"""Metrics and log events of the dispatcher's task transitions.
+
+Invariants:
+  * The service calls a `Recorder` method only after the transaction of the transition committed,
+    so a rolled-back transition is never counted nor logged.
+  * One log event per transition (`task_created`, `task_claimed`, `task_completed`, `task_failed`
+    (a retry is scheduled), `task_dead`, `task_canceled`, `task_replayed`) carrying `task_id`,
+    `attempt`, `queue`, `operator` and, once a worker holds the task, `worker_id`; refused worker
+    calls log `worker_call_rejected` and duplicate wake-ups `claim_not_claimed` with the reason.
+  * `taskplat.tasks.failed` counts every failed attempt (`reason="Reported"` here); an attempt
+    that used up the budget also counts in `taskplat.tasks.dead`.
+  * Labels are bounded (queue, operator, reason, outcome, route template), never a task id.
+  * Durations are differences of the database timestamps of the rows (one clock), never negative.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from taskplat.common.logging import get_logger
+from taskplat.common.telemetry import Telemetry
+
+Row = dict[str, Any]
+
+
+def _seconds(later: datetime | None, earlier: datetime | None) -> float | None:
+    if later is None or earlier is None:
+        return None
+    return max((later - earlier).total_seconds(), 0.0)
+
+
+def _task_fields(row: Row) -> dict[str, Any]:
+    """The identifying log fields of a task row (worker_id only when a worker holds it)."""
+    fields: dict[str, Any] = {
+        "task_id": str(row["task_id"]),
+        "attempt": row["attempt"],
+        "queue": row["queue"],
+        "operator": row["operator"],
+    }
+    if row.get("worker_id"):
+        fields["worker_id"] = row["worker_id"]
+    return fields
+
+
+class Recorder:
+    """Counts, times and logs each committed transition of the dispatcher."""
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        counter = telemetry.counter
+        self._created = counter("taskplat.tasks.created", description="Tasks created.")
+        self._claimed = counter("taskplat.tasks.claimed", description="Attempts started.")
+        self._completed = counter(
+            "taskplat.tasks.completed", description="Attempts that completed their task."
+        )
+        self._failed = counter("taskplat.tasks.failed", description="Attempts that failed.")
+        self._dead = counter("taskplat.tasks.dead", description="Tasks that became Dead.")
+        self._canceled = counter("taskplat.tasks.canceled", description="Tasks canceled.")
+        self._replayed = counter("taskplat.tasks.replayed", description="Tasks replayed.")
+        self._not_claimed = counter(
+            "taskplat.claims.not_claimed", description="Claims answered NotClaimed."
+        )
+        self._rejected = counter(
+            "taskplat.worker_calls.rejected", description="Stale worker calls refused."
+        )
+        self._heartbeats = counter("taskplat.heartbeats", description="Accepted heartbeats.")
+        self._schedule_lag = telemetry.histogram(
+            "taskplat.task.schedule_lag",
+            description="Claim time minus the time the task became Queued.",
+        )
+        self._enqueue_to_start = telemetry.histogram(
+            "taskplat.task.enqueue_to_start",
+            description="First claim of a task minus its creation.",
+        )
+        self._run_time = telemetry.histogram(
+            "taskplat.task.run_time", description="Completion minus the attempt's start."
+        )
+
+    # ---- public API ------------------------------------------------------------------------
+
+    def task_created(self, row: Row) -> None:
+        self._created.add(1, {"queue": row["queue"], "operator": row["operator"]})
+        get_logger().info("task_created", status=row["status"], **_task_fields(row))
+
+    def task_canceled(self, row: Row) -> None:
+        self._canceled.add(1, {"queue": row["queue"], "operator": row["operator"]})
+        get_logger().info("task_canceled", by="api", **_task_fields(row))
+
+    def task_replayed(self, row: Row) -> None:
+        self._replayed.add(1, {"queue": row["queue"], "operator": row["operator"]})
+        get_logger().info("task_replayed", **_task_fields(row))
+
+    # ---- internal worker API ---------------------------------------------------------------
+
+    def task_claimed(self, row: Row) -> None:
+        queue = row["queue"]
+        self._claimed.add(1, {"queue": queue, "operator": row["operator"]})
+        lag = _seconds(row["started_at"], row.get("queued_at"))
+        if lag is not None:
+            self._schedule_lag.record(lag, {"queue": queue})
+        if row["attempt"] == 1 and row.get("replay_offset", 0) == 0:
+            to_start = _seconds(row["started_at"], row.get("created_at"))
+            if to_start is not None:
+                self._enqueue_to_start.record(to_start, {"queue": queue})
+        get_logger().info("task_claimed", schedule_lag_seconds=lag, **_task_fields(row))
+
+    def claim_not_claimed(self, task_id: object, worker_id: str, reason: str) -> None:
+        self._not_claimed.add(1, {"reason": reason})
+        get_logger().info(
+            "claim_not_claimed", task_id=str(task_id), worker_id=worker_id, reason=reason
+        )
+
+    def heartbeat(self, row: Row) -> None:
+        self._heartbeats.add(1, {"queue": row["queue"]})
+
+    def attempt_ended(self, row: Row, outcome: str, *, late: bool = False) -> None:
+        """A worker's accepted completion: `outcome` is what it reported, `row` the task after."""
+        queue, operator = row["queue"], row["operator"]
+        labels = {"queue": queue, "operator": operator}
+        run_time = _seconds(row["ended_at"], row.get("started_at"))
+        if run_time is not None:
+            self._run_time.record(
+                run_time, {"queue": queue, "operator": operator, "outcome": outcome}
+            )
+        fields = {**_task_fields(row), "run_time_seconds": run_time}
+        log = get_logger()
+        status = row["status"]
+        if status == "Completed":
+            self._completed.add(1, labels)
+            log.info("task_completed", late=late, **fields)
+        elif status == "Canceled":
+            self._canceled.add(1, labels)
+            log.info("task_canceled", by="worker", **fields)
+        else:
+            self._failed.add(1, {**labels, "reason": "Reported"})
+            if status == "Dead":
+                reason = row.get("dead_reason") or "AttemptsExhausted"
+                self._dead.add(1, {**labels, "reason": reason})
+                log.info("task_dead", reason=reason, **fields)
+            else:
+                retry_at = row.get("next_retry_at")
+                log.info(
+                    "task_failed",
+                    reason="Reported",
+                    next_retry_at=retry_at.isoformat() if retry_at else None,
+                    **fields,
+                )
+
+    def worker_call_rejected(self, route: str, reason: str) -> None:
+        """A stale worker call (task_id and attempt are bound to the request's log context)."""
+        self._rejected.add(1, {"route": route, "reason": reason})
+        get_logger().info("worker_call_rejected", route=route, reason=reason)
