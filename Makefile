@@ -39,13 +39,25 @@ lock: $(UV) ## Re-resolve uv.lock after a dependency change
 sqs-deps: venv ## Install the local SQS endpoint (LocalStack in its own Python 3.13 virtualenv)
 	@$(RUN) python -m taskplat.devstack install-localstack
 
+.PHONY: up
+up: venv sqs-deps ## Start the platform: Postgres, SQS, every service and TASKPLAT_WORKERS (2) workers
+	@$(RUN) python -m taskplat.devstack up
+
+.PHONY: demo
+demo: venv sqs-deps ## Start a private stack, run 1,000 echo tasks, print a summary, stop
+	@$(RUN) python -m taskplat.devstack demo
+
 .PHONY: test
 test: venv sqs-deps ## Run every test (starts its own Postgres and SQS endpoint)
 	@$(RUN) pytest $(PYTEST_ARGS)
 
 .PHONY: test-fast
-test-fast: venv ## Run the unit and integration tests, not the end-to-end suite
+test-fast: venv sqs-deps ## Run the unit and integration tests, not the end-to-end suite
 	@$(RUN) pytest -m "not e2e" $(PYTEST_ARGS)
+
+.PHONY: test-e2e
+test-e2e: venv sqs-deps ## Run the end-to-end suite only (every service as a real process)
+	@$(RUN) pytest -m e2e $(PYTEST_ARGS)
 
 .PHONY: lint
 lint: venv ## ruff and mypy --strict
@@ -65,6 +77,19 @@ migrate: venv ## Apply migrations to DATABASE_URL
 .PHONY: dispatcher
 dispatcher: venv ## Run the dispatcher against DATABASE_URL (see README for its settings)
 	@$(RUN) python -m taskplat.dispatcher
+
+SERVICES := dispatcher outbox-relay scheduler reaper worker-wrapper
+IMAGE_TAG ?= dev
+
+.PHONY: images
+images: ## Build every service image with Docker (needs a Docker engine; worker -> taskplat-worker-base)
+	@command -v docker >/dev/null || { echo "images: the docker client is not installed" >&2; exit 1; }
+	@docker info >/dev/null 2>&1 || { echo "images: no Docker engine answers; start one first" >&2; exit 1; }
+	@for svc in $(SERVICES); do \
+	  name=taskplat-$$svc; [ $$svc = worker-wrapper ] && name=taskplat-worker-base; \
+	  echo "building $$name:$(IMAGE_TAG)"; \
+	  docker build -f services/$$svc/Dockerfile -t $$name:$(IMAGE_TAG) . || exit 1; \
+	done
 
 .PHONY: clean
 clean: ## Remove the virtualenvs, caches and local stack state

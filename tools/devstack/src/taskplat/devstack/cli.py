@@ -2,13 +2,16 @@
 
 Subcommands: ``install-localstack`` (build the cached LocalStack venv), ``postgres --dir D``
 and ``sqs --dir D`` (start, print ``DATABASE_URL=...`` / ``SQS_ENDPOINT_URL=...`` on stdout, stay
-in the foreground until SIGINT/SIGTERM, then stop).
+in the foreground until SIGINT/SIGTERM, then stop); ``up`` (the whole platform, see
+``taskplat.devstack.stack``) and ``demo`` (see ``taskplat.devstack.demo``).
 
 Invariants:
 - Expected failures print ``devstack: error: ...`` on stderr and exit 1 (usage errors: 2),
   never a traceback. A server that dies while in the foreground exits 1 too.
-- The only line on stdout is the ``NAME=value`` line (or the venv python for install-localstack),
-  flushed at once, so a process manager can read it; everything else goes to stderr.
+- For ``postgres`` and ``sqs`` the only line on stdout is the ``NAME=value`` line (or the venv
+  python for install-localstack), flushed at once, so a process manager can read it; everything
+  else goes to stderr. ``up`` prints the stack's settings and the services' prefixed output on
+  stdout, its own messages on stderr.
 - The servers die with this process, even when it is killed with SIGKILL.
 """
 
@@ -112,6 +115,86 @@ def _cmd_sqs(args: argparse.Namespace) -> int:
     return _serve(server, "SQS_ENDPOINT_URL")
 
 
+def _print_line(line: str) -> None:
+    print(line, flush=True)
+
+
+class _Interrupted(KeyboardInterrupt):
+    """SIGTERM while the stack starts: unwind like Ctrl-C."""
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise _Interrupted
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    from taskplat.devstack.stack import Stack, from_environment
+
+    config = from_environment(
+        _usable_dir(args.dir),
+        workers=args.workers,
+        pg_port=args.pg_port,
+        sqs_port=args.sqs_port,
+        echo=_print_line,
+    )
+    stack = Stack(config)
+    # While starting, Ctrl-C and SIGTERM unwind (start() then stops what it started). Set for
+    # SIGINT too: a shell's background job inherits SIGINT ignored.
+    starting = {
+        sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        info = stack.start()
+    finally:
+        for sig, handler in starting.items():
+            signal.signal(sig, handler)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        workers = len(config.served_queues) * config.workers
+        print(
+            f"Taskplat is up ({workers} worker wrapper(s), state in {config.run_dir}):",
+            *(f"  {name}={value}" for name, value in info.as_env().items()),
+            "Metrics and health (/metrics, /healthz; the dispatcher also has /readyz):",
+            *(f"  {name}: {url}" for name, url in stack.ops_urls.items()),
+            f'Try: source {info.env_file} && curl -s -X POST "$DISPATCHER_URL/tasks" '
+            '-H "Authorization: Bearer $TASKPLAT_API_KEY" -H "content-type: application/json" '
+            '-d \'{"operator": "echo", "config": {"hello": "world"}}\'',
+            "Ctrl-C stops everything.",
+            sep="\n",
+            flush=True,
+        )
+        stop.wait()
+        log.info("stopping the stack")
+        return 0
+    finally:
+        stack.stop()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from taskplat.devstack.demo import run_demo
+
+    return run_demo(
+        _usable_dir(args.dir), tasks=args.tasks, workers=args.workers, timeout=args.timeout
+    )
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more: {value}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m taskplat.devstack", description="Taskplat's local Postgres and SQS."
@@ -145,12 +228,33 @@ def _parser() -> argparse.ArgumentParser:
     )
     sqs.add_argument("--uv", help="uv executable used to build the LocalStack venv")
     sqs.set_defaults(func=_cmd_sqs)
+
+    up = sub.add_parser("up", help="run the whole platform in the foreground (make up)")
+    up.add_argument("--dir", type=Path, default=Path(".run"), help="state directory (.run)")
+    up.add_argument(
+        "--workers", type=_count, help="worker wrappers per queue (default $TASKPLAT_WORKERS or 2)"
+    )
+    up.add_argument("--pg-port", type=_port, help="Postgres port (default: a free one)")
+    up.add_argument("--sqs-port", type=_port, help="SQS endpoint port (default: a free one)")
+    up.set_defaults(func=_cmd_up)
+
+    demo = sub.add_parser("demo", help="run the platform, submit echo tasks, summarize (make demo)")
+    demo.add_argument(
+        "--dir", type=Path, default=Path(".run/demo"), help="state directory (.run/demo)"
+    )
+    demo.add_argument("--tasks", type=_count, default=1000, help="echo tasks to submit (1000)")
+    demo.add_argument("--workers", type=_count, default=2, help="worker wrappers (2)")
+    demo.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds to wait for the tasks (300)"
+    )
+    demo.set_defaults(func=_cmd_demo)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="devstack: %(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         code: int = args.func(args)
     except DevstackError as exc:

@@ -1,0 +1,384 @@
+"""The whole local platform as one object: Postgres, SQS, queues, migrations and every service.
+
+    with Stack(StackConfig(run_dir=Path(".run"))) as stack:
+        print(stack.info.dispatcher_url)
+
+`make up` (`python -m taskplat.devstack up`), `make demo` and the end-to-end tests all run this
+same code; tests give it a private directory and free ports, so they never collide with `make up`.
+
+Invariants:
+- `start()` either returns with every service running and the dispatcher answering `/readyz`, or
+  stops everything it started and raises `DevstackError` (with the relevant log tail).
+- `<run_dir>/stack.env` exists while the stack runs (written last by `start()`, removed first
+  by `stop()`).
+- `stop()` stops what this object started and nothing else, in order: worker wrappers (they drain
+  and report to the dispatcher), then the other services, then SQS, then Postgres. Idempotent.
+- Postgres and SQS are started only when the config names no `database_url` / `sqs_endpoint_url`;
+  Postgres keeps its data in `<run_dir>/postgres` across restarts unless `keep_data` is false.
+- Worker wrappers get no database URL and no API keys (DESIGN: workers never hold database
+  credentials); every service gets the same environment otherwise.
+- Servers are started with die-with-parent from the thread that calls `start()`: call it from a
+  thread that outlives the stack (the main thread, or a pytest fixture).
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from taskplat.devstack.errors import DevstackError
+from taskplat.devstack.ports import free_port
+from taskplat.devstack.postgres import PrivatePostgres
+from taskplat.devstack.procs import read_tail
+from taskplat.devstack.sqs import LocalSqs, sqs_client
+from taskplat.devstack.stack.config import StackConfig
+from taskplat.devstack.stack.echo import LogEcho
+from taskplat.devstack.stack.secrets import env_file_text, load_or_create_secrets, write_private
+from taskplat.devstack.stack.services import (
+    OPS_PORT_SETTINGS,
+    SERVICES,
+    WORKER_GROUP,
+    WORKER_MODULE,
+    port_is_free,
+    require_installed,
+    service_spec,
+    worker_spec,
+)
+from taskplat.devstack.stack.supervisor import Supervisor
+from taskplat.devstack.waiting import wait_for
+
+
+@dataclass(frozen=True)
+class StackInfo:
+    """How to reach a running stack (what `stack.env` holds)."""
+
+    dispatcher_url: str
+    api_key: str
+    worker_token: str
+    database_url: str
+    sqs_endpoint_url: str
+    env_file: Path
+
+    def as_env(self) -> dict[str, str]:
+        return {
+            "DISPATCHER_URL": self.dispatcher_url,
+            "TASKPLAT_API_KEY": self.api_key,
+            "TASKPLAT_WORKER_TOKEN": self.worker_token,
+            "DATABASE_URL": self.database_url,
+            "SQS_ENDPOINT_URL": self.sqs_endpoint_url,
+        }
+
+
+class Stack:
+    """Starts, supervises and stops one local Taskplat platform."""
+
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+        self._postgres: PrivatePostgres | None = None
+        self._sqs: LocalSqs | None = None
+        self._supervisor: Supervisor | None = None
+        self._echo: LogEcho | None = None
+        self._info: StackInfo | None = None
+        self._env: dict[str, str] = {}
+        self._worker_count = 0
+        self.ops_urls: dict[str, str] = {}
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    @property
+    def info(self) -> StackInfo:
+        if self._info is None:
+            raise DevstackError("the stack has not been started")
+        return self._info
+
+    @property
+    def log_dir(self) -> Path:
+        return self.config.run_dir / "logs"
+
+    def start(self) -> StackInfo:
+        if self._info is not None:
+            return self._info
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self._info is not None:
+            self._info.env_file.unlink(missing_ok=True)  # it describes a running stack
+        if self._supervisor is not None:
+            workers = [name for name in self._supervisor.names() if name.startswith("worker")]
+            self._supervisor.close(names_first=workers)
+            self._supervisor = None
+        if self._echo is not None:
+            self._echo.stop()
+            self._echo = None
+        if self._sqs is not None:
+            self._sqs.stop()
+            self._sqs = None
+        if self._postgres is not None:
+            self._postgres.stop(remove_data=not self.config.keep_data)
+            self._postgres = None
+        self._info = None
+
+    def __enter__(self) -> Stack:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def _start(self) -> StackInfo:
+        config = self.config
+        try:
+            config.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DevstackError(f"cannot create {config.run_dir}: {exc.strerror}") from exc
+        modules = list(SERVICES.values())
+        if config.workers > 0:
+            modules.append(WORKER_MODULE)
+        require_installed(modules)
+        secrets = load_or_create_secrets(config.run_dir / "secrets.env")
+        port = config.dispatcher_port or free_port()
+        if config.dispatcher_port is not None and not port_is_free(port):
+            raise DevstackError(
+                f"the dispatcher port {port} on 127.0.0.1 is already in use (another "
+                "`make up`?): stop that process or set TASKPLAT_DISPATCHER_PORT to a free port"
+            )
+        database_url = config.database_url or self._start_postgres()
+        sqs_endpoint_url = config.sqs_endpoint_url or self._start_sqs()
+        self._create_queues(sqs_endpoint_url)
+        self._migrate(database_url)
+        dispatcher_url = f"http://127.0.0.1:{port}"
+        self._env = self._shared_env(
+            database_url,
+            sqs_endpoint_url,
+            dispatcher_url,
+            port,
+            secrets.api_key,
+            secrets.worker_token,
+        )
+        if config.echo is not None:
+            self._echo = LogEcho(config.echo)
+            self._echo.start()
+        self._supervisor = Supervisor(
+            self.log_dir,
+            restart_backoff=config.restart_backoff_seconds,
+            restart_backoff_max=config.restart_backoff_max_seconds,
+            on_spawn=self._echo.follow if self._echo is not None else None,
+        )
+        self._supervisor.start()
+        self.ops_urls = {"dispatcher": dispatcher_url}
+        for name, module in SERVICES.items():
+            overrides = self._with_ops_port(name, name, self.config.service_env.get(name, {}))
+            spec = service_spec(name, module, self._env, overrides, cwd=config.run_dir)
+            self._supervisor.add(spec)
+        for queue in config.served_queues:
+            for _ in range(config.workers):
+                self.add_worker(queue)
+        self._wait_ready(dispatcher_url)
+        info = StackInfo(
+            dispatcher_url=dispatcher_url,
+            api_key=secrets.api_key,
+            worker_token=secrets.worker_token,
+            database_url=database_url,
+            sqs_endpoint_url=sqs_endpoint_url,
+            env_file=config.run_dir / "stack.env",
+        )
+        write_private(
+            info.env_file,
+            env_file_text(
+                info.as_env(),
+                f"The running local Taskplat stack (written by `make up`): source {info.env_file}",
+            ),
+        )
+        self._info = info
+        return info
+
+    # -- infrastructure ---------------------------------------------------------------------
+
+    def _start_postgres(self) -> str:
+        server = PrivatePostgres(
+            self.config.run_dir / "postgres", port=self.config.pg_port, die_with_parent=True
+        )
+        if not self.config.keep_data:
+            server.stop(remove_data=True)  # a fresh cluster: leftovers of an earlier run go
+        self._postgres = server
+        return server.start()
+
+    def _start_sqs(self) -> str:
+        server = LocalSqs(
+            self.config.run_dir / "sqs",
+            port=self.config.sqs_port,
+            die_with_parent=True,
+            server="moto" if self.config.sqs_server == "moto" else None,
+        )
+        self._sqs = server
+        return server.start()
+
+    def _create_queues(self, endpoint_url: str) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        from taskplat.common.sqs import ensure_queue
+
+        config = self.config
+        client = sqs_client(endpoint_url, config.aws_region)
+        try:
+            for queue in config.queues:
+                name = f"{config.queue_prefix}{queue}"
+                ensure_queue(
+                    client,
+                    name,
+                    dead_letter_queue_name=f"{name}-dlq",
+                    max_receive_count=config.max_receive_count,
+                )
+            ensure_queue(client, config.dead_letter_queue)
+        except (BotoCoreError, ClientError) as exc:
+            raise DevstackError(f"cannot create the SQS queues at {endpoint_url}: {exc}") from exc
+        finally:
+            client.close()
+
+    def _migrate(self, database_url: str) -> None:
+        import psycopg
+
+        from taskplat.common.db.migrate import MigrationError, apply_migrations
+
+        try:
+            apply_migrations(database_url)
+        except (psycopg.Error, MigrationError) as exc:
+            raise DevstackError(f"cannot migrate the database: {exc}") from exc
+
+    # -- services ---------------------------------------------------------------------------
+
+    def _shared_env(
+        self,
+        database_url: str,
+        sqs_endpoint_url: str,
+        dispatcher_url: str,
+        port: int,
+        api_key: str,
+        worker_token: str,
+    ) -> dict[str, str]:
+        config = self.config
+        env = config.base_environment()
+        env.update(
+            DATABASE_URL=database_url,
+            SQS_ENDPOINT_URL=sqs_endpoint_url,
+            AWS_REGION=config.aws_region,
+            TASKPLAT_SQS_QUEUE_PREFIX=config.queue_prefix,
+            TASKPLAT_DEAD_LETTER_QUEUE=config.dead_letter_queue,
+            TASKPLAT_API_KEYS=api_key,
+            TASKPLAT_WORKER_TOKEN=worker_token,
+            TASKPLAT_WORKER_DISPATCHER_URL=dispatcher_url,
+            TASKPLAT_DISPATCHER_HOST="127.0.0.1",
+            TASKPLAT_DISPATCHER_PORT=str(port),
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(config.env)
+        return env
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment every service shares (a copy)."""
+        return dict(self._env)
+
+    def add_worker(self, queue: str | None = None, *, env: dict[str, str] | None = None) -> str:
+        """Start one more worker wrapper (on `queue`, default the first served one); return its
+        service name."""
+        queue = queue or (self.config.served_queues or self.config.queues)[0]
+        if queue not in self.config.queues:
+            raise DevstackError(f"queue {queue!r} is not one of this stack's {self.config.queues}")
+        self._worker_count += 1
+        single = self.config.served_queues == ("default",) and queue == "default"
+        name = f"worker-{self._worker_count}" if single else f"worker-{queue}-{self._worker_count}"
+        overrides = {**self.config.service_env.get(WORKER_GROUP, {}), **(env or {})}
+        overrides = self._with_ops_port(name, WORKER_GROUP, overrides)
+        spec = worker_spec(name, queue, self._env, overrides, cwd=self.config.run_dir)
+        self._require_supervisor().add(spec)
+        return name
+
+    def _with_ops_port(
+        self, name: str, group: str, overrides: dict[str, str]
+    ) -> dict[str, str]:
+        """Give a loop or worker a free /metrics and /healthz port unless one is configured."""
+        setting = OPS_PORT_SETTINGS.get(group)
+        if setting is None:
+            return overrides
+        port = overrides.get(setting) or self._env.get(setting) or str(free_port())
+        self.ops_urls[name] = f"http://127.0.0.1:{port}"
+        return {**overrides, setting: port}
+
+    def _require_supervisor(self) -> Supervisor:
+        if self._supervisor is None:
+            raise DevstackError("the stack is not running")
+        return self._supervisor
+
+    def _wait_ready(self, dispatcher_url: str) -> None:
+        supervisor = self._require_supervisor()
+
+        def ready() -> bool:
+            if supervisor.exits("dispatcher"):
+                tail = read_tail(supervisor.log_path("dispatcher"))
+                raise DevstackError(f"the dispatcher exited while starting:\n{tail}")
+            try:
+                return httpx.get(f"{dispatcher_url}/readyz", timeout=2.0).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        try:
+            wait_for(ready, timeout=self.config.ready_timeout_seconds, what="/readyz", interval=0.1)
+        except TimeoutError as exc:
+            tail = read_tail(supervisor.log_path("dispatcher"))
+            raise DevstackError(f"the dispatcher did not become ready: {exc}\n{tail}") from exc
+
+    # -- control, for tests and tools -------------------------------------------------------
+
+    def services(self) -> list[str]:
+        return self._require_supervisor().names()
+
+    def pids(self) -> dict[str, int]:
+        """Pids of the services running right now (a restarting one is missing)."""
+        return self._require_supervisor().pids()
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
+        """Signal a service's main process (SIGKILL: a crash); the stack restarts it."""
+        return self._require_supervisor().kill(name, sig)
+
+    def restart(self, name: str) -> int:
+        """Stop a service gracefully and start it again; return the new pid."""
+        return self._require_supervisor().restart(name)
+
+    def remove(self, name: str) -> int | None:
+        """Stop a service gracefully for good; return its exit code."""
+        return self._require_supervisor().remove(name)
+
+    def generation(self, name: str) -> int:
+        return self._require_supervisor().generation(name)
+
+    def exits(self, name: str) -> list[int]:
+        return self._require_supervisor().exits(name)
+
+    def log_path(self, name: str) -> Path:
+        return self.log_dir / f"{name}.log"
+
+    def wait_running(self, name: str, *, timeout: float = 30.0, not_pid: int | None = None) -> int:
+        """Wait until `name` runs (with a pid other than `not_pid`); return its pid."""
+        supervisor = self._require_supervisor()
+
+        def running() -> int | None:
+            pid = supervisor.pids().get(name)
+            return pid if pid is not None and pid != not_pid else None
+
+        pid = wait_for(running, timeout=timeout, what=f"{name} to run", interval=0.05)
+        assert pid is not None
+        return pid
