@@ -309,3 +309,14 @@ def test_every_contract_snapshot_names_a_contract() -> None:
     snapshots = Path(__file__).with_name("snapshots")
     stale = {path.stem for path in snapshots.glob("*.json")} - set(contracts.__all__)
     assert stale <= {"db_schema"}, f"snapshots of contracts that no longer exist: {stale}"
+
+
+def test_queue_names_that_would_collide_with_dead_letter_queues_are_refused() -> None:
+    from pydantic import ValidationError
+
+    from taskplat.common.contracts import CreateTaskRequest
+
+    for queue in ("dead-letters", "default-dlq", "x-dlq"):
+        with pytest.raises(ValidationError, match="reserved"):
+            CreateTaskRequest(operator="echo", queue=queue)
+    assert CreateTaskRequest(operator="echo", queue="dlq-reports").queue == "dlq-reports"

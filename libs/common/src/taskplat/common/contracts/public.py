@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import AwareDatetime, Field
+from pydantic import AwareDatetime, Field, field_validator
 
 from taskplat.common.contracts.base import (
     NO_NUL,
@@ -35,6 +35,12 @@ class JobRef(Contract):
     name: ShortText
 
 
+# SQS names derived from a task queue: `<prefix><queue>` with its poison-message DLQ
+# `<prefix><queue>-dlq`, beside the dead-letter record queue `<prefix>dead-letters`.
+RESERVED_QUEUE_NAMES = frozenset({"dead-letters"})
+RESERVED_QUEUE_SUFFIX = "-dlq"
+
+
 class CreateTaskRequest(Contract):
     operator: OperatorName
     config: JsonObject = Field(default_factory=dict)
@@ -48,6 +54,16 @@ class CreateTaskRequest(Contract):
     expires_at: AwareDatetime | None = None
     idempotency_key: IdempotencyKey | None = None
     job: JobRef | None = None
+
+    @field_validator("queue")
+    @classmethod
+    def _not_a_reserved_queue(cls, queue: str) -> str:
+        if queue in RESERVED_QUEUE_NAMES or queue.endswith(RESERVED_QUEUE_SUFFIX):
+            raise ValueError(
+                f"queue names ending in '{RESERVED_QUEUE_SUFFIX}' and 'dead-letters' are reserved "
+                "for the dead-letter queues"
+            )
+        return queue
 
 
 class OutputView(Contract):
