@@ -307,9 +307,7 @@ class Stack:
         self._require_supervisor().add(spec)
         return name
 
-    def _with_ops_port(
-        self, name: str, group: str, overrides: dict[str, str]
-    ) -> dict[str, str]:
+    def _with_ops_port(self, name: str, group: str, overrides: dict[str, str]) -> dict[str, str]:
         """Give a loop or worker a free /metrics and /healthz port unless one is configured."""
         setting = OPS_PORT_SETTINGS.get(group)
         if setting is None:
