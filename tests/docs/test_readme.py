@@ -1,0 +1,30 @@
+"""README.md lists every setting of every service with its default, as the code defines them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from settings_table import BEGIN, END, settings_section
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_readme_lists_every_setting_with_its_default() -> None:
+    text = README.read_text(encoding="utf-8")
+    assert BEGIN in text and END in text, "README.md lacks the settings section markers"
+    start, end = text.index(BEGIN), text.index(END) + len(END)
+    expected = settings_section()
+    if os.environ.get("TASKPLAT_UPDATE_SNAPSHOTS") == "1":
+        README.write_text(text[:start] + expected + text[end:], encoding="utf-8")
+        return
+    assert text[start:end] == expected, (
+        "README.md's settings tables are out of date: run "
+        "TASKPLAT_UPDATE_SNAPSHOTS=1 .venv/bin/pytest tests/docs"
+    )
+
+
+def test_the_commands_a_newcomer_needs_are_named() -> None:
+    text = README.read_text(encoding="utf-8")
+    for command in ("make up", "make test", "make demo", "make bench"):
+        assert command in text, command
