@@ -48,8 +48,12 @@ demo: venv sqs-deps ## Start a private stack, run 1,000 echo tasks, print a summ
 	@$(RUN) python -m taskplat.devstack demo
 
 .PHONY: test
-test: venv sqs-deps ## Run every test (starts its own Postgres and SQS endpoint)
+test: venv sqs-deps check-packages ## Run every test (starts its own Postgres and SQS endpoint)
 	@$(RUN) pytest $(PYTEST_ARGS)
+
+.PHONY: check-packages
+check-packages: $(UV) ## Import each package with only its declared dependencies installed
+	@$(PYTHON) scripts/check_packages.py $(UV) .cache/package-envs
 
 .PHONY: test-fast
 test-fast: venv sqs-deps ## Run the unit and integration tests, not the end-to-end suite
