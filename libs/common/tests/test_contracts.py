@@ -142,7 +142,52 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "TaskList": {"tasks": [TASK_VIEW], "next_cursor": "abc"},
     "TaskView": TASK_VIEW,
     "WakeUpMessage": {"task_id": U1},
-}
+    # The batch contracts of the performance work.
+    "ClaimBatchRequest": {"worker_id": "w", "task_ids": [U1, U2]},
+    "ClaimBatchResponse": {
+        "claimed": [
+            {"status": "Claimed", "attempt": 1, "lease_token": U2, "lease_expires_at": T1,
+             "task": CLAIM_TASK},
+        ],
+        "not_claimed": [{"task_id": U2, "reason": "AlreadyRunning"}],
+    },
+    "ClaimNextRequest": {"worker_id": "w", "queue": "default", "max": 10},
+    "ClaimNextResponse": {
+        "claimed": [
+            {"status": "Claimed", "attempt": 1, "lease_token": U2, "lease_expires_at": T1,
+             "task": CLAIM_TASK}
+        ]
+    },
+    "CompleteBatchRequest": {
+        "completions": [
+            {"task_id": U1, "attempt": 1, "lease_token": U2, "status": "Completed",
+             "outputs": [OUTPUT], "events": [EVENT], "error_message": None, "result": {"rows": 1},
+             "retry_after_seconds": None}
+        ]
+    },
+    "CompleteBatchResult": {
+        "task_id": U1,
+        "status_code": 409,
+        "body": {"status": "Rejected", "reason": "StaleLease", "message": "m"},
+    },
+    "CompleteBatchResponse": {
+        "results": [
+            {"task_id": U1, "status_code": 200,
+             "body": {"status": "Accepted", "task_status": "Completed", "repeated": False}},
+        ]
+    },
+    "CreateTasksRequest": {
+        "tasks": [
+            {"operator": "echo", "config": {"a": 1}, "inputs": [1, "two"], "queue": "fast",
+             "max_attempts": 5, "timeout_seconds": 30, "backoff_base_seconds": 1,
+             "backoff_max_seconds": 60, "scheduled_for": T1, "expires_at": T2,
+             "idempotency_key": "k", "job": JOB}
+        ]
+    },
+    "CreatedTask": {"created": True, "task": TASK_VIEW},
+    "CreateTasksResponse": {"results": [{"created": False, "task": TASK_VIEW}]},
+    "NotClaimedItem": {"task_id": U1, "reason": "NotFound"},
+}  # fmt: skip
 
 MODELS: dict[str, type[BaseModel]] = {
     name: getattr(contracts, name)

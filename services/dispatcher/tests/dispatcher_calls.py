@@ -127,9 +127,11 @@ def assert_rejected(response: httpx.Response, reason: str, status_code: int = 40
     assert body["reason"] == reason, body
 
 
-# The routes DESIGN.md specifies, as (method, path template).
+# The routes DESIGN.md specifies, and the batch routes of the performance work (bulk create,
+# batch claim and complete, claim-next), as (method, path template).
 PUBLIC_ROUTES = (
     ("POST", "/tasks"),
+    ("POST", "/tasks/batch"),
     ("GET", "/tasks"),
     ("GET", "/tasks/{task_id}"),
     ("PUT", "/tasks/{task_id}/cancel"),
@@ -141,6 +143,9 @@ INTERNAL_ROUTES = (
     ("POST", "/internal/heartbeat"),
     ("POST", "/internal/task-complete"),
     ("POST", "/internal/events"),
+    ("POST", "/internal/task-claim-batch"),
+    ("POST", "/internal/task-claim-next"),
+    ("POST", "/internal/task-complete-batch"),
 )
 OPEN_ROUTES = (
     ("GET", "/healthz"),

@@ -180,10 +180,32 @@ def _producers(dispatcher: Dispatcher) -> dict[tuple[str, str, str], list[httpx.
         add("POST", path, 401, anonymous.post(path, json=body))
         add("POST", path, 413, d.worker.post(path, json={**body, "pad": "x" * BODY_CAP}))
         add("POST", path, 422, d.worker.post(path, json={**body, "bogus": 1}))
+    _batch_route_responses(d, add, done.fence())
     # Last: these succeed and end the running attempt.
     for path in ("/internal/heartbeat", "/internal/events", "/internal/task-complete"):
         add("POST", path, 200, d.worker.post(path, json=bodies[path]))
     return out
+
+
+def _batch_route_responses(
+    d: Dispatcher, add: Callable[..., None], finished: dict[str, Any]
+) -> None:
+    """A real response of each documented status of the batch routes."""
+    ghost = str(uuid4())
+    batch_bodies = {
+        "/tasks/batch": (d.api, 201, {"tasks": [{"operator": "echo"}]}),
+        "/internal/task-claim-batch": (d.worker, 200, {"worker_id": "w", "task_ids": [ghost]}),
+        "/internal/task-claim-next": (d.worker, 200, {"worker_id": "w", "queue": "none", "max": 2}),
+        "/internal/task-complete-batch": (
+            d.worker, 200, {"completions": [{**finished, "status": "Failed"}]},
+        ),
+    }  # fmt: skip
+    for path, (client, ok, body) in batch_bodies.items():
+        add("POST", path, ok, client.post(path, json=body))
+        add("POST", path, 400, client.post(path, content=b"[}"))
+        add("POST", path, 401, d.anonymous.post(path, json=body))
+        add("POST", path, 413, client.post(path, json={**body, "pad": "x" * BODY_CAP}))
+        add("POST", path, 422, client.post(path, json={**body, "bogus": 1}))
 
 
 def test_every_documented_response_schema_validates_a_real_response(

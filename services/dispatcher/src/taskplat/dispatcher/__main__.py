@@ -11,9 +11,11 @@ import sys
 import uvicorn
 from pydantic import ValidationError
 
+from taskplat.common.errors import ConfigurationError
 from taskplat.common.logging import configure_logging, get_logger
 from taskplat.common.telemetry import Telemetry
 from taskplat.dispatcher.app import create_app
+from taskplat.dispatcher.server_impl import choose_server_impl
 from taskplat.dispatcher.settings import DispatcherSettings
 
 
@@ -23,16 +25,30 @@ def main() -> int:
     except ValidationError as exc:
         print(f"taskplat-dispatcher: invalid settings:\n{exc}", file=sys.stderr)
         return 2
+    try:
+        impl = choose_server_impl(settings)
+    except ConfigurationError as exc:
+        print(f"taskplat-dispatcher: invalid settings: {exc.message}", file=sys.stderr)
+        return 2
     configure_logging("dispatcher", level=settings.log_level, fmt=settings.log_format)
     telemetry = Telemetry("dispatcher", settings.telemetry_settings())
-    get_logger().info(
+    log = get_logger()
+    log.info(
         "dispatcher_starting", host=settings.host, port=settings.port, tracing=telemetry.tracing
+    )
+    log.info(
+        "dispatcher_server_impl",
+        loop=impl.loop,
+        http=impl.http,
+        fallback=f"{', '.join(impl.missing)} not installed" if impl.missing else None,
     )
     try:
         uvicorn.run(
             create_app(settings, telemetry=telemetry),
             host=settings.host,
             port=settings.port,
+            loop=impl.loop,
+            http=impl.http,
             log_config=None,
             access_log=False,
             timeout_graceful_shutdown=20,

@@ -1,7 +1,8 @@
 """The dispatcher's Starlette application factory.
 
 Invariants: `create_app(settings, *, pool, clock, telemetry)` builds everything from its arguments
-(no module globals); the pool is opened in the lifespan and closed on shutdown; every route comes
+(no module globals); the pool is opened in the lifespan and closed on shutdown, and a pool the app
+makes itself prepares statements as `db_prepare_threshold` says; every route comes
 from `ROUTES` or the open operational routes; every HTTP request is timed (and traced when tracing
 is on) by `HttpTelemetryMiddleware`. The caller owns `telemetry` (it shuts it down); without one
 the app makes its own from the settings. Buffered spans are exported when the app shuts down.
@@ -43,7 +44,12 @@ def create_app(
     clock: Clock | None = None,
     telemetry: Telemetry | None = None,
 ) -> Starlette:
-    pool = pool or make_async_pool(settings, application_name="taskplat-dispatcher")
+    if pool is None:
+        pool = make_async_pool(settings, application_name="taskplat-dispatcher")
+        assert isinstance(pool.kwargs, dict)
+        pool.kwargs["prepare_threshold"] = (
+            None if settings.db_prepare_threshold < 0 else settings.db_prepare_threshold
+        )
     clock = clock or SystemClock()
     telemetry = telemetry or Telemetry("dispatcher", settings.telemetry_settings())
 

@@ -21,11 +21,19 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from taskplat.common.contracts import (
+    ClaimBatchRequest,
+    ClaimBatchResponse,
     ClaimedResponse,
+    ClaimNextRequest,
+    ClaimNextResponse,
     ClaimRequest,
+    CompleteBatchRequest,
+    CompleteBatchResponse,
     CompleteRequest,
     CompleteResponse,
     CreateTaskRequest,
+    CreateTasksRequest,
+    CreateTasksResponse,
     ErrorResponse,
     EventsAcceptedResponse,
     EventsRequest,
@@ -126,6 +134,11 @@ async def create_task(request: Request) -> Response:
     return json_response(view, 201 if created else 200)
 
 
+async def create_tasks(request: Request) -> Response:
+    body = await _body(request, CreateTasksRequest)
+    return json_response(await _service(request).create_many(body), 201)
+
+
 async def list_tasks(request: Request) -> Response:
     query = parse_query(request, ListTasksQuery)
     limit = min(query.limit, _settings(request).list_max_limit)
@@ -160,6 +173,18 @@ async def task_claim(request: Request) -> Response:
     return json_response(await _service(request).claim(body))
 
 
+async def task_claim_batch(request: Request) -> Response:
+    body = await _body(request, ClaimBatchRequest)
+    _bind(worker_id=body.worker_id)
+    return json_response(await _service(request).claim_batch(body))
+
+
+async def task_claim_next(request: Request) -> Response:
+    body = await _body(request, ClaimNextRequest)
+    _bind(worker_id=body.worker_id)
+    return json_response(await _service(request).claim_next(body))
+
+
 async def task_fetch(request: Request) -> Response:
     query = parse_query(request, FetchQuery)
     task_id = parse_uuid(query.task_id, name="task_id", where="query")
@@ -185,6 +210,11 @@ async def task_complete(request: Request) -> Response:
     return json_response(await _service(request).complete(body))
 
 
+async def task_complete_batch(request: Request) -> Response:
+    body = await _body(request, CompleteBatchRequest)
+    return json_response(await _service(request).complete_batch(body))
+
+
 _AUTH_FAIL = (401, ("missing or wrong bearer token", ErrorResponse))
 _BAD_JSON = (400, ("malformed JSON", ErrorResponse))
 _INVALID = (422, ("the request does not match the contract", ErrorResponse))
@@ -199,6 +229,12 @@ ROUTES: tuple[RouteSpec, ...] = (
               body=CreateTaskRequest,
               responses={201: ("task created", TaskView),
                          200: ("a task with this idempotency_key already exists", TaskView),
+                         **_BODY_ERRORS}),
+    RouteSpec("POST", "/tasks/batch", "create_tasks",
+              "Create up to 500 tasks in one transaction", "api_key", create_tasks,
+              body=CreateTasksRequest,
+              responses={201: ("one result per task, in order (created or the existing task of "
+                               "its idempotency_key)", CreateTasksResponse),
                          **_BODY_ERRORS}),
     RouteSpec("GET", "/tasks", "list_tasks", "List tasks, newest first", "api_key", list_tasks,
               query=ListTasksQuery,
@@ -221,6 +257,16 @@ ROUTES: tuple[RouteSpec, ...] = (
               "worker_token", task_claim, body=ClaimRequest,
               responses={200: ("Claimed or NotClaimed", [ClaimedResponse, NotClaimedResponse]),
                          **_BODY_ERRORS}),
+    RouteSpec("POST", "/internal/task-claim-batch", "task_claim_batch",
+              "Claim up to 10 tasks in one call: one answer per task_id, in order",
+              "worker_token", task_claim_batch, body=ClaimBatchRequest,
+              responses={200: ("Claimed or NotClaimed per task_id", ClaimBatchResponse),
+                         **_BODY_ERRORS}),
+    RouteSpec("POST", "/internal/task-claim-next", "task_claim_next",
+              "Claim up to `max` Queued tasks of a queue, oldest first", "worker_token",
+              task_claim_next, body=ClaimNextRequest,
+              responses={200: ("the tasks claimed (maybe none)", ClaimNextResponse),
+                         **_BODY_ERRORS}),
     RouteSpec("GET", "/internal/task-fetch", "task_fetch", "Fetch a task's payload and status",
               "worker_token", task_fetch, query=FetchQuery,
               responses={200: ("the task payload", FetchResponse),
@@ -238,6 +284,12 @@ ROUTES: tuple[RouteSpec, ...] = (
               body=CompleteRequest,
               responses={200: ("completion accepted (or an exact repeat)", CompleteResponse),
                          **_BODY_ERRORS, **dict([_REJECTED, _WORKER_NOT_FOUND])}),
+    RouteSpec("POST", "/internal/task-complete-batch", "task_complete_batch",
+              "Report the outcomes of up to 10 attempts: each the status and body "
+              "task-complete would answer", "worker_token", task_complete_batch,
+              body=CompleteBatchRequest,
+              responses={200: ("one result per completion, in order", CompleteBatchResponse),
+                         **_BODY_ERRORS}),
 )  # fmt: skip
 
 

@@ -1,4 +1,6 @@
-"""The dispatcher's task lifecycle: each public or internal call as one transaction.
+"""The dispatcher's task lifecycle: each public or internal call as one transaction. Claims live
+in `claims`, completions in `completions`, bulk creation in `creation`; this class is the one
+entry point the routes call.
 
 Invariants:
   * A state change commits together with its attempt record, outputs, events and outbox rows.
@@ -15,47 +17,53 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 import random
-from datetime import datetime
-from typing import Any
-from uuid import UUID, uuid4
+from uuid import UUID
 
 from psycopg import AsyncConnection
 from psycopg.rows import DictRow
-from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from taskplat.common.clock import Clock
 from taskplat.common.contracts import (
+    ClaimBatchRequest,
+    ClaimBatchResponse,
     ClaimedResponse,
+    ClaimNextRequest,
+    ClaimNextResponse,
     ClaimRequest,
+    CompleteBatchRequest,
+    CompleteBatchResponse,
     CompleteRequest,
     CompleteResponse,
+    CreatedTask,
+    CreateTaskRequest,
+    CreateTasksRequest,
+    CreateTasksResponse,
     EventsAcceptedResponse,
     EventsRequest,
     FetchResponse,
     HeartbeatRequest,
     HeartbeatResponse,
-    NotClaimedReason,
+    NotClaimedItem,
     NotClaimedResponse,
     TaskList,
     TaskView,
 )
-from taskplat.common.contracts.public import CreateTaskRequest
-from taskplat.common.errors import Conflict, NotFound, Rejected, ValidationFailed
+from taskplat.common.errors import Conflict, NotFound
 from taskplat.common.telemetry import inject
+from taskplat.dispatcher.claims import Claims
+from taskplat.dispatcher.completions import Completions
+from taskplat.dispatcher.creation import BulkCreate, check_times, task_values
 from taskplat.dispatcher.recorder import Recorder
 from taskplat.dispatcher.repository import tasks as repo
 from taskplat.dispatcher.service_rules import (
-    NOT_CLAIMED_REASONS,
     ListFilters,
     classify_rejection,
-    completion_digest,
     decode_cursor,
     encode_cursor,
 )
-from taskplat.dispatcher.settings import DispatcherSettings, OperatorDefaults
+from taskplat.dispatcher.settings import DispatcherSettings
 from taskplat.dispatcher.views import claim_task_payload, task_view
 
 
@@ -73,48 +81,17 @@ class TaskService:
         self._settings = settings
         self._recorder = recorder
         self._rand = rand or random.Random()
+        self._claims = Claims(pool, clock, settings, recorder)
+        self._completions = Completions(pool, clock, settings, recorder, self._rand)
+        self._bulk = BulkCreate(pool, clock, settings, recorder)
 
     # ---- public API ----------------------------------------------------------------------
 
     async def create(self, request: CreateTaskRequest) -> tuple[TaskView, bool]:
         """Create a task; (view, created). A known idempotency key returns the existing task."""
-        if (
-            request.scheduled_for is not None
-            and request.expires_at is not None
-            and request.expires_at <= request.scheduled_for
-        ):
-            raise ValidationFailed(
-                "expires_at must be after scheduled_for",
-                detail=[{"loc": ["body", "expires_at"], "msg": "must be after scheduled_for"}],
-            )
-        defaults = self._settings.operator_defaults.get(request.operator, OperatorDefaults())
+        check_times(request, ["body"])
         now = self._clock.sql_now()
-        params = {
-            "task_id": uuid4(),
-            "queue": request.queue,
-            "operator": request.operator,
-            "job": Jsonb(request.job.model_dump()) if request.job else None,
-            "config": Jsonb(request.config),
-            "inputs": Jsonb(request.inputs),
-            "max_attempts": _first(
-                request.max_attempts, defaults.max_attempts, self._settings.default_max_attempts
-            ),
-            "backoff_base_seconds": _first(
-                request.backoff_base_seconds,
-                defaults.backoff_base_seconds,
-                self._settings.default_backoff_base_seconds,
-            ),
-            "backoff_max_seconds": _first(
-                request.backoff_max_seconds,
-                defaults.backoff_max_seconds,
-                self._settings.default_backoff_max_seconds,
-            ),
-            "timeout_seconds": request.timeout_seconds or defaults.timeout_seconds,
-            "scheduled_for": request.scheduled_for,
-            "expires_at": request.expires_at,
-            "idempotency_key": request.idempotency_key,
-            "now": now,
-        }
+        params = {**task_values(request, self._settings), "now": now}
         async with self._pool.connection() as conn:
             async with conn.transaction():
                 row = await repo.insert_task(conn, params)
@@ -210,30 +187,22 @@ class TaskService:
     # ---- internal worker API -------------------------------------------------------------
 
     async def claim(self, request: ClaimRequest) -> ClaimedResponse | NotClaimedResponse:
-        params = {
-            "task_id": request.task_id,
-            "worker_id": request.worker_id,
-            "lease_token": uuid4(),
-            "lease_seconds": self._settings.lease_ttl_seconds,
-            "default_timeout_seconds": self._settings.default_timeout_seconds,
-            "now": self._clock.sql_now(),
-        }
-        async with self._pool.connection() as conn:
-            row = await repo.claim_task(conn, params)  # one statement: committed on return
-            if row is not None:
-                self._recorder.task_claimed(row)
-                return ClaimedResponse(
-                    attempt=row["attempt"],
-                    lease_token=row["lease_token"],
-                    lease_expires_at=row["lease_expires_at"],
-                    task=claim_task_payload(row),
-                )
-            fence = await repo.read_fence(conn, request.task_id)
-        reason: NotClaimedReason = (
-            "NotFound" if fence is None else NOT_CLAIMED_REASONS.get(fence["status"], "NotQueued")
+        return await self._claims.claim(request.task_id, request.worker_id)
+
+    async def claim_batch(self, request: ClaimBatchRequest) -> ClaimBatchResponse:
+        answers = await self._claims.claim_batch(request.task_ids, request.worker_id)
+        return ClaimBatchResponse(
+            claimed=[answer for answer in answers if isinstance(answer, ClaimedResponse)],
+            not_claimed=[
+                NotClaimedItem(task_id=task_id, reason=answer.reason)
+                for task_id, answer in zip(request.task_ids, answers, strict=True)
+                if isinstance(answer, NotClaimedResponse)
+            ],
         )
-        self._recorder.claim_not_claimed(request.task_id, request.worker_id, reason)
-        return NotClaimedResponse(reason=reason)
+
+    async def claim_next(self, request: ClaimNextRequest) -> ClaimNextResponse:
+        claimed = await self._claims.claim_next(request.queue, request.worker_id, request.max)
+        return ClaimNextResponse(claimed=claimed)
 
     async def fetch(self, task_id: UUID) -> FetchResponse:
         async with self._pool.connection() as conn:
@@ -275,104 +244,14 @@ class TaskService:
         raise classify_rejection(fence, request.attempt, request.lease_token)
 
     async def complete(self, request: CompleteRequest) -> CompleteResponse:
-        if request.result is not None:
-            size = len(json.dumps(request.result, separators=(",", ":")))
-            if size > self._settings.result_max_bytes:
-                raise ValidationFailed(
-                    f"result is {size} bytes; the cap is {self._settings.result_max_bytes}",
-                    detail=[{"loc": ["body", "result"], "msg": "result too large"}],
-                )
-        digest = completion_digest(request)
-        now = self._clock.sql_now()
-        params = {
-            "task_id": request.task_id,
-            "attempt": request.attempt,
-            "lease_token": request.lease_token,
-            "status": request.status,
-            "result": Jsonb(request.result) if request.result is not None else None,
-            "error_message": request.error_message,
-            "retry_after_seconds": request.retry_after_seconds,
-            "jitter": self._rand.random(),
-            "now": now,
-        }
-        async with self._pool.connection() as conn:
-            async with conn.transaction():
-                response, row, late = await self._complete_in(conn, request, params, digest, now)
-        if row is not None:  # committed
-            self._recorder.attempt_ended(row, request.status, late=late)
-        return response
+        return await self._completions.complete(request)
 
-    async def _complete_in(
-        self,
-        conn: AsyncConnection[DictRow],
-        request: CompleteRequest,
-        params: dict[str, Any],
-        digest: str,
-        now: datetime | None,
-    ) -> tuple[CompleteResponse, dict[str, Any] | None, bool]:
-        """A completion inside the caller's transaction: the answer, the transitioned row (None
-        when nothing changed) and whether it was a late success; raises `Rejected` when stale."""
-        row = await repo.complete_running(conn, params)
-        if row is not None:
-            await self._apply_completion(conn, row, request, digest, now)
-            return CompleteResponse(task_status=row["status"], repeated=False), row, False
-        fence = await repo.read_fence(conn, request.task_id, for_update=True)
-        if (
-            fence is None
-            or fence["attempt"] != request.attempt
-            or (fence["lease_token"] != request.lease_token)
-        ):
-            raise classify_rejection(fence, request.attempt, request.lease_token)
-        if fence["completion_digest"] == digest:
-            return CompleteResponse(task_status=fence["status"], repeated=True), None, False
-        if fence["status"] == "Canceled":
-            if request.status == "Canceled":
-                return CompleteResponse(task_status="Canceled", repeated=False), None, False
-            raise Rejected("Canceled", "task was canceled")
-        if request.status == "Completed":
-            row = await repo.complete_late(conn, params)
-            if row is not None:
-                await self._apply_completion(conn, row, request, digest, now)
-                return CompleteResponse(task_status=row["status"], repeated=False), row, True
-        raise classify_rejection(fence, request.attempt, request.lease_token)
+    async def complete_batch(self, request: CompleteBatchRequest) -> CompleteBatchResponse:
+        results = await self._completions.complete_batch(list(request.completions))
+        return CompleteBatchResponse(results=results)
 
-    async def _apply_completion(
-        self,
-        conn: AsyncConnection[DictRow],
-        row: dict[str, Any],
-        request: CompleteRequest,
-        digest: str,
-        now: datetime | None,
-    ) -> None:
-        """Commit what an accepted completion carries, in the transition's transaction."""
-        await repo.close_attempt(
-            conn,
-            {
-                "task_id": request.task_id,
-                "attempt": request.attempt,
-                "lease_token": request.lease_token,
-                "outcome": request.status,
-                "error": request.error_message if request.status == "Failed" else None,
-                "completion_digest": digest,
-                "now": now,
-            },
+    async def create_many(self, request: CreateTasksRequest) -> CreateTasksResponse:
+        created = await self._bulk.create_many(list(request.tasks))
+        return CreateTasksResponse(
+            results=[CreatedTask(created=flag, task=view) for view, flag in created]
         )
-        await repo.store_events(
-            conn, task_id=request.task_id, attempt=request.attempt, events=request.events, now=now
-        )
-        if request.status == "Completed":
-            await repo.store_outputs(
-                conn,
-                task_id=request.task_id,
-                attempt=request.attempt,
-                outputs=request.outputs,
-                now=now,
-            )
-        if row["status"] == "Dead":
-            await repo.enqueue_dead_letter(
-                conn, task_id=request.task_id, queue=row["queue"], now=now, trace_context=inject()
-            )
-
-
-def _first(*values: Any) -> Any:
-    return next(value for value in values if value is not None)

@@ -6,7 +6,7 @@ production-sensible value; per-operator defaults override the global task defaul
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
@@ -60,6 +60,21 @@ class DispatcherSettings(ServiceSettings, DatabaseSettings, WorkerTokenSettings,
         description='JSON object of per-operator defaults, e.g. {"sleep": {"max_attempts": 5}}.',
     )
     list_max_limit: int = Field(500, ge=1, description="Largest page of `GET /tasks`.")
+    db_prepare_threshold: int = Field(
+        2,
+        ge=-1,
+        description="Executions of a statement on a pooled connection before psycopg prepares it "
+        "server-side (0: at once; -1: never, for a transaction-mode pooler such as pgbouncer "
+        "that cannot keep prepared statements).",
+    )
+    event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
+        "auto",
+        description="uvicorn's event loop: `auto` takes uvloop when it is installed, else asyncio.",
+    )
+    http_parser: Literal["auto", "httptools", "h11"] = Field(
+        "auto",
+        description="uvicorn's HTTP parser: `auto` takes httptools when it is installed, else h11.",
+    )
     metrics_cache_seconds: float = Field(
         5.0,
         ge=0,

@@ -3,6 +3,7 @@
 Invariants:
   * While the task runs, heartbeats renew the lease (a fraction of the time it has left, with a
     floor) and the message's visibility is renewed; both run until the completion was answered.
+    A task claimed ahead has no message: nothing to renew, nothing to delete.
   * A rejected heartbeat or event call stops the operator: `Canceled` is reported as a Canceled
     completion; any other rejection (the attempt or lease is no longer current) reports nothing.
   * Events are forwarded in the order the operator wrote them; once one batch could not be
@@ -42,7 +43,7 @@ from taskplat.worker_wrapper.dispatcher_client import (
     Rejection,
 )
 from taskplat.worker_wrapper.intake import Delivery
-from taskplat.worker_wrapper.observability import TaskOutcome
+from taskplat.worker_wrapper.observability import DeleteWhy, TaskOutcome
 from taskplat.worker_wrapper.operators import OperatorSpec
 from taskplat.worker_wrapper.outcomes import (
     Abort,
@@ -85,7 +86,11 @@ class RunningTask:
     """A claimed attempt: runs the operator while heartbeating, then reports the outcome."""
 
     def __init__(
-        self, executor: TaskExecutor, delivery: Delivery, claimed: ClaimedResponse, abort: Abort
+        self,
+        executor: TaskExecutor,
+        delivery: Delivery | None,
+        claimed: ClaimedResponse,
+        abort: Abort,
     ) -> None:
         self.x = executor
         self.delivery = delivery
@@ -107,7 +112,7 @@ class RunningTask:
         telemetry.busy(1)
         ended: TaskOutcome = "Stopped"
         heartbeats = asyncio.ensure_future(self._heartbeat_loop())
-        visibility = asyncio.ensure_future(self._visibility_loop())
+        visibility = asyncio.ensure_future(self._visibility_loop(self.delivery))
         try:
             outcome = await self._run_operator()
             ended = await self._report(outcome)
@@ -237,10 +242,16 @@ class RunningTask:
                 return
             self.lease_expires = loop_time_of(answer.lease_expires_at)
 
-    async def _visibility_loop(self) -> None:
+    async def _visibility_loop(self, delivery: Delivery | None) -> None:
+        if delivery is None:  # claimed ahead: no message to keep hidden
+            return
         while True:
             await asyncio.sleep(self.x.settings.visibility_extension_seconds)
-            await self.x.intake.extend(self.delivery)
+            await self.x.intake.extend(delivery)
+
+    async def _delete(self, why: DeleteWhy, **fields: object) -> None:
+        if self.delivery is not None:
+            await self.x.intake.delete(self.delivery, why, **fields)
 
     # ---- the report ---------------------------------------------------------------------
 
@@ -283,10 +294,10 @@ class RunningTask:
         if request is None:
             assert isinstance(outcome, Stopped)
             self.log.warning("attempt_abandoned", detail=outcome.detail)
-            await self.x.intake.delete(self.delivery, "rejected", detail=outcome.detail)
+            await self._delete("rejected", detail=outcome.detail)
             return "Stopped"
         try:
-            answer = await self.x.client.complete(request, until=self._call_bound())
+            answer = await self.x.completions.complete(request, until=self._call_bound())
         except DispatcherUnavailable as exc:
             self.log.error("completion_not_reported_message_left", error=str(exc))
             return "Stopped"
@@ -299,7 +310,7 @@ class RunningTask:
             return await self._report(failure(f"the dispatcher refused the result: {exc.body}"))
         if isinstance(answer, Rejection):
             self.log.warning("completion_rejected", reason=answer.reason, message=answer.message)
-            await self.x.intake.delete(self.delivery, "rejected", reason=answer.reason)
+            await self._delete("rejected", reason=answer.reason)
             return "Stopped"
         fields: dict[str, object] = {
             "task_status": answer.task_status,
@@ -310,7 +321,7 @@ class RunningTask:
             fields["error"] = request.error_message[:500] if request.error_message else None
             fields["retry_after_seconds"] = request.retry_after_seconds
         self.log.info(f"task_{request.status.lower()}", **fields)
-        await self.x.intake.delete(self.delivery, "completed")
+        await self._delete("completed")
         return request.status
 
 

@@ -9,10 +9,15 @@ Invariants:
     canceled, unknown task); any other 4xx is a `DispatcherProtocolError` (wrong token, a body the
     dispatcher refused), never taken for a rejection: a wrongly configured URL must not make the
     wrapper delete messages.
+  * A batch call (`claim_batch`, `complete_batch`) answers one result per item, in order; a
+    per-item result has exactly the meaning the single call's answer would have (a completion's
+    409/404 is a `Rejection`, its 422 a `DispatcherProtocolError` returned, not raised). An
+    answer that does not hold one result per item is a `DispatcherProtocolError`.
   * Each call is one CLIENT span (`dispatcher.claim`, `dispatcher.heartbeat`, `dispatcher.events`,
-    `dispatcher.complete`), and every HTTP request carries that span's W3C `traceparent` header,
-    so the dispatcher's server spans join the task's trace. Each answer is counted by route and
-    status, each request that got no answer by route.
+    `dispatcher.complete`, `dispatcher.claim_batch`, `dispatcher.claim_next`,
+    `dispatcher.complete_batch`), and every HTTP request carries that span's W3C `traceparent`
+    header, so the dispatcher's server spans join the task's trace. Each answer is counted by
+    route and status, each request that got no answer by route.
 """
 
 from __future__ import annotations
@@ -28,8 +33,14 @@ from pydantic import BaseModel, SecretStr, TypeAdapter, ValidationError
 
 from taskplat.common.backoff import full_jitter_delay
 from taskplat.common.contracts import (
+    ClaimBatchRequest,
+    ClaimBatchResponse,
     ClaimedResponse,
+    ClaimNextRequest,
+    ClaimNextResponse,
     ClaimRequest,
+    CompleteBatchRequest,
+    CompleteBatchResponse,
     CompleteRequest,
     CompleteResponse,
     EventsAcceptedResponse,
@@ -69,6 +80,9 @@ class Rejection:
 
     reason: str
     message: str | None = None
+
+
+CompleteResult = CompleteResponse | Rejection | DispatcherProtocolError
 
 
 class DispatcherClient:
@@ -130,6 +144,78 @@ class DispatcherClient:
         return await self._worker_call(
             "/internal/task-complete", body, CompleteResponse, until, span="complete"
         )
+
+    async def claim_batch(
+        self, task_ids: list[UUID], worker_id: str, *, until: float
+    ) -> list[ClaimAnswer]:
+        """One task-claim-batch call: the answer of each task_id, in order."""
+        body = ClaimBatchRequest(worker_id=worker_id, task_ids=task_ids)
+        path = "/internal/task-claim-batch"
+        response = await self._post(path, body, until=until, span="claim_batch")
+        answer = self._parse_ok(response, ClaimBatchResponse, path)
+        claimed = {each.task.task_id: each for each in answer.claimed}
+        reasons: dict[UUID, list[NotClaimedResponse]] = {}
+        for item in answer.not_claimed:
+            reasons.setdefault(item.task_id, []).append(NotClaimedResponse(reason=item.reason))
+        answers: list[ClaimAnswer] = []
+        for task_id in task_ids:  # each task_id named gets its answer, in order
+            if task_id in claimed:
+                answers.append(claimed.pop(task_id))
+            elif reasons.get(task_id):
+                answers.append(reasons[task_id].pop(0))
+            else:
+                raise _unexpected(response, f"{path}: no answer for task {task_id}")
+        if claimed or any(reasons.values()):
+            raise _unexpected(response, f"{path}: answers for tasks not named")
+        return answers
+
+    async def claim_next(
+        self, queue: str, worker_id: str, limit: int, *, until: float
+    ) -> list[ClaimedResponse]:
+        """One task-claim-next call: up to `limit` Queued tasks of `queue`, now claimed."""
+        body = ClaimNextRequest(worker_id=worker_id, queue=queue, max=limit)
+        path = "/internal/task-claim-next"
+        response = await self._post(path, body, until=until, span="claim_next")
+        answer = self._parse_ok(response, ClaimNextResponse, path)
+        if len(answer.claimed) > limit:
+            raise _unexpected(response, f"{path}: {len(answer.claimed)} tasks for max {limit}")
+        return list(answer.claimed)
+
+    async def complete_batch(
+        self, bodies: list[CompleteRequest], *, until: float
+    ) -> list[CompleteResult]:
+        """One task-complete-batch call: each completion's answer, as `complete` would give it."""
+        path = "/internal/task-complete-batch"
+        body = CompleteBatchRequest(completions=bodies)
+        response = await self._post(path, body, until=until, span="complete_batch")
+        answer = self._parse_ok(response, CompleteBatchResponse, path)
+        if [result.task_id for result in answer.results] != [each.task_id for each in bodies]:
+            raise _unexpected(response, f"{path}: the results do not match the completions")
+        results: list[CompleteResult] = []
+        for result in answer.results:
+            item = result.body
+            if result.status_code == 200 and isinstance(item, CompleteResponse):
+                results.append(item)
+            elif result.status_code in (404, 409) and isinstance(item, RejectedResponse):
+                results.append(Rejection(item.reason, item.message))
+            else:
+                excerpt = item.model_dump_json()[:_BODY_EXCERPT]
+                results.append(
+                    DispatcherProtocolError(
+                        f"{path}: HTTP {result.status_code} for task {result.task_id}: {excerpt}",
+                        status_code=result.status_code,
+                        body=excerpt,
+                    )
+                )
+        return results
+
+    def _parse_ok(self, response: httpx.Response, answer: type[ModelT], path: str) -> ModelT:
+        if response.status_code != 200:
+            raise _unexpected(response)
+        try:
+            return answer.model_validate_json(response.content)
+        except ValidationError as exc:
+            raise _unexpected(response, f"unexpected answer from {path}") from exc
 
     async def _worker_call(
         self, path: str, body: BaseModel, answer: type[ModelT], until: float, *, span: str

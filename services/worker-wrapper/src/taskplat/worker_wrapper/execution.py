@@ -9,7 +9,12 @@ Invariants:
     (200), or rejected it as stale (409/404); a call that could not be made in time leaves the
     message for SQS to redeliver (the lease expires and the reaper retries the task).
   * Each wake-up with a valid body is one CONSUMER span `task.attempt` whose parent is the trace
-    context of the SQS message; the claim, the operator run and the completion are its children.
+    context of the SQS message; the claim, the operator run and the completion are its children
+    (a claim made in a batch call is that call's span, not a child).
+  * A delivery that is part of a `ClaimGroup` asks the group for its claim or withdraws from it,
+    exactly once, whatever happens.
+  * A task claimed ahead (`run_claimed`, no SQS message) runs and reports exactly like a claimed
+    wake-up; it has no message to extend or delete. Its span `task.attempt` starts a new trace.
   * While a delivery is handled, `worker_id`, `queue`, `task_id` (then `attempt`, `operator`) are
     bound to every log line; each transition is one event: `task_claimed`, `operator_started`,
     `operator_killed`, `task_completed`/`task_failed`/`task_canceled`, `message_deleted`.
@@ -18,18 +23,21 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import structlog
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from pydantic import ValidationError
 
-from taskplat.common.contracts import NotClaimedResponse, WakeUpMessage
+from taskplat.common.contracts import ClaimedResponse, NotClaimedResponse, WakeUpMessage
 from taskplat.common.logging import get_logger
 from taskplat.common.telemetry import extract
 from taskplat.worker_wrapper.attempt import RunningTask
+from taskplat.worker_wrapper.batching import ClaimGroup, CompletionBatcher
 from taskplat.worker_wrapper.dispatcher_client import (
+    ClaimAnswer,
     DispatcherClient,
     DispatcherProtocolError,
     DispatcherUnavailable,
@@ -38,6 +46,8 @@ from taskplat.worker_wrapper.intake import Delivery, SqsIntake
 from taskplat.worker_wrapper.observability import WrapperTelemetry
 from taskplat.worker_wrapper.operators import OperatorSpec, summarize
 from taskplat.worker_wrapper.outcomes import Abort, OperatorRunner
+
+Claimer = Callable[[uuid.UUID, float], Awaitable[ClaimAnswer]]
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,8 @@ class ExecutionSettings:
     visibility_extension_seconds: float
     retry_base_seconds: float
     retry_max_seconds: float
+    batch_calls: bool = False
+    parallel_calls: int = 4
 
 
 class TaskExecutor:
@@ -68,8 +80,58 @@ class TaskExecutor:
         self.specs = specs
         self.settings = settings
         self.telemetry = telemetry or WrapperTelemetry()
+        self.completions = CompletionBatcher(
+            client, parallel=settings.parallel_calls, enabled=settings.batch_calls
+        )
+        self._claims_in_flight = 0
+        self.claims_settled = asyncio.Event()  # set while no claim of a wake-up is in flight
+        self.claims_settled.set()
 
-    async def handle(self, delivery: Delivery, abort: Abort) -> None:
+    async def handle(
+        self, delivery: Delivery, abort: Abort, group: ClaimGroup | None = None
+    ) -> None:
+        asked = False
+
+        async def claim(task_id: uuid.UUID, until: float) -> ClaimAnswer:
+            nonlocal asked
+            asked = True
+            self._claims_in_flight += 1
+            self.claims_settled.clear()
+            try:
+                if group is None:
+                    return await self.client.claim(task_id, self.settings.worker_id, until=until)
+                return await group.claim(task_id, until=until)
+            finally:
+                self._claims_in_flight -= 1
+                if self._claims_in_flight == 0:
+                    self.claims_settled.set()
+
+        try:
+            await self._handle(delivery, abort, claim)
+        finally:
+            if group is not None and not asked:
+                group.withdraw()
+
+    async def run_claimed(self, claimed: ClaimedResponse, abort: Abort) -> None:
+        """Run a task claimed ahead (no SQS message)."""
+        bound = {"worker_id": self.settings.worker_id, "queue": self.telemetry.queue}
+        task = claimed.task
+        attributes: dict[str, str | int] = {
+            "taskplat.task_id": str(task.task_id),
+            "taskplat.claim": "ahead",
+            "taskplat.attempt": claimed.attempt,
+            "taskplat.operator": task.operator,
+        }
+        with (
+            structlog.contextvars.bound_contextvars(**bound, task_id=str(task.task_id)),
+            self.telemetry.tracer.start_as_current_span(
+                "task.attempt", kind=SpanKind.CONSUMER, attributes=attributes
+            ) as span,
+        ):
+            self.telemetry.claim("Claimed")
+            await self._run(claimed, None, abort, span)
+
+    async def _handle(self, delivery: Delivery, abort: Abort, claim: Claimer) -> None:
         bound = {"worker_id": self.settings.worker_id, "queue": self.telemetry.queue}
         with structlog.contextvars.bound_contextvars(**bound):
             try:
@@ -97,10 +159,10 @@ class TaskExecutor:
                     attributes=attributes,
                 ) as span,
             ):
-                await self._claim_and_run(wake, delivery, abort, span)
+                await self._claim_and_run(wake, delivery, abort, span, claim)
 
     async def _claim_and_run(
-        self, wake: WakeUpMessage, delivery: Delivery, abort: Abort, span: Span
+        self, wake: WakeUpMessage, delivery: Delivery, abort: Abort, span: Span, claim: Claimer
     ) -> None:
         log = get_logger()
         if abort.is_set:  # stopped before it was claimed: hand the message back
@@ -110,7 +172,7 @@ class TaskExecutor:
         loop = asyncio.get_running_loop()
         until = loop.time() + self.settings.claim_retry_seconds
         try:
-            answer = await self.client.claim(wake.task_id, self.settings.worker_id, until=until)
+            answer = await claim(wake.task_id, until)
         except (DispatcherUnavailable, DispatcherProtocolError) as exc:
             log.error("claim_failed_message_left", error=str(exc))
             span.set_status(Status(StatusCode.ERROR, "claim failed"))
@@ -122,17 +184,22 @@ class TaskExecutor:
             await self.intake.delete(delivery, "not_claimed", reason=answer.reason)
             return
         self.telemetry.claim("Claimed")
-        task = answer.task
         span.set_attribute("taskplat.attempt", answer.attempt)
-        span.set_attribute("taskplat.operator", task.operator)
+        span.set_attribute("taskplat.operator", answer.task.operator)
+        await self._run(answer, delivery, abort, span)
+
+    async def _run(
+        self, answer: ClaimedResponse, delivery: Delivery | None, abort: Abort, span: Span
+    ) -> None:
+        task = answer.task
         with structlog.contextvars.bound_contextvars(
             attempt=answer.attempt, operator=task.operator, queue=task.queue
         ):
-            log.info(
+            get_logger().info(
                 "task_claimed",
                 lease_expires_at=answer.lease_expires_at.isoformat(),
                 deadline_at=task.deadline_at.isoformat() if task.deadline_at else None,
-                message_id=delivery.message_id,
+                message_id=delivery.message_id if delivery is not None else None,
             )
             outcome = await RunningTask(self, delivery, answer, abort).run()
         span.set_attribute("taskplat.result", outcome)

@@ -7,11 +7,15 @@ Invariants:
     explicitly, so the wrapper's extension schedule does not depend on the queue's default.
   * `delete`, `extend` and `release` never raise: a failure is logged and reported as False; an
     undeleted message only comes back later, and a claim then answers NotClaimed.
+  * With batching on, a deletion is sent at once while fewer than `parallel_deletes` deletion
+    requests are in flight; deletions asked for meanwhile go together in one DeleteMessageBatch
+    (10 at most) when one returns. Each message's outcome is its own entry's.
   * The queue URL is resolved on first use and cached; an error forgets it, so a queue created
     after the wrapper started is found.
   * A receive asks for every message attribute: the W3C trace context (`traceparent`,
     `tracestate` String attributes) travels there; nothing else of them is used.
-  * Every message received, every message deleted (with why) and every failed SQS call is counted;
+  * Every SQS request (by op), every message received, every message deleted (with why) and
+    every failed SQS call is counted;
     each deletion is logged as `message_deleted` with its why.
 """
 
@@ -31,6 +35,7 @@ from taskplat.worker_wrapper.observability import DeleteWhy, SqsOp, WrapperTelem
 
 if TYPE_CHECKING:
     from types_boto3_sqs.client import SQSClient
+    from types_boto3_sqs.type_defs import DeleteMessageBatchRequestEntryTypeDef
 
 T = TypeVar("T")
 SQS_MAX_BATCH = 10
@@ -58,6 +63,8 @@ class SqsIntake:
         visibility_timeout_seconds: int,
         threads: int = 8,
         telemetry: WrapperTelemetry | None = None,
+        batch_deletes: bool = False,
+        parallel_deletes: int = 1,
     ) -> None:
         self._client = client
         self.queue_name = queue_name
@@ -66,6 +73,11 @@ class SqsIntake:
         self._visibility = visibility_timeout_seconds
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sqs")
         self._telemetry = telemetry or WrapperTelemetry()
+        self._batch_deletes = batch_deletes
+        self._parallel_deletes = max(1, parallel_deletes)
+        self._deletes_in_flight = 0
+        self._waiting_deletes: list[_Deletion] = []
+        self._delete_sends: set[asyncio.Future[None]] = set()
 
     async def _call(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
@@ -78,6 +90,7 @@ class SqsIntake:
         count = max(1, min(max_messages, SQS_MAX_BATCH))
 
         def call() -> list[Delivery]:
+            self._telemetry.sqs_request("receive")
             try:
                 answer = self._client.receive_message(
                     QueueUrl=self._url(),
@@ -102,7 +115,25 @@ class SqsIntake:
 
     async def delete(self, delivery: Delivery, why: DeleteWhy, **fields: object) -> bool:
         """Delete the message; log `message_deleted` (with `fields`) and count it by `why`."""
-        deleted = await self._quietly(
+        if self._batch_deletes and self._deletes_in_flight >= self._parallel_deletes:
+            future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            self._waiting_deletes.append(_Deletion(delivery, future))
+            deleted = await future
+        else:
+            self._deletes_in_flight += 1
+            try:
+                deleted = await self._delete_one(delivery)
+            finally:
+                self._deletes_in_flight -= 1
+                self._flush_deletes()
+        if deleted:
+            self._telemetry.deleted(why)
+            get_logger().info("message_deleted", why=why, message_id=delivery.message_id, **fields)
+        return deleted
+
+    async def _delete_one(self, delivery: Delivery) -> bool:
+        self._telemetry.sqs_request("delete")
+        return await self._quietly(
             "sqs_delete_failed",
             "delete",
             delivery,
@@ -110,10 +141,62 @@ class SqsIntake:
                 QueueUrl=self._url(), ReceiptHandle=delivery.receipt_handle
             ),
         )
-        if deleted:
-            self._telemetry.deleted(why)
-            get_logger().info("message_deleted", why=why, message_id=delivery.message_id, **fields)
-        return deleted
+
+    def _flush_deletes(self) -> None:
+        self._waiting_deletes = [each for each in self._waiting_deletes if not each.future.done()]
+        while self._waiting_deletes and self._deletes_in_flight < self._parallel_deletes:
+            batch = self._waiting_deletes[:SQS_MAX_BATCH]
+            self._waiting_deletes = self._waiting_deletes[SQS_MAX_BATCH:]
+            self._deletes_in_flight += 1
+            send = asyncio.ensure_future(self._send_deletes(batch))
+            self._delete_sends.add(send)
+            send.add_done_callback(self._delete_sends.discard)
+
+    async def _send_deletes(self, batch: list[_Deletion]) -> None:
+        try:
+            if len(batch) == 1:
+                outcomes = [await self._delete_one(batch[0].delivery)]
+            else:
+                outcomes = await self._delete_batch([each.delivery for each in batch])
+            for each, deleted in zip(batch, outcomes, strict=True):
+                if not each.future.done():
+                    each.future.set_result(deleted)
+        finally:
+            self._deletes_in_flight -= 1
+            self._flush_deletes()
+
+    async def _delete_batch(self, deliveries: list[Delivery]) -> list[bool]:
+        """One DeleteMessageBatch; whether each message was deleted (failures logged, counted)."""
+        entries: list[DeleteMessageBatchRequestEntryTypeDef] = [
+            {"Id": str(index), "ReceiptHandle": delivery.receipt_handle}
+            for index, delivery in enumerate(deliveries)
+        ]
+        self._telemetry.sqs_request("delete_batch")
+        try:
+            answer = await self._call(
+                lambda: self._client.delete_message_batch(
+                    QueueUrl=self._url(),
+                    Entries=entries,
+                )
+            )
+        except (BotoCoreError, ClientError) as exc:
+            for delivery in deliveries:
+                self._telemetry.sqs_error("delete")
+                get_logger().warning(
+                    "sqs_delete_failed", message_id=delivery.message_id, error=str(exc)
+                )
+            return [False] * len(deliveries)
+        deleted = {entry["Id"] for entry in answer.get("Successful", [])}
+        failures = {entry["Id"]: entry for entry in answer.get("Failed", [])}
+        for index, delivery in enumerate(deliveries):
+            if str(index) not in deleted:
+                self._telemetry.sqs_error("delete")
+                failure = failures.get(str(index))
+                error = (failure.get("Message") or failure["Code"]) if failure else "not deleted"
+                get_logger().warning(
+                    "sqs_delete_failed", message_id=delivery.message_id, error=str(error)
+                )
+        return [str(index) in deleted for index in range(len(deliveries))]
 
     async def extend(self, delivery: Delivery) -> bool:
         """Renew the message's visibility timeout (it stays hidden while the task runs)."""
@@ -124,6 +207,7 @@ class SqsIntake:
         return await self._set_visibility(delivery, 0)
 
     async def _set_visibility(self, delivery: Delivery, seconds: int) -> bool:
+        self._telemetry.sqs_request("change_visibility")
         return await self._quietly(
             "sqs_visibility_failed",
             "change_visibility",
@@ -149,6 +233,12 @@ class SqsIntake:
     def close(self) -> None:
         """Stop the thread pool (a receive in flight finishes its long poll in the background)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass
+class _Deletion:
+    delivery: Delivery
+    future: asyncio.Future[bool] = field(repr=False)
 
 
 def _delivery(message: Any) -> Delivery:

@@ -29,6 +29,7 @@ SERVICE = "worker-wrapper"
 
 DeleteWhy = Literal["not_claimed", "completed", "rejected", "poison"]
 SqsOp = Literal["receive", "delete", "change_visibility"]
+SqsRequest = Literal["receive", "delete", "delete_batch", "change_visibility"]
 TaskOutcome = Literal["Completed", "Failed", "Canceled", "Stopped"]
 KillReason = Literal["deadline", "canceled", "lease_lost", "draining", "flood", "protocol_error"]
 
@@ -53,6 +54,10 @@ class WrapperTelemetry:
         self._deleted = counter(
             "taskplat.sqs.deleted",
             "SQS messages deleted, by why: not_claimed, completed, rejected, poison.",
+        )
+        self._sqs_requests = counter(
+            "taskplat.sqs.requests",
+            "SQS API requests made, by op: receive, delete, delete_batch, change_visibility.",
         )
         self._sqs_errors = counter(
             "taskplat.sqs.errors", "Failed SQS calls, by op: receive, delete, change_visibility."
@@ -101,6 +106,9 @@ class WrapperTelemetry:
 
     def deleted(self, why: DeleteWhy) -> None:
         self._deleted.add(1, {"queue": self.queue, "why": why})
+
+    def sqs_request(self, op: SqsRequest) -> None:
+        self._sqs_requests.add(1, {"queue": self.queue, "op": op})
 
     def sqs_error(self, op: SqsOp) -> None:
         self._sqs_errors.add(1, {"queue": self.queue, "op": op})

@@ -143,6 +143,26 @@ class WrapperSettings(
         "least this long.",
     )
 
+    claim_ahead: bool = Field(
+        True,
+        description="Under a backlog (a receive came back full), claim further Queued tasks of "
+        "the queue straight from the dispatcher (`task-claim-next`) while slots are free, "
+        "instead of waiting for their wake-ups; an idle wrapper still long-polls SQS.",
+    )
+    batch_calls: bool = Field(
+        True,
+        description="Batch dispatcher and SQS calls under load: the claims of one receive "
+        "(`task-claim-batch`), completions (`task-complete-batch`) and message deletions "
+        "(DeleteMessageBatch), up to 10 per call.",
+    )
+    parallel_calls: int = Field(
+        4,
+        ge=1,
+        le=10,
+        description="Claims of one receive, completion calls and deletions in flight at once "
+        "that go as single calls; beyond this they are batched (with `batch_calls`).",
+    )
+
     @model_validator(mode="after")
     def _coherent(self) -> Self:
         if self.visibility_extension_seconds >= self.visibility_timeout_seconds:

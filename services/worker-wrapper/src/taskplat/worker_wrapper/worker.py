@@ -1,8 +1,18 @@
 """The wrapper's main loop: receive wake-ups while slots are free, run them, drain on stop.
 
 Invariants:
-  * At most `concurrency` deliveries are handled at once; a receive asks for no more messages
-    than there are free slots (and at most 10).
+  * At most `concurrency` deliveries and tasks claimed ahead are handled at once; a receive asks
+    for no more messages than there are free slots (and at most 10).
+  * The deliveries of one receive claim with one batch call when there are more of them than
+    `parallel_calls` (with `batch_calls`), else with one claim call each.
+  * Claim-ahead (`claim_ahead`) is only an accelerator under a backlog: after a receive for two or
+    more messages came back full, free slots are filled with `task-claim-next` (oldest Queued
+    tasks of the queue; the loop waits at most `CLAIM_AHEAD_GATHER_SECONDS` for half the slots to
+    be free, so one call fills several) for as long as it comes back full; then the wrapper
+    long-polls SQS again. A claim-next waits until every claim of a received wake-up was
+    answered, so it never takes a task whose own wake-up this wrapper is claiming. An idle
+    wrapper always long-polls, so the wake-up guarantee does not depend on claim-ahead. A failed
+    claim-next is logged and only ends the backlog.
   * A failing receive (SQS down, queue missing) is logged and retried with backoff; the loop never
     dies of an error, and the handling of one delivery never breaks another.
   * On stop: no new receive starts; running tasks get `drain_timeout_seconds` to finish; the rest
@@ -19,15 +29,22 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from taskplat.common.backoff import full_jitter_delay
+from taskplat.common.contracts import ClaimedResponse
+from taskplat.common.contracts.internal import MAX_BATCH
 from taskplat.common.logging import get_logger
 from taskplat.common.sqs import sqs_client, sqs_queue_name
 from taskplat.common.telemetry import Telemetry
-from taskplat.worker_wrapper.dispatcher_client import DispatcherClient
+from taskplat.worker_wrapper.batching import ClaimGroup
+from taskplat.worker_wrapper.dispatcher_client import (
+    DispatcherClient,
+    DispatcherProtocolError,
+    DispatcherUnavailable,
+)
 from taskplat.worker_wrapper.execution import ExecutionSettings, TaskExecutor
 from taskplat.worker_wrapper.intake import Delivery, SqsIntake
 from taskplat.worker_wrapper.observability import IntakeHealth, WrapperTelemetry
@@ -39,6 +56,9 @@ from taskplat.worker_wrapper.racing import cancel_and_wait
 from taskplat.worker_wrapper.runner import RunnerLimits
 from taskplat.worker_wrapper.settings import WrapperSettings
 
+# Under a backlog, how long the loop may wait for more slots to free up before one claim-next.
+CLAIM_AHEAD_GATHER_SECONDS = 0.02
+
 
 @dataclass(frozen=True)
 class DrainSettings:
@@ -46,6 +66,14 @@ class DrainSettings:
     report_timeout_seconds: float
     kill_grace_seconds: float
     receive_wait_seconds: float
+
+
+@dataclass(frozen=True)
+class IntakeSettings:
+    claim_ahead: bool = False
+    batch_calls: bool = False
+    parallel_calls: int = 4
+    claim_next_timeout_seconds: float = 10.0
 
 
 class WorkerWrapper:
@@ -59,6 +87,7 @@ class WorkerWrapper:
         drain: DrainSettings,
         retry_base_seconds: float,
         retry_max_seconds: float,
+        intake_settings: IntakeSettings | None = None,
     ) -> None:
         self.intake = intake
         self.executor = executor
@@ -68,6 +97,8 @@ class WorkerWrapper:
         self._retry_base = retry_base_seconds
         self._retry_max = retry_max_seconds
         self._running: dict[asyncio.Future[None], Abort] = {}
+        self._settings = intake_settings or IntakeSettings()
+        self._backlog = False
         self.health = IntakeHealth()
         self.log = get_logger()
 
@@ -97,7 +128,12 @@ class WorkerWrapper:
                     if not done:  # saturated, yet the loop turns: that is progress
                         self.health.polled()
                     continue
-                receive = asyncio.ensure_future(self.intake.receive(free))
+                if self._backlog:
+                    free = await self._gather_free_slots(free, stop_wait)
+                    if await self._claim_ahead(free):
+                        continue
+                wanted = min(free, MAX_BATCH)
+                receive = asyncio.ensure_future(self.intake.receive(wanted))
                 await asyncio.wait({receive, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
                 if not receive.done():
                     abandoned = receive
@@ -113,8 +149,10 @@ class WorkerWrapper:
                     continue
                 self.health.polled()
                 failures = 0
-                for delivery in deliveries:
-                    self._start(delivery)
+                self._start_all(deliveries)
+                # A backlog: a receive for two or more messages came back full.
+                full = len(deliveries) >= max(wanted, 2)
+                self._backlog = self._settings.claim_ahead and full
         finally:
             self.health.draining = True
             stop_wait.cancel()
@@ -122,17 +160,77 @@ class WorkerWrapper:
             await asyncio.gather(self._drain(), self._hand_back(abandoned))
             self.log.info("worker_wrapper_stopped")
 
-    def _start(self, delivery: Delivery) -> None:
+    def _start_all(self, deliveries: list[Delivery]) -> None:
+        group = None
+        if self._settings.batch_calls and len(deliveries) > self._settings.parallel_calls:
+            group = ClaimGroup(
+                self.executor.client, self.executor.settings.worker_id, len(deliveries)
+            )
+        for delivery in deliveries:
+            self._track(self._handle(delivery, group))
+
+    def _track(self, work: Callable[[Abort], Awaitable[None]]) -> None:
         abort = Abort()
-        task = asyncio.ensure_future(self._handle(delivery, abort))
+        task = asyncio.ensure_future(work(abort))
         self._running[task] = abort
         task.add_done_callback(lambda done: self._running.pop(done, None))
 
-    async def _handle(self, delivery: Delivery, abort: Abort) -> None:
+    def _handle(
+        self, delivery: Delivery, group: ClaimGroup | None
+    ) -> Callable[[Abort], Awaitable[None]]:
+        async def handle(abort: Abort) -> None:
+            try:
+                await self.executor.handle(delivery, abort, group)
+            except Exception:
+                self.log.exception("delivery_handling_failed", message_id=delivery.message_id)
+
+        return handle
+
+    def _run_claimed(self, claimed: ClaimedResponse) -> Callable[[Abort], Awaitable[None]]:
+        async def run(abort: Abort) -> None:
+            try:
+                await self.executor.run_claimed(claimed, abort)
+            except Exception:
+                self.log.exception(
+                    "claimed_task_handling_failed", task_id=str(claimed.task.task_id)
+                )
+
+        return run
+
+    async def _gather_free_slots(self, free: int, stop_wait: asyncio.Future[Any]) -> int:
+        """Under a backlog, let a few more running tasks finish (a short, bounded wait) so one
+        claim-next call fills several slots; the free slots then."""
+        enough = min(MAX_BATCH, max(1, self.concurrency // 2))
+        if free >= enough or not self._running:
+            return free
+        loop = asyncio.get_running_loop()
+        until = loop.time() + CLAIM_AHEAD_GATHER_SECONDS
+        while free < enough and self._running and not stop_wait.done():
+            left = until - loop.time()
+            if left <= 0:
+                break
+            await asyncio.wait(
+                {stop_wait, *self._running}, timeout=left, return_when=asyncio.FIRST_COMPLETED
+            )
+            free = self.concurrency - len(self._running)
+        return free
+
+    async def _claim_ahead(self, free: int) -> bool:
+        """Fill free slots from the dispatcher; False when that claimed nothing."""
+        await self.executor.claims_settled.wait()
+        limit = min(free, MAX_BATCH)
+        until = asyncio.get_running_loop().time() + self._settings.claim_next_timeout_seconds
         try:
-            await self.executor.handle(delivery, abort)
-        except Exception:
-            self.log.exception("delivery_handling_failed", message_id=delivery.message_id)
+            claimed = await self.executor.client.claim_next(
+                self.executor.telemetry.queue, self.executor.settings.worker_id, limit, until=until
+            )
+        except (DispatcherUnavailable, DispatcherProtocolError) as exc:
+            self.log.warning("claim_ahead_failed", error=str(exc))
+            claimed = []
+        for each in claimed:
+            self._track(self._run_claimed(each))
+        self._backlog = len(claimed) >= limit
+        return bool(claimed)
 
     async def _drain(self) -> None:
         if not self._running:
@@ -205,6 +303,8 @@ def build_wrapper(
         visibility_timeout_seconds=settings.visibility_timeout_seconds,
         threads=settings.concurrency + 2,
         telemetry=instruments,
+        batch_deletes=settings.batch_calls,
+        parallel_deletes=settings.parallel_calls,
     )
     executor = TaskExecutor(
         client,
@@ -220,6 +320,8 @@ def build_wrapper(
             visibility_extension_seconds=settings.visibility_extension_seconds,
             retry_base_seconds=settings.retry_base_seconds,
             retry_max_seconds=settings.retry_max_seconds,
+            batch_calls=settings.batch_calls,
+            parallel_calls=settings.parallel_calls,
         ),
         instruments,
     )
@@ -236,4 +338,10 @@ def build_wrapper(
         ),
         retry_base_seconds=settings.retry_base_seconds,
         retry_max_seconds=settings.retry_max_seconds,
+        intake_settings=IntakeSettings(
+            claim_ahead=settings.claim_ahead,
+            batch_calls=settings.batch_calls,
+            parallel_calls=settings.parallel_calls,
+            claim_next_timeout_seconds=settings.http_timeout_seconds,
+        ),
     )

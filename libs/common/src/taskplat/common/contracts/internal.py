@@ -4,6 +4,10 @@ Invariants: a worker call names `(task_id, attempt)` and, for heartbeat and comp
 `lease_token`; `/internal/events` takes the token optionally (the wrapper always sends it). An event
 names its position in a dataset version by `cursor` or by a partition (`partition_key`, `start`,
 `end`), never both. Outputs are unique per `output_index` within one completion.
+
+The batch routes (`task-claim-batch`, `task-complete-batch`, `task-claim-next`) carry at most
+`MAX_BATCH` items; every item named gets an answer with exactly the meaning of the single-task
+route's (a completion's result carries the HTTP status and body `task-complete` would answer).
 """
 
 from __future__ import annotations
@@ -20,13 +24,16 @@ from taskplat.common.contracts.base import (
     Int64,
     JsonArray,
     JsonObject,
+    QueueName,
     WorkerId,
 )
-from taskplat.common.contracts.public import JobRef, TaskStatus
+from taskplat.common.contracts.public import ErrorResponse, JobRef, TaskStatus
 
 CompletionStatus = Literal["Completed", "Failed", "Canceled"]
 NotClaimedReason = Literal["AlreadyRunning", "Completed", "Canceled", "NotFound", "NotQueued"]
 RejectReason = Literal["StaleAttempt", "StaleLease", "NotRunning", "Canceled", "NotFound"]
+
+MAX_BATCH = 10  # items of one batch call (the SQS batch size)
 
 Attempt = Annotated[int, Field(ge=1, le=1_000_000)]
 ErrorMessage = Annotated[str, Field(max_length=16_384, pattern=NO_NUL)]
@@ -163,3 +170,62 @@ class RejectedResponse(Contract):
     status: Literal["Rejected"] = "Rejected"
     reason: RejectReason
     message: str | None = None
+
+
+class ClaimBatchRequest(Contract):
+    """`POST /internal/task-claim-batch`: the claims of several wake-ups in one call."""
+
+    worker_id: WorkerId
+    task_ids: Annotated[list[UUID], Field(min_length=1, max_length=MAX_BATCH)]
+
+
+class NotClaimedItem(Contract):
+    task_id: UUID
+    reason: NotClaimedReason
+
+
+class ClaimBatchResponse(Contract):
+    claimed: list[ClaimedResponse] = Field(
+        description="The tasks claimed, in the order they were named."
+    )
+    not_claimed: list[NotClaimedItem] = Field(
+        description="Why each other task_id was not claimed, in the order named (a task_id named "
+        "twice in one call is claimed at most once: its later occurrences are here, "
+        "AlreadyRunning)."
+    )
+
+
+class ClaimNextRequest(Contract):
+    """`POST /internal/task-claim-next`: claim up to `max` Queued tasks of `queue`, oldest first."""
+
+    worker_id: WorkerId
+    queue: QueueName
+    max: Annotated[int, Field(ge=1, le=MAX_BATCH)]
+
+
+class ClaimNextResponse(Contract):
+    claimed: list[ClaimedResponse] = Field(
+        description="The tasks claimed (none when no Queued task of the queue was free)."
+    )
+
+
+class CompleteBatchRequest(Contract):
+    """`POST /internal/task-complete-batch`: several completions, each its own transition."""
+
+    completions: Annotated[list[CompleteRequest], Field(min_length=1, max_length=MAX_BATCH)]
+
+
+class CompleteBatchResult(Contract):
+    task_id: UUID
+    status_code: Literal[200, 404, 409, 422] = Field(
+        description="The HTTP status `task-complete` would answer for this completion alone."
+    )
+    body: CompleteResponse | RejectedResponse | ErrorResponse = Field(
+        description="The body `task-complete` would answer for this completion alone."
+    )
+
+
+class CompleteBatchResponse(Contract):
+    results: list[CompleteBatchResult] = Field(
+        description="One result per completion, in the order given."
+    )

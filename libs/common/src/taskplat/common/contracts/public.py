@@ -1,7 +1,8 @@
 """Contracts of the public task API (`/tasks`).
 
 Invariants: `max_attempts` is 1-100; timestamps carry a time zone; a task view always lists its
-attempts oldest first and its outputs by `output_index`.
+attempts oldest first and its outputs by `output_index`. A bulk create (`POST /tasks/batch`) holds
+at most 500 tasks and answers one result per task, in the order given.
 """
 
 from __future__ import annotations
@@ -125,3 +126,23 @@ class ErrorResponse(Contract):
     error: str = Field(description="Stable snake_case error code.")
     message: str
     detail: Any = None
+
+
+MAX_TASKS_PER_BATCH = 500
+
+
+class CreateTasksRequest(Contract):
+    """`POST /tasks/batch`: several tasks created in one transaction."""
+
+    tasks: Annotated[list[CreateTaskRequest], Field(min_length=1, max_length=MAX_TASKS_PER_BATCH)]
+
+
+class CreatedTask(Contract):
+    created: bool = Field(
+        description="False when a task with this idempotency_key already existed (it is returned)."
+    )
+    task: TaskView
+
+
+class CreateTasksResponse(Contract):
+    results: list[CreatedTask] = Field(description="One result per task, in the order given.")

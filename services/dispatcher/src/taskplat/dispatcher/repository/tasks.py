@@ -16,7 +16,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
-from taskplat.common.contracts import Event, Output
+from taskplat.common.contracts import CompleteRequest, Event, Output
 from taskplat.common.db.queries import load_queries
 
 Q = load_queries("taskplat.dispatcher.repository", "tasks.sql")
@@ -174,7 +174,44 @@ async def store_outputs(
         )
 
 
+def completion_params(
+    request: CompleteRequest,
+    *,
+    digest: str,
+    jitter: float,
+    now: datetime | None,
+    trace_context: dict[str, str] | None,
+) -> dict[str, Any]:
+    """The parameters of `complete_running` (and of `complete_late`, which uses a subset)."""
+    return {
+        "task_id": request.task_id,
+        "attempt": request.attempt,
+        "lease_token": request.lease_token,
+        "status": request.status,
+        "result": Jsonb(request.result) if request.result is not None else None,
+        "error_message": request.error_message,
+        "attempt_error": request.error_message if request.status == "Failed" else None,
+        "retry_after_seconds": request.retry_after_seconds,
+        "jitter": jitter,
+        "completion_digest": digest,
+        "trace_context": Jsonb(trace_context) if trace_context else None,
+        "now": now,
+        "events": Jsonb([event.model_dump(mode="json") for event in request.events]),
+        "outputs": Jsonb([output.model_dump(mode="json") for output in request.outputs]),
+    }
+
+
 async def complete_running(conn: Conn, params: dict[str, Any]) -> Row | None:
+    """The current holder's completion with everything it carries, in one statement (committed
+    on return in autocommit mode); None when the guard did not match and nothing was written.
+
+    The statement writes the transition (Failed becomes Dead once the attempt budget is used up,
+    else a retry is scheduled with capped, fully jittered backoff), closes the attempt record
+    with the completion digest, stores the events and (Completed only) the outputs, replacing
+    those of an earlier completion of a replayed task, and for a task that became Dead its
+    dead-letter outbox row and the relay's notification; all of it only if the guard matched.
+    (The SQL stays under psycopg's 4 KiB query cache limit: a longer query is parsed anew on
+    every execution.)"""
     return await _one(conn, "complete_running", params)
 
 

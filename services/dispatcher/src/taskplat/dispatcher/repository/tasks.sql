@@ -176,42 +176,77 @@ SET attempt = EXCLUDED.attempt,
     committed_at = EXCLUDED.committed_at
 
 -- name: complete_running
--- The holder of the current attempt reports its outcome. Failed becomes Dead when the attempt
--- budget is used up, else a retry is scheduled with capped, fully jittered exponential backoff.
-UPDATE tasks AS t
-SET status = CASE
-        WHEN %(status)s = 'Completed' THEN 'Completed'
-        WHEN %(status)s = 'Canceled' THEN 'Canceled'
-        WHEN t.attempt - t.replay_offset >= t.max_attempts THEN 'Dead'
-        ELSE 'Failed'
-    END,
-    attempt_outcome = %(status)s,
-    result = CASE WHEN %(status)s = 'Completed' THEN %(result)s::jsonb ELSE t.result END,
-    last_error = CASE WHEN %(status)s = 'Failed' THEN %(error_message)s ELSE t.last_error END,
-    dead_reason = CASE
-        WHEN %(status)s = 'Failed' AND t.attempt - t.replay_offset >= t.max_attempts
-            THEN 'AttemptsExhausted'
-    END,
-    next_retry_at = CASE
-        WHEN %(status)s = 'Failed' AND t.attempt - t.replay_offset < t.max_attempts
-            THEN n.now + coalesce(
-                make_interval(secs => %(retry_after_seconds)s::double precision),
+-- See tasks.complete_running. Keep it under 4 KiB: psycopg caches only shorter queries.
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+done AS (
+    UPDATE tasks AS t
+    SET status = CASE WHEN %(status)s IN ('Completed', 'Canceled') THEN %(status)s
+            WHEN t.attempt - t.replay_offset >= t.max_attempts THEN 'Dead' ELSE 'Failed' END,
+        attempt_outcome = %(status)s,
+        result = CASE WHEN %(status)s = 'Completed' THEN %(result)s::jsonb ELSE t.result END,
+        last_error = CASE WHEN %(status)s = 'Failed' THEN %(error_message)s ELSE t.last_error END,
+        dead_reason = CASE WHEN %(status)s = 'Failed'
+            AND t.attempt - t.replay_offset >= t.max_attempts THEN 'AttemptsExhausted' END,
+        next_retry_at = CASE WHEN %(status)s = 'Failed'
+            AND t.attempt - t.replay_offset < t.max_attempts
+            THEN n.now + coalesce(make_interval(secs => %(retry_after_seconds)s::float8),
                 taskplat_retry_delay(t.backoff_base_seconds, t.backoff_max_seconds,
-                                     t.attempt - t.replay_offset, %(jitter)s))
-    END,
-    finished_at = CASE
-        WHEN %(status)s = 'Failed' AND t.attempt - t.replay_offset < t.max_attempts THEN NULL
-        ELSE n.now
-    END,
-    lease_expires_at = NULL,
-    updated_at = n.now
-FROM (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS n
-WHERE t.task_id = %(task_id)s
-  AND t.status = 'Running'
-  AND t.attempt = %(attempt)s
-  AND t.lease_token = %(lease_token)s
-RETURNING t.task_id, t.status, t.queue, t.operator, t.attempt, t.worker_id, t.started_at,
-          t.dead_reason, t.next_retry_at, n.now AS ended_at
+                    t.attempt - t.replay_offset, %(jitter)s)) END,
+        finished_at = CASE WHEN %(status)s = 'Failed'
+            AND t.attempt - t.replay_offset < t.max_attempts THEN NULL ELSE n.now END,
+        lease_expires_at = NULL,
+        updated_at = n.now
+    FROM n
+    WHERE t.task_id = %(task_id)s AND t.status = 'Running'
+      AND t.attempt = %(attempt)s AND t.lease_token = %(lease_token)s
+    RETURNING t.task_id, t.status, t.queue, t.operator, t.attempt, t.max_attempts, t.worker_id,
+        t.started_at, t.dead_reason, t.last_error, t.next_retry_at, t.finished_at,
+        n.now AS ended_at
+),
+closed AS (
+    UPDATE task_attempts AS a
+    SET finished_at = d.ended_at, outcome = %(status)s, error = %(attempt_error)s,
+        completion_digest = %(completion_digest)s
+    FROM done AS d
+    WHERE a.task_id = d.task_id AND a.attempt = d.attempt AND a.lease_token = %(lease_token)s
+),
+events AS (
+    INSERT INTO task_events (task_id, attempt, dataset_uuid, dataset_version, "cursor",
+        partition_key, range_start, range_end, created_at)
+    SELECT d.task_id, d.attempt, e.dataset_uuid, e.dataset_version, e.cursor, e.partition_key,
+        e.start, e.end, d.ended_at
+    FROM done AS d, jsonb_to_recordset(%(events)s::jsonb) AS e(
+        dataset_uuid uuid, dataset_version uuid, "cursor" bigint, partition_key text,
+        "start" bigint, "end" bigint)
+    ON CONFLICT (task_id, dataset_uuid, dataset_version, event_key) DO NOTHING
+),
+outputs AS (
+    INSERT INTO task_outputs (task_id, output_index, attempt, dataset_uuid, dataset_version,
+        location, "cursor", row_count, committed_at)
+    SELECT d.task_id, x.output_index, d.attempt, x.dataset_uuid, x.dataset_version, x.location,
+        x.cursor, x.row_count, d.ended_at
+    FROM done AS d, jsonb_to_recordset(%(outputs)s::jsonb) AS x(
+        output_index integer, dataset_uuid uuid, dataset_version uuid, location text,
+        "cursor" bigint, row_count bigint)
+    WHERE d.status = 'Completed'
+    ON CONFLICT (task_id, output_index) DO UPDATE
+    SET (attempt, dataset_uuid, dataset_version, location, "cursor", row_count, committed_at) =
+        (EXCLUDED.attempt, EXCLUDED.dataset_uuid, EXCLUDED.dataset_version, EXCLUDED.location,
+         EXCLUDED."cursor", EXCLUDED.row_count, EXCLUDED.committed_at)
+),
+dead_letter AS (
+    INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at)
+    SELECT 'dead_letter', d.task_id, d.queue,
+           jsonb_build_object('task_id', d.task_id, 'queue', d.queue, 'operator', d.operator,
+               'attempt', d.attempt, 'max_attempts', d.max_attempts, 'dead_reason',
+               d.dead_reason, 'last_error', d.last_error, 'died_at', d.finished_at),
+           %(trace_context)s, d.ended_at, d.ended_at
+    FROM done AS d
+    WHERE d.status = 'Dead'
+    RETURNING queue
+),
+notified AS (SELECT pg_notify('taskplat_outbox', queue) FROM dead_letter)
+SELECT d.*, (SELECT count(*) FROM notified) AS notified FROM done AS d
 
 -- name: complete_late
 -- A late success of the current attempt after its lease or deadline ran out: accepted while no

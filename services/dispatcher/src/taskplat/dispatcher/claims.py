@@ -1,0 +1,115 @@
+"""Claims: `task-claim`, `task-claim-batch` and `task-claim-next`.
+
+Invariants:
+  * A claim is one statement: the Queued -> Running transition with a fresh lease token and the
+    attempt record; it commits on return (autocommit), so a Claimed answer is durable.
+  * A batch claim moves every Queued task it names in one statement (rows locked in task_id
+    order) and classifies all the others with one read taken after it; a task named twice in one
+    batch is claimed at most once (its later occurrences answer NotClaimed AlreadyRunning).
+  * claim-next takes only Queued tasks of the named queue that no one else is claiming (SKIP
+    LOCKED), oldest first, never more than `max`.
+  * Each claim and each NotClaimed answer is recorded after the statement committed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from uuid import UUID, uuid4
+
+from psycopg import AsyncConnection
+from psycopg.rows import DictRow
+from psycopg_pool import AsyncConnectionPool
+
+from taskplat.common.clock import Clock
+from taskplat.common.contracts import (
+    ClaimedResponse,
+    NotClaimedReason,
+    NotClaimedResponse,
+)
+from taskplat.dispatcher.recorder import Recorder
+from taskplat.dispatcher.repository import batch
+from taskplat.dispatcher.repository import tasks as repo
+from taskplat.dispatcher.service_rules import NOT_CLAIMED_REASONS
+from taskplat.dispatcher.settings import DispatcherSettings
+from taskplat.dispatcher.views import claim_task_payload
+
+Conn = AsyncConnection[DictRow]
+Row = dict[str, Any]
+ClaimAnswer = ClaimedResponse | NotClaimedResponse
+
+
+def _claimed(row: Row) -> ClaimedResponse:
+    return ClaimedResponse(
+        attempt=row["attempt"],
+        lease_token=row["lease_token"],
+        lease_expires_at=row["lease_expires_at"],
+        task=claim_task_payload(row),
+    )
+
+
+def _reason(fence: Row | None) -> NotClaimedReason:
+    return "NotFound" if fence is None else NOT_CLAIMED_REASONS.get(fence["status"], "NotQueued")
+
+
+class Claims:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Conn],
+        clock: Clock,
+        settings: DispatcherSettings,
+        recorder: Recorder,
+    ) -> None:
+        self._pool = pool
+        self._clock = clock
+        self._settings = settings
+        self._recorder = recorder
+
+    def _params(self, worker_id: str) -> dict[str, Any]:
+        return {
+            "worker_id": worker_id,
+            "lease_seconds": self._settings.lease_ttl_seconds,
+            "default_timeout_seconds": self._settings.default_timeout_seconds,
+            "now": self._clock.sql_now(),
+        }
+
+    async def claim(self, task_id: UUID, worker_id: str) -> ClaimAnswer:
+        params = {**self._params(worker_id), "task_id": task_id, "lease_token": uuid4()}
+        async with self._pool.connection() as conn:
+            row = await repo.claim_task(conn, params)  # one statement: committed on return
+            if row is not None:
+                self._recorder.task_claimed(row)
+                return _claimed(row)
+            fence = await repo.read_fence(conn, task_id)
+        reason = _reason(fence)
+        self._recorder.claim_not_claimed(task_id, worker_id, reason)
+        return NotClaimedResponse(reason=reason)
+
+    async def claim_batch(self, task_ids: Sequence[UUID], worker_id: str) -> list[ClaimAnswer]:
+        distinct = list(dict.fromkeys(task_ids))
+        async with self._pool.connection() as conn:
+            rows = await batch.claim_tasks(conn, {**self._params(worker_id), "task_ids": distinct})
+            claimed = {row["task_id"]: row for row in rows}
+            others = [task_id for task_id in distinct if task_id not in claimed]
+            fences = await batch.read_fences(conn, others) if others else {}
+        for row in rows:
+            self._recorder.task_claimed(row)
+        answers: list[ClaimAnswer] = []
+        answered: set[UUID] = set()
+        for task_id in task_ids:
+            if task_id in claimed and task_id not in answered:
+                answers.append(_claimed(claimed[task_id]))
+            else:
+                reason = "AlreadyRunning" if task_id in claimed else _reason(fences.get(task_id))
+                self._recorder.claim_not_claimed(task_id, worker_id, reason)
+                answers.append(NotClaimedResponse(reason=reason))
+            answered.add(task_id)
+        return answers
+
+    async def claim_next(self, queue: str, worker_id: str, limit: int) -> list[ClaimedResponse]:
+        params = {**self._params(worker_id), "queue": queue, "max": limit}
+        async with self._pool.connection() as conn:
+            rows = await batch.claim_next(conn, params)  # one statement: committed on return
+        for row in rows:
+            self._recorder.task_claimed(row)
+        return [_claimed(row) for row in rows]

@@ -1,0 +1,148 @@
+"""Creating tasks: the values of a new task, and `POST /tasks/batch`.
+
+Invariants:
+  * Every task of a bulk create is validated before anything is written; the tasks, the outbox
+    rows of the Queued ones and one relay notification per queue commit in one transaction.
+  * An idempotency key already taken (by an earlier task or an earlier item of the same batch)
+    creates nothing: its result is the existing task with `created: false`.
+  * Unset fields take the operator's defaults, then the global defaults.
+  * Creations are recorded only after the transaction committed; the views answered are read
+    after it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID, uuid4
+
+from psycopg import AsyncConnection
+from psycopg.rows import DictRow
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from taskplat.common.clock import Clock
+from taskplat.common.contracts import CreateTaskRequest, TaskView
+from taskplat.common.errors import Conflict, ValidationFailed
+from taskplat.common.telemetry import inject
+from taskplat.dispatcher.recorder import Recorder
+from taskplat.dispatcher.repository import batch
+from taskplat.dispatcher.settings import DispatcherSettings, OperatorDefaults
+from taskplat.dispatcher.views import task_view
+
+Conn = AsyncConnection[DictRow]
+
+
+def _first(*values: Any) -> Any:
+    return next(value for value in values if value is not None)
+
+
+def check_times(request: CreateTaskRequest, loc: list[str | int]) -> None:
+    if (
+        request.scheduled_for is not None
+        and request.expires_at is not None
+        and request.expires_at <= request.scheduled_for
+    ):
+        raise ValidationFailed(
+            "expires_at must be after scheduled_for",
+            detail=[{"loc": [*loc, "expires_at"], "msg": "must be after scheduled_for"}],
+        )
+
+
+def task_values(request: CreateTaskRequest, settings: DispatcherSettings) -> dict[str, Any]:
+    """The column values of a new task (its id included), defaults applied."""
+    defaults = settings.operator_defaults.get(request.operator, OperatorDefaults())
+    return {
+        "task_id": uuid4(),
+        "queue": request.queue,
+        "operator": request.operator,
+        "job": Jsonb(request.job.model_dump()) if request.job else None,
+        "config": Jsonb(request.config),
+        "inputs": Jsonb(request.inputs),
+        "max_attempts": _first(
+            request.max_attempts, defaults.max_attempts, settings.default_max_attempts
+        ),
+        "backoff_base_seconds": _first(
+            request.backoff_base_seconds,
+            defaults.backoff_base_seconds,
+            settings.default_backoff_base_seconds,
+        ),
+        "backoff_max_seconds": _first(
+            request.backoff_max_seconds,
+            defaults.backoff_max_seconds,
+            settings.default_backoff_max_seconds,
+        ),
+        "timeout_seconds": request.timeout_seconds or defaults.timeout_seconds,
+        "scheduled_for": request.scheduled_for,
+        "expires_at": request.expires_at,
+        "idempotency_key": request.idempotency_key,
+    }
+
+
+# Column name in `task_values` -> array parameter of `insert_tasks`.
+_ARRAYS = {
+    "task_id": "task_ids",
+    "queue": "queues",
+    "operator": "operators",
+    "job": "jobs",
+    "config": "configs",
+    "inputs": "inputs",
+    "max_attempts": "max_attempts",
+    "backoff_base_seconds": "backoff_base_seconds",
+    "backoff_max_seconds": "backoff_max_seconds",
+    "timeout_seconds": "timeout_seconds",
+    "scheduled_for": "scheduled_for",
+    "expires_at": "expires_at",
+    "idempotency_key": "idempotency_keys",
+}
+
+
+class BulkCreate:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Conn],
+        clock: Clock,
+        settings: DispatcherSettings,
+        recorder: Recorder,
+    ) -> None:
+        self._pool = pool
+        self._clock = clock
+        self._settings = settings
+        self._recorder = recorder
+
+    async def create_many(self, requests: list[CreateTaskRequest]) -> list[tuple[TaskView, bool]]:
+        """Create the tasks in one transaction; (view, created) for each, in order."""
+        for index, request in enumerate(requests):
+            check_times(request, ["body", "tasks", index])
+        values = [task_values(request, self._settings) for request in requests]
+        params: dict[str, Any] = {
+            array: [each[column] for each in values] for column, array in _ARRAYS.items()
+        }
+        params["now"] = self._clock.sql_now()
+        trace_context = inject()
+        params["trace_context"] = Jsonb(trace_context) if trace_context else None
+        wanted: list[UUID] = [each["task_id"] for each in values]
+        async with self._pool.connection() as conn:
+            async with conn.transaction():
+                rows = await batch.insert_tasks(conn, params)
+                inserted = {row["task_id"] for row in rows}
+                queues = sorted({row["queue"] for row in rows if row["status"] == "Queued"})
+                if queues:
+                    await batch.notify_queues(conn, queues)
+                taken = [
+                    each["idempotency_key"] for each in values if each["task_id"] not in inserted
+                ]
+                if taken:
+                    existing = await batch.find_tasks_by_idempotency_keys(conn, taken)
+                    for position, each in enumerate(values):
+                        if each["task_id"] not in inserted:
+                            found = existing.get(each["idempotency_key"])
+                            if found is None:  # pragma: no cover - the conflicting row vanished
+                                raise Conflict("idempotency key conflict, try again")
+                            wanted[position] = found
+            for row in rows:  # committed
+                self._recorder.task_created(row)
+            views = await batch.get_tasks(conn, list(dict.fromkeys(wanted)))
+        return [
+            (task_view(views[task_id]), each["task_id"] in inserted)
+            for task_id, each in zip(wanted, values, strict=True)
+        ]

@@ -1,0 +1,212 @@
+-- The dispatcher's batch statements: several tasks in one statement.
+--
+-- Invariants: a batch claim locks its rows in task_id order before it moves them (so concurrent
+-- batch claims of overlapping tasks wait for each other instead of deadlocking) and claims only
+-- what is still Queued once locked; claim-next takes free Queued rows (SKIP LOCKED) of one queue,
+-- oldest first; every claim records its attempt in the same statement. Time is
+-- coalesce(%(now)s::timestamptz, now()).
+
+-- name: claim_tasks
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+locked AS MATERIALIZED (
+    SELECT t.task_id
+    FROM tasks AS t, n
+    WHERE t.task_id = ANY(%(task_ids)s::uuid[])
+      AND t.status = 'Queued'
+      AND (t.expires_at IS NULL OR t.expires_at > n.now)
+    ORDER BY t.task_id
+    FOR UPDATE OF t
+),
+claimed AS (
+    UPDATE tasks AS t
+    SET status = 'Running',
+        lease_token = gen_random_uuid(),
+        lease_expires_at = n.now + make_interval(secs => %(lease_seconds)s),
+        deadline_at = n.now + make_interval(secs => coalesce(t.timeout_seconds,
+                                                             %(default_timeout_seconds)s)),
+        worker_id = %(worker_id)s,
+        started_at = n.now,
+        attempt_outcome = NULL,
+        next_retry_at = NULL,
+        updated_at = n.now
+    FROM n, locked AS l
+    WHERE t.task_id = l.task_id
+      AND t.status = 'Queued'
+      AND (t.expires_at IS NULL OR t.expires_at > n.now)
+    RETURNING t.task_id, t.attempt, t.job, t.operator, t.queue, t.config, t.inputs,
+              t.timeout_seconds, t.deadline_at, t.lease_token, t.lease_expires_at,
+              t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset
+),
+history AS (
+    INSERT INTO task_attempts (task_id, attempt, worker_id, lease_token, started_at)
+    SELECT task_id, attempt, worker_id, lease_token, started_at FROM claimed
+)
+SELECT * FROM claimed
+
+-- name: claim_next
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+picked AS MATERIALIZED (
+    SELECT t.task_id
+    FROM tasks AS t, n
+    WHERE t.status = 'Queued'
+      AND t.queue = %(queue)s
+      AND (t.expires_at IS NULL OR t.expires_at > n.now)
+    ORDER BY t.queued_at
+    LIMIT %(max)s
+    FOR UPDATE OF t SKIP LOCKED
+),
+claimed AS (
+    UPDATE tasks AS t
+    SET status = 'Running',
+        lease_token = gen_random_uuid(),
+        lease_expires_at = n.now + make_interval(secs => %(lease_seconds)s),
+        deadline_at = n.now + make_interval(secs => coalesce(t.timeout_seconds,
+                                                             %(default_timeout_seconds)s)),
+        worker_id = %(worker_id)s,
+        started_at = n.now,
+        attempt_outcome = NULL,
+        next_retry_at = NULL,
+        updated_at = n.now
+    FROM n, picked AS p
+    WHERE t.task_id = p.task_id
+      AND t.status = 'Queued'
+    RETURNING t.task_id, t.attempt, t.job, t.operator, t.queue, t.config, t.inputs,
+              t.timeout_seconds, t.deadline_at, t.lease_token, t.lease_expires_at,
+              t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset
+),
+history AS (
+    INSERT INTO task_attempts (task_id, attempt, worker_id, lease_token, started_at)
+    SELECT task_id, attempt, worker_id, lease_token, started_at FROM claimed
+)
+SELECT * FROM claimed ORDER BY queued_at, task_id
+
+-- name: read_fences
+SELECT task_id, status, attempt, lease_token, attempt_outcome
+FROM tasks
+WHERE task_id = ANY(%(task_ids)s::uuid[])
+
+-- name: insert_tasks
+-- A bulk create: every task of the batch (its idempotency key already taken: skipped), and the
+-- `enqueue_task` outbox row of each inserted task that is Queued, in one statement.
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+inserted AS (
+    INSERT INTO tasks (
+        task_id, status, queue, operator, job, config, inputs, max_attempts,
+        backoff_base_seconds, backoff_max_seconds, timeout_seconds, scheduled_for, expires_at,
+        idempotency_key, queued_at, created_at, updated_at
+    )
+    SELECT
+        i.task_id,
+        CASE WHEN i.scheduled_for > n.now THEN 'Scheduled' ELSE 'Queued' END,
+        i.queue, i.operator, i.job, i.config, i.inputs, i.max_attempts,
+        i.backoff_base_seconds, i.backoff_max_seconds, i.timeout_seconds,
+        i.scheduled_for, i.expires_at, i.idempotency_key,
+        CASE WHEN i.scheduled_for > n.now THEN NULL ELSE n.now END,
+        n.now, n.now
+    FROM n,
+         unnest(%(task_ids)s::uuid[], %(queues)s::text[], %(operators)s::text[],
+                %(jobs)s::jsonb[], %(configs)s::jsonb[], %(inputs)s::jsonb[],
+                %(max_attempts)s::integer[], %(backoff_base_seconds)s::double precision[],
+                %(backoff_max_seconds)s::double precision[], %(timeout_seconds)s::integer[],
+                %(scheduled_for)s::timestamptz[], %(expires_at)s::timestamptz[],
+                %(idempotency_keys)s::text[])
+             WITH ORDINALITY
+             AS i(task_id, queue, operator, job, config, inputs, max_attempts,
+                  backoff_base_seconds, backoff_max_seconds, timeout_seconds, scheduled_for,
+                  expires_at, idempotency_key, position)
+    ORDER BY i.position
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING task_id, status, queue, operator, attempt
+),
+outboxed AS (
+    INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at)
+    SELECT 'enqueue_task', i.task_id, i.queue, jsonb_build_object('task_id', i.task_id::text),
+           %(trace_context)s, n.now, n.now
+    FROM inserted AS i, n
+    WHERE i.status = 'Queued'
+)
+SELECT * FROM inserted
+
+-- name: notify_queues
+SELECT pg_notify('taskplat_outbox', q) FROM unnest(%(queues)s::text[]) AS q
+
+-- name: find_tasks_by_idempotency_keys
+SELECT task_id, idempotency_key FROM tasks WHERE idempotency_key = ANY(%(keys)s::text[])
+
+-- name: get_tasks
+SELECT * FROM task_details WHERE task_id = ANY(%(task_ids)s::uuid[])
+
+-- name: complete_many
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+c AS (
+    SELECT * FROM unnest(%(task_ids)s::uuid[], %(attempts)s::integer[], %(lease_tokens)s::uuid[],
+        %(statuses)s::text[], %(results)s::jsonb[], %(errors)s::text[], %(retry_afters)s::float8[],
+        %(jitters)s::float8[], %(digests)s::text[], %(events)s::jsonb[], %(outputs)s::jsonb[])
+        AS c(task_id, attempt, lease_token, status, result, error, retry_after, jitter, digest,
+             events, outputs)
+),
+locked AS MATERIALIZED (
+    SELECT t.task_id FROM tasks AS t JOIN c USING (task_id)
+    WHERE t.status = 'Running' AND t.attempt = c.attempt AND t.lease_token = c.lease_token
+    ORDER BY t.task_id
+    FOR UPDATE OF t
+),
+done AS (
+    UPDATE tasks AS t
+    SET status = CASE WHEN c.status IN ('Completed', 'Canceled') THEN c.status
+            WHEN t.attempt - t.replay_offset >= t.max_attempts THEN 'Dead' ELSE 'Failed' END,
+        attempt_outcome = c.status,
+        result = CASE WHEN c.status = 'Completed' THEN c.result ELSE t.result END,
+        last_error = CASE WHEN c.status = 'Failed' THEN c.error ELSE t.last_error END,
+        dead_reason = CASE WHEN c.status = 'Failed'
+            AND t.attempt - t.replay_offset >= t.max_attempts THEN 'AttemptsExhausted' END,
+        next_retry_at = CASE WHEN c.status = 'Failed'
+            AND t.attempt - t.replay_offset < t.max_attempts
+            THEN n.now + coalesce(make_interval(secs => c.retry_after),
+                taskplat_retry_delay(t.backoff_base_seconds, t.backoff_max_seconds,
+                    t.attempt - t.replay_offset, c.jitter)) END,
+        finished_at = CASE WHEN c.status = 'Failed'
+            AND t.attempt - t.replay_offset < t.max_attempts THEN NULL ELSE n.now END,
+        lease_expires_at = NULL,
+        updated_at = n.now
+    FROM n, c, locked AS l
+    WHERE t.task_id = c.task_id AND l.task_id = t.task_id AND t.status = 'Running'
+      AND t.attempt = c.attempt AND t.lease_token = c.lease_token
+    RETURNING t.task_id, t.status, t.queue, t.operator, t.attempt, t.worker_id, t.started_at,
+        t.dead_reason, t.next_retry_at, n.now AS ended_at, c.status AS reported, c.error,
+        c.digest, c.lease_token, c.events, c.outputs
+),
+closed AS (
+    UPDATE task_attempts AS a
+    SET finished_at = d.ended_at, outcome = d.reported, completion_digest = d.digest,
+        error = CASE WHEN d.reported = 'Failed' THEN d.error END
+    FROM done AS d
+    WHERE a.task_id = d.task_id AND a.attempt = d.attempt AND a.lease_token = d.lease_token
+),
+events AS (
+    INSERT INTO task_events (task_id, attempt, dataset_uuid, dataset_version, "cursor",
+        partition_key, range_start, range_end, created_at)
+    SELECT d.task_id, d.attempt, e.dataset_uuid, e.dataset_version, e.cursor, e.partition_key,
+        e.start, e.end, d.ended_at
+    FROM done AS d, jsonb_to_recordset(d.events) AS e(
+        dataset_uuid uuid, dataset_version uuid, "cursor" bigint, partition_key text,
+        "start" bigint, "end" bigint)
+    ON CONFLICT (task_id, dataset_uuid, dataset_version, event_key) DO NOTHING
+),
+outputs AS (
+    INSERT INTO task_outputs (task_id, output_index, attempt, dataset_uuid, dataset_version,
+        location, "cursor", row_count, committed_at)
+    SELECT d.task_id, x.output_index, d.attempt, x.dataset_uuid, x.dataset_version, x.location,
+        x.cursor, x.row_count, d.ended_at
+    FROM done AS d, jsonb_to_recordset(d.outputs) AS x(
+        output_index integer, dataset_uuid uuid, dataset_version uuid, location text,
+        "cursor" bigint, row_count bigint)
+    WHERE d.status = 'Completed'
+    ON CONFLICT (task_id, output_index) DO UPDATE
+    SET (attempt, dataset_uuid, dataset_version, location, "cursor", row_count, committed_at) =
+        (EXCLUDED.attempt, EXCLUDED.dataset_uuid, EXCLUDED.dataset_version, EXCLUDED.location,
+         EXCLUDED."cursor", EXCLUDED.row_count, EXCLUDED.committed_at)
+)
+SELECT task_id, status, queue, operator, attempt, worker_id, started_at, dead_reason,
+    next_retry_at, ended_at
+FROM done

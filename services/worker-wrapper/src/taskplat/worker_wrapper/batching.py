@@ -1,0 +1,166 @@
+"""Batched dispatcher calls: the claims of one receive, and completions under load.
+
+Invariants:
+  * `ClaimGroup`: the deliveries of one receive each ask for their claim (or withdraw: poison,
+    stopped); once all of them did, one task-claim-batch call claims them all, and each gets its
+    own answer or the call's error, exactly as a single claim would have given it.
+  * A batch call serves several tasks, so it runs in a fresh context: its span starts a trace of
+    its own instead of posing as the child of one task's attempt.
+  * `CompletionBatcher`: a completion is sent at once, as a single call, while fewer than
+    `parallel` completion calls are in flight; one that becomes ready while they all are waits,
+    and every completion waiting when a call returns goes in one task-complete-batch call (10 at
+    most; a lone one as a single call). Each caller gets exactly the answer the single call would
+    have given. When a batch call fails as a whole (no answer in time, or refused), each of its
+    completions is sent again on its own with its own time bound, so batching never loses a
+    completion and never answers one that was not answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from dataclasses import dataclass, field
+from uuid import UUID
+
+from taskplat.common.contracts import ClaimedResponse, CompleteRequest, CompleteResponse
+from taskplat.common.contracts.internal import MAX_BATCH
+from taskplat.worker_wrapper.dispatcher_client import (
+    ClaimAnswer,
+    CompleteResult,
+    DispatcherClient,
+    DispatcherProtocolError,
+    DispatcherUnavailable,
+    Rejection,
+)
+
+
+class ClaimGroup:
+    """The claims of the `expected` deliveries of one receive, made with one batch call."""
+
+    def __init__(self, client: DispatcherClient, worker_id: str, expected: int) -> None:
+        self._client = client
+        self._worker_id = worker_id
+        self._pending = expected
+        self._asks: list[tuple[UUID, float, asyncio.Future[ClaimAnswer]]] = []
+        self._call: asyncio.Future[None] | None = None
+        self.claimed = 0  # Claimed answers, once the call returned
+        self.settled = asyncio.Event()  # set once every delivery has its answer
+        if expected <= 0:
+            self.settled.set()
+
+    async def claim(self, task_id: UUID, *, until: float) -> ClaimAnswer:
+        future: asyncio.Future[ClaimAnswer] = asyncio.get_running_loop().create_future()
+        self._asks.append((task_id, until, future))
+        self._arrived()
+        return await future
+
+    def withdraw(self) -> None:
+        """A delivery that will not claim (poison, stopped before its claim)."""
+        self._arrived()
+
+    def _arrived(self) -> None:
+        self._pending -= 1
+        if self._pending == 0:
+            if self._asks:
+                # The call serves every delivery of the receive: it is no one's child span.
+                loop = asyncio.get_running_loop()
+                self._call = loop.create_task(self._send(), context=contextvars.Context())
+            else:
+                self.settled.set()
+
+    async def _send(self) -> None:
+        task_ids = [task_id for task_id, _, _ in self._asks]
+        until = min(until for _, until, _ in self._asks)
+        try:
+            answers = await self._client.claim_batch(task_ids, self._worker_id, until=until)
+        except (DispatcherUnavailable, DispatcherProtocolError) as exc:
+            for _, _, future in self._asks:
+                if not future.done():
+                    future.set_exception(exc)
+        else:
+            self.claimed = sum(isinstance(answer, ClaimedResponse) for answer in answers)
+            for (_, _, future), answer in zip(self._asks, answers, strict=True):
+                if not future.done():
+                    future.set_result(answer)
+        finally:
+            self.settled.set()
+
+
+@dataclass
+class _Waiting:
+    body: CompleteRequest
+    until: float
+    future: asyncio.Future[CompleteResponse | Rejection] = field(repr=False)
+
+
+class CompletionBatcher:
+    """Completion calls: single while few are in flight, batched when they pile up."""
+
+    def __init__(self, client: DispatcherClient, *, parallel: int, enabled: bool) -> None:
+        self._client = client
+        self._parallel = max(1, parallel)
+        self._enabled = enabled
+        self._in_flight = 0
+        self._waiting: list[_Waiting] = []
+        self._sends: set[asyncio.Future[None]] = set()
+
+    async def complete(
+        self, body: CompleteRequest, *, until: float
+    ) -> CompleteResponse | Rejection:
+        """Report a completion; raises what `DispatcherClient.complete` raises."""
+        if not self._enabled or self._in_flight < self._parallel:
+            self._in_flight += 1
+            try:
+                return await self._client.complete(body, until=until)
+            finally:
+                self._in_flight -= 1
+                self._flush()
+        future: asyncio.Future[CompleteResponse | Rejection] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self._waiting.append(_Waiting(body, until, future))
+        return await future
+
+    def _flush(self) -> None:
+        self._waiting = [each for each in self._waiting if not each.future.done()]
+        while self._waiting and self._in_flight < self._parallel:
+            batch, self._waiting = self._waiting[:MAX_BATCH], self._waiting[MAX_BATCH:]
+            self._in_flight += 1
+            loop = asyncio.get_running_loop()
+            send = loop.create_task(self._send(batch), context=contextvars.Context())
+            self._sends.add(send)
+            send.add_done_callback(self._sends.discard)
+
+    async def _send(self, batch: list[_Waiting]) -> None:
+        try:
+            results = await self._results(batch)
+            for each, result in zip(batch, results, strict=True):
+                if each.future.done():
+                    continue
+                if isinstance(result, BaseException):
+                    each.future.set_exception(result)
+                else:
+                    each.future.set_result(result)
+        finally:
+            self._in_flight -= 1
+            self._flush()
+
+    async def _results(
+        self, batch: list[_Waiting]
+    ) -> list[CompleteResponse | Rejection | BaseException]:
+        if len(batch) > 1:
+            until = min(each.until for each in batch)
+            try:
+                answers: list[CompleteResult] = await self._client.complete_batch(
+                    [each.body for each in batch], until=until
+                )
+            except (DispatcherUnavailable, DispatcherProtocolError):
+                pass  # the call failed as a whole: each completion again on its own
+            else:
+                return list(answers)
+        return list(
+            await asyncio.gather(
+                *(self._client.complete(each.body, until=each.until) for each in batch),
+                return_exceptions=True,
+            )
+        )

@@ -1,0 +1,308 @@
+"""Batched calls and claim-ahead, against a real dispatcher process and a real SQS queue: tasks
+claimed ahead run without SQS messages and their late wake-ups are deleted after NotClaimed;
+batch claims, batch completions and batched deletions give each item its own outcome."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import httpx
+from pydantic import SecretStr
+from wrapper_harness import (
+    WORKER_TOKEN,
+    Dispatcher,
+    InProcessWrapper,
+    Queue,
+    wrapper_settings,
+)
+from wrapper_metrics import by_label, value
+
+from taskplat.common.contracts import (
+    ClaimedResponse,
+    CompleteRequest,
+    CompleteResponse,
+    NotClaimedResponse,
+)
+from taskplat.common.sqs import wake_up_body
+from taskplat.common.telemetry import Telemetry
+from taskplat.devstack.waiting import wait_for
+from taskplat.worker_wrapper.batching import ClaimGroup, CompletionBatcher
+from taskplat.worker_wrapper.dispatcher_client import DispatcherClient, Rejection
+from taskplat.worker_wrapper.intake import SqsIntake
+from taskplat.worker_wrapper.observability import SERVICE, WrapperTelemetry
+
+CLAIM_NEXT = "/internal/task-claim-next"
+CLAIM_BATCH = "/internal/task-claim-batch"
+COMPLETE = "/internal/task-complete"
+COMPLETE_BATCH = "/internal/task-complete-batch"
+
+
+@contextmanager
+def running_wrapper(
+    dispatcher: Dispatcher,
+    queue: Queue,
+    operators_file: Path,
+    telemetry: Telemetry,
+    **overrides: Any,
+) -> Iterator[InProcessWrapper]:
+    settings = wrapper_settings(dispatcher, queue, operators_file, **overrides)
+    wrapper = InProcessWrapper(settings, telemetry).start()
+    try:
+        yield wrapper
+    finally:
+        wrapper.stop()
+
+
+def create_many(dispatcher: Dispatcher, count: int, **fields: Any) -> list[str]:
+    response = dispatcher.api.post(
+        "/tasks/batch", json={"tasks": [{"operator": "echo", **fields}] * count}
+    )
+    assert response.status_code == 201, response.text
+    return [result["task"]["task_id"] for result in response.json()["results"]]
+
+
+def wake_all(queue: Queue, task_ids: list[str]) -> None:
+    for start in range(0, len(task_ids), 10):
+        queue.client.send_message_batch(
+            QueueUrl=queue.url,
+            Entries=[
+                {"Id": str(index), "MessageBody": wake_up_body(task_id)}
+                for index, task_id in enumerate(task_ids[start : start + 10])
+            ],
+        )
+
+
+def wait_all(dispatcher: Dispatcher, task_ids: list[str], status: str) -> list[dict[str, Any]]:
+    return [dispatcher.wait_status(task_id, status, timeout=60) for task_id in task_ids]
+
+
+def test_claim_ahead_runs_queued_tasks_without_their_messages(
+    dispatcher: Dispatcher, queue: Queue, operators_file: Path
+) -> None:
+    telemetry = Telemetry(SERVICE)
+    task_ids = create_many(dispatcher, 14)
+    woken, ahead = task_ids[:4], task_ids[4:]
+    wake_all(queue, woken)  # a full receive (concurrency 4): there is a backlog
+    wait_for(lambda: queue.visible() >= 4, timeout=10, what="the wake-ups to be visible")
+    with running_wrapper(dispatcher, queue, operators_file, telemetry, concurrency=4):
+        done = wait_all(dispatcher, task_ids, "Completed")
+        queue.wait_empty()
+        text = telemetry.prometheus_text()
+        assert value(text, "taskplat_sqs_received_total") == 4
+        assert value(text, "taskplat_dispatcher_calls_total", route=CLAIM_NEXT) >= 1
+        # The wake-ups of the tasks claimed ahead arrive late: NotClaimed, deleted.
+        wake_all(queue, ahead)
+        queue.wait_empty(timeout=30)
+        wait_for(
+            lambda: (
+                value(telemetry.prometheus_text(), "taskplat_sqs_deleted_total", why="not_claimed")
+                == len(ahead)
+            ),
+            timeout=15,
+            what="every late wake-up to be deleted",
+        )
+    assert all(len(task["attempts"]) == 1 for task in done)
+    text = telemetry.prometheus_text()
+    assert by_label(text, "taskplat_worker_tasks_total", "outcome") == {"Completed": 14}
+    claims = by_label(text, "taskplat_worker_claims_total", "result")
+    assert claims["Claimed"] == 14
+    assert claims["Completed"] == len(ahead)
+    deleted = by_label(text, "taskplat_sqs_deleted_total", "why")
+    assert deleted == {"completed": 4, "not_claimed": len(ahead)}
+
+
+def test_an_idle_wrapper_does_not_claim_ahead(
+    dispatcher: Dispatcher, queue: Queue, operators_file: Path
+) -> None:
+    telemetry = Telemetry(SERVICE)
+    (unwoken,) = create_many(dispatcher, 1)
+    with running_wrapper(dispatcher, queue, operators_file, telemetry):
+
+        def polls() -> float:
+            return value(telemetry.prometheus_text(), "taskplat_sqs_requests_total", op="receive")
+
+        wait_for(lambda: polls() >= 3, timeout=15, what="three empty receives")
+        assert dispatcher.get(unwoken)["status"] == "Queued"
+        assert value(telemetry.prometheus_text(), "taskplat_dispatcher_calls_total") == 0
+        queue.wake(unwoken)  # the wake-up is what runs it
+        dispatcher.wait_status(unwoken, "Completed")
+
+
+def test_a_full_receive_claims_in_one_batch_call(
+    dispatcher: Dispatcher, queue: Queue, operators_file: Path
+) -> None:
+    telemetry = Telemetry(SERVICE)
+    task_ids = create_many(dispatcher, 10)
+    wake_all(queue, task_ids)
+    wake_all(queue, task_ids[:3])  # duplicates: the same task twice in one receive is fine
+    wait_for(lambda: queue.visible() >= 13, timeout=10, what="the wake-ups to be visible")
+    settings = {"concurrency": 10, "parallel_calls": 2, "claim_ahead": False}
+    with running_wrapper(dispatcher, queue, operators_file, telemetry, **settings):
+        done = wait_all(dispatcher, task_ids, "Completed")
+        queue.wait_empty(timeout=30)
+    assert all(len(task["attempts"]) == 1 for task in done)
+    text = telemetry.prometheus_text()
+    assert value(text, "taskplat_dispatcher_calls_total", route=CLAIM_BATCH) >= 1
+    claims = by_label(text, "taskplat_worker_claims_total", "result")
+    assert claims["Claimed"] == 10 and sum(claims.values()) == 13
+    assert by_label(text, "taskplat_sqs_deleted_total", "why") == {
+        "completed": 10,
+        "not_claimed": 3,
+    }
+
+
+def _client(dispatcher: Dispatcher, telemetry: WrapperTelemetry) -> DispatcherClient:
+    return DispatcherClient(
+        dispatcher.base_url, SecretStr(WORKER_TOKEN), retry_max_seconds=0.5, telemetry=telemetry
+    )
+
+
+def _claim(dispatcher: Dispatcher, task_id: str) -> ClaimedResponse:
+    response = httpx.post(
+        f"{dispatcher.base_url}/internal/task-claim",
+        json={"task_id": task_id, "worker_id": "test"},
+        headers={"Authorization": f"Bearer {WORKER_TOKEN}"},
+        timeout=10,
+    )
+    return ClaimedResponse.model_validate_json(response.text)
+
+
+def _completion(claimed: ClaimedResponse, **fields: Any) -> CompleteRequest:
+    return CompleteRequest(
+        task_id=claimed.task.task_id,
+        attempt=claimed.attempt,
+        lease_token=claimed.lease_token,
+        **{"status": "Completed", **fields},
+    )
+
+
+def test_completions_that_pile_up_go_in_one_batch_each_with_its_own_answer(
+    dispatcher: Dispatcher,
+) -> None:
+    telemetry = Telemetry(SERVICE)
+    instruments = WrapperTelemetry(telemetry)
+    leases = [_claim(dispatcher, task_id) for task_id in create_many(dispatcher, 6)]
+    stale = _completion(leases[5]).model_copy(update={"lease_token": UUID(int=1)})
+
+    async def main() -> list[CompleteResponse | Rejection]:
+        client = _client(dispatcher, instruments)
+        batcher = CompletionBatcher(client, parallel=1, enabled=True)
+        until = asyncio.get_running_loop().time() + 10
+        try:
+            bodies = [_completion(lease) for lease in leases[:5]] + [stale]
+            return list(
+                await asyncio.gather(*(batcher.complete(body, until=until) for body in bodies))
+            )
+        finally:
+            await client.aclose()
+
+    answers = asyncio.run(main())
+    assert all(isinstance(a, CompleteResponse) and not a.repeated for a in answers[:5]), answers
+    assert answers[5] == Rejection("StaleLease", answers[5].message)  # type: ignore[union-attr]
+    text = telemetry.prometheus_text()
+    assert value(text, "taskplat_dispatcher_calls_total", route=COMPLETE) == 1
+    assert value(text, "taskplat_dispatcher_calls_total", route=COMPLETE_BATCH) == 1
+    for lease in leases[:5]:
+        assert dispatcher.get(str(lease.task.task_id))["status"] == "Completed"
+    assert dispatcher.get(str(leases[5].task.task_id))["status"] == "Running"
+
+
+def test_a_batch_the_dispatcher_refuses_whole_is_sent_again_one_by_one(
+    dispatcher: Dispatcher,
+) -> None:
+    telemetry = Telemetry(SERVICE)
+    instruments = WrapperTelemetry(telemetry)
+    leases = [_claim(dispatcher, task_id) for task_id in create_many(dispatcher, 6)]
+    # Each result is under the result cap, all of them together over the 1 MiB body cap (413).
+    blob = {"pad": "x" * 240_000}
+
+    async def main() -> list[CompleteResponse | Rejection]:
+        client = _client(dispatcher, instruments)
+        batcher = CompletionBatcher(client, parallel=1, enabled=True)
+        until = asyncio.get_running_loop().time() + 20
+        try:
+            bodies = [_completion(lease, result=blob) for lease in leases]
+            return list(
+                await asyncio.gather(*(batcher.complete(body, until=until) for body in bodies))
+            )
+        finally:
+            await client.aclose()
+
+    answers = asyncio.run(main())
+    assert all(isinstance(a, CompleteResponse) and not a.repeated for a in answers), answers
+    text = telemetry.prometheus_text()
+    assert value(text, "taskplat_dispatcher_calls_total", route=COMPLETE_BATCH, status="413") == 1
+    assert value(text, "taskplat_dispatcher_calls_total", route=COMPLETE, status="200") == 6
+    for lease in leases:
+        assert dispatcher.get(str(lease.task.task_id))["status"] == "Completed"
+
+
+def test_a_claim_group_claims_once_every_delivery_asked_or_withdrew(
+    dispatcher: Dispatcher,
+) -> None:
+    telemetry = Telemetry(SERVICE)
+    task_ids = create_many(dispatcher, 2)
+
+    async def main() -> list[Any]:
+        client = _client(dispatcher, WrapperTelemetry(telemetry))
+        group = ClaimGroup(client, "w-group", expected=4)
+        until = asyncio.get_running_loop().time() + 10
+        try:
+            asks = [
+                asyncio.ensure_future(group.claim(UUID(task_id), until=until))
+                for task_id in [*task_ids, task_ids[0]]
+            ]
+            await asyncio.sleep(0)
+            assert not group.settled.is_set()  # one delivery has not answered yet
+            group.withdraw()
+            answers = await asyncio.gather(*asks)
+            assert group.settled.is_set() and group.claimed == 2
+            return list(answers)
+        finally:
+            await client.aclose()
+
+    first, second, repeat = asyncio.run(main())
+    assert isinstance(first, ClaimedResponse) and str(first.task.task_id) == task_ids[0]
+    assert isinstance(second, ClaimedResponse) and str(second.task.task_id) == task_ids[1]
+    assert repeat == NotClaimedResponse(reason="AlreadyRunning")
+    text = telemetry.prometheus_text()
+    assert value(text, "taskplat_dispatcher_calls_total", route=CLAIM_BATCH) == 1
+
+
+def test_deletions_that_pile_up_go_in_one_delete_message_batch(queue: Queue) -> None:
+    telemetry = Telemetry(SERVICE)
+    for n in range(7):
+        queue.send(f'{{"n": {n}}}')
+    wait_for(lambda: queue.visible() >= 7, timeout=10, what="the messages to be visible")
+
+    async def main() -> list[bool]:
+        intake = SqsIntake(
+            queue.client,
+            queue.url.rsplit("/", 1)[1],
+            wait_time_seconds=1,
+            visibility_timeout_seconds=30,
+            telemetry=WrapperTelemetry(telemetry),
+            batch_deletes=True,
+            parallel_deletes=1,
+        )
+        try:
+            deliveries = []
+            while len(deliveries) < 7:
+                deliveries += await intake.receive(7 - len(deliveries))
+            return list(
+                await asyncio.gather(*(intake.delete(each, "poison") for each in deliveries))
+            )
+        finally:
+            intake.close()
+
+    assert asyncio.run(main()) == [True] * 7
+    queue.wait_empty()
+    text = telemetry.prometheus_text()
+    requests = by_label(text, "taskplat_sqs_requests_total", "op")
+    assert requests["delete"] == 1 and requests["delete_batch"] == 1
+    assert value(text, "taskplat_sqs_deleted_total", why="poison") == 7
