@@ -73,6 +73,7 @@ def main() -> int:
         batch_size=settings.batch_size,
         interval_seconds=settings.interval_seconds,
         send_concurrency=settings.send_concurrency,
+        skip_not_queued=settings.skip_not_queued,
         ops_port=ops.port if ops is not None else None,
         tracing=telemetry.tracing,
     )

@@ -10,7 +10,13 @@ Invariants:
   * counters, labelled by the row's task `queue` and outbox `kind` (never a task id):
     `taskplat.sqs.sent{queue,kind}` messages SQS accepted, `taskplat.sqs.send_errors{queue,kind}`
     rows whose send failed for any reason (SQS refused or unreachable, missing queue, unsendable
-    row), `taskplat.outbox.relayed{kind}` rows marked sent, counted only once the batch committed.
+    row), `taskplat.outbox.relayed{kind}` rows that left the outbox (sent, or skipped because the
+    task was no longer Queued), `taskplat.outbox.skipped{kind}` the skipped ones; both counted only
+    once the batch committed. A skipped row's span carries `taskplat.outbox.skipped = true`;
+  * `taskplat.sqs.requests{op}` counts every API call of the relay's SQS client once (botocore's
+    `before-call` event, so a call retried inside botocore counts once), `op` being the snake_case
+    operation name: `send_message_batch` (one per SendMessageBatch call), `get_queue_url`, ...
+    The worker wrapper counts its own calls under the same name, so requests per task add up.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from botocore import xform_name
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
@@ -36,6 +43,8 @@ class RelayMetrics:
         self._sent: Any = None
         self._errors: Any = None
         self._relayed: Any = None
+        self._skipped: Any = None
+        self._requests: Any = None
         if telemetry is not None:
             self._sent = telemetry.counter(
                 "taskplat.sqs.sent", description="Messages SQS accepted, by task queue and kind."
@@ -45,8 +54,30 @@ class RelayMetrics:
                 description="Outbox rows whose send failed (retried later), by queue and kind.",
             )
             self._relayed = telemetry.counter(
-                "taskplat.outbox.relayed", description="Outbox rows marked sent, by kind."
+                "taskplat.outbox.relayed",
+                description="Outbox rows marked sent (sent or skipped), by kind.",
             )
+            self._skipped = telemetry.counter(
+                "taskplat.outbox.skipped",
+                description="Wake-ups marked sent unsent: the task was no longer Queued, by kind.",
+            )
+            self._requests = telemetry.counter(
+                "taskplat.sqs.requests", description="SQS API calls, by operation."
+            )
+
+    def watch_sqs(self, client: Any) -> None:
+        """Count every API call `client` makes in `taskplat.sqs.requests{op}` (one client per
+        relay: a client shared by two relays is counted by the first one only)."""
+        counter = self._requests
+        if counter is None:
+            return
+
+        def before_call(*, model: Any, **_: Any) -> None:
+            counter.add(1, {"op": xform_name(model.name)})
+
+        client.meta.events.register(
+            "before-call.sqs", before_call, unique_id="taskplat.sqs.requests"
+        )
 
     def start_span(self, row: OutboxRow) -> Span:
         """The "outbox.send" span of `row`, child of the row's stored trace context."""
@@ -62,6 +93,7 @@ class RelayMetrics:
                 "taskplat.outbox.id": row.outbox_id,
                 "taskplat.outbox.kind": row.kind,
                 "taskplat.outbox.send_attempt": row.send_attempts + 1,
+                **({"taskplat.outbox.skipped": True} if row.skipped else {}),
             },
         )
 
@@ -81,6 +113,9 @@ class RelayMetrics:
 
     def failed(self, rows: Iterable[OutboxRow]) -> None:
         _add(self._errors, Counter((row.queue, row.kind) for row in rows), ("queue", "kind"))
+
+    def skipped(self, rows: Iterable[OutboxRow]) -> None:
+        _add(self._skipped, Counter((row.kind,) for row in rows), ("kind",))
 
     def relayed(self, rows: Iterable[OutboxRow]) -> None:
         _add(self._relayed, Counter((row.kind,) for row in rows), ("kind",))

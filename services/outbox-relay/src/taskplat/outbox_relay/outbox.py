@@ -3,7 +3,10 @@
 Invariants: functions take the caller's connection and never commit; the caller holds one
 transaction from `claim_pending` to the marks, so the claimed rows stay locked (and invisible to
 other relays, through SKIP LOCKED) exactly as long as the batch. Every update is guarded by
-`sent_at IS NULL`, so a row is marked sent at most once.
+`sent_at IS NULL`, so a row is marked sent at most once. With `skip_not_queued`, `claim_pending`
+itself marks sent (with `skipped = true`) the `enqueue_task` rows whose task is not Queued in its
+snapshot and returns them flagged `skipped`: nothing is to be sent for them. Every transition into
+Queued writes its own `enqueue_task` row, so a task Queued when its row is claimed is always sent.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ class OutboxRow:
     payload: dict[str, Any]
     trace_context: dict[str, Any] | None
     send_attempts: int
+    # Marked sent without a message: its task was not Queued when the row was claimed.
+    skipped: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,9 +50,14 @@ class Failure:
     delay_seconds: float
 
 
-def claim_pending(conn: Conn, *, limit: int, now: datetime | None) -> list[OutboxRow]:
-    """Lock and return up to `limit` due, unsent rows ordered by `outbox_id`."""
-    rows = conn.execute(Q["claim_pending"], {"limit": limit, "now": now}).fetchall()
+def claim_pending(
+    conn: Conn, *, limit: int, now: datetime | None, skip_not_queued: bool = False
+) -> list[OutboxRow]:
+    """Lock and return up to `limit` due, unsent rows, oldest due first (`available_at`, then
+    `outbox_id`); with `skip_not_queued`, wake-ups of tasks no longer Queued come back already
+    marked sent and flagged `skipped`."""
+    params = {"limit": limit, "now": now, "skip_not_queued": skip_not_queued}
+    rows = conn.execute(Q["claim_pending"], params).fetchall()
     return [
         OutboxRow(
             outbox_id=row["outbox_id"],
@@ -57,6 +67,7 @@ def claim_pending(conn: Conn, *, limit: int, now: datetime | None) -> list[Outbo
             payload=row["payload"],
             trace_context=row["trace_context"],
             send_attempts=row["send_attempts"],
+            skipped=row["skipped"],
         )
         for row in rows
     ]

@@ -16,7 +16,17 @@ Invariants:
     the row cannot be turned into a message) is never marked sent: it gets `send_attempts + 1`,
     `last_error`, and `available_at = now + full-jitter backoff`, so it is retried later and never
     blocks the rows behind it;
-  * every `enqueue_task` row is sent, whatever the task's state now (a stale wake-up is harmless);
+  * with `skip_not_queued` (the default) an `enqueue_task` row whose task is not Queued when the
+    batch is claimed (claimed already, e.g. by a wrapper claiming ahead; canceled; finished;
+    pruned) is marked sent with `skipped = true` by the claim statement itself and nothing is sent
+    for it. The wake-up guarantee is unchanged: every transition into Queued writes its own
+    `enqueue_task` row in the same transaction, so a task Queued when its row is claimed is always
+    sent, and a task that becomes Queued again later has a newer pending row. Without the setting
+    every row is sent whatever the task's state (a stale wake-up is harmless, only wasted);
+  * skipped rows count in `taskplat.outbox.skipped{kind}` and, like sent rows, in
+    `taskplat.outbox.relayed{kind}` (rows that left the outbox); every SQS API call of the relay's
+    client counts once in `taskplat.sqs.requests{op}` (`op` = botocore's snake_case operation
+    name, e.g. `send_message_batch`, `get_queue_url`).
   * `run_once()` returns what it did; `run(stop)` only waits (interval, NOTIFY on
     `taskplat_outbox`, or stop) and calls it.
   * each row is sent inside its own "outbox.send" span, child of the row's stored trace context,
@@ -28,7 +38,7 @@ from __future__ import annotations
 
 import random
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import Span
@@ -68,6 +78,8 @@ class RelayBatch:
     sent: int
     dead_letters_sent: int
     failed: int
+    # Wake-ups marked sent without a message (their task was no longer Queued).
+    skipped: int = field(default=0, kw_only=True)
     more: bool
 
 
@@ -90,6 +102,7 @@ class Relay:
         self.health = LoopHealth()
         self._telemetry = telemetry
         self._metrics = RelayMetrics(telemetry)
+        self._metrics.watch_sqs(sqs)
 
     def run_once(self) -> RelayBatch:
         """Claim, send and mark one batch in one transaction."""
@@ -97,11 +110,16 @@ class Relay:
         spans: dict[int, Span] = {}
         try:
             with self._pool.connection() as conn, conn.transaction():
-                rows = outbox.claim_pending(conn, limit=self._settings.batch_size, now=now)
+                rows = outbox.claim_pending(
+                    conn,
+                    limit=self._settings.batch_size,
+                    now=now,
+                    skip_not_queued=self._settings.skip_not_queued,
+                )
                 if not rows:
                     return RelayBatch(0, 0, 0, 0, more=False)
                 spans = {row.outbox_id: self._metrics.start_span(row) for row in rows}
-                accepted, failures = self._send(rows, spans)
+                accepted, failures = self._send([row for row in rows if not row.skipped], spans)
                 marked = outbox.mark_sent(conn, [row.outbox_id for row in accepted], now=now)
                 outbox.mark_failed(conn, failures, now=now)
         except BaseException as exc:
@@ -112,13 +130,16 @@ class Relay:
         for outbox_id, span in spans.items():
             self._metrics.end_span(span, errors.get(outbox_id))
         marked_ids = set(marked)
-        self._metrics.relayed(row for row in rows if row.outbox_id in marked_ids)
+        skipped = [row for row in rows if row.skipped]
+        self._metrics.skipped(skipped)
+        self._metrics.relayed(row for row in rows if row.outbox_id in marked_ids or row.skipped)
         dead_letters = sum(1 for row in accepted if row.kind == "dead_letter")
         return RelayBatch(
             claimed=len(rows),
             sent=len(accepted) - dead_letters,
             dead_letters_sent=dead_letters,
             failed=len(failures),
+            skipped=len(skipped),
             more=len(rows) >= self._settings.batch_size,
         )
 
@@ -126,6 +147,8 @@ class Relay:
         self, rows: list[OutboxRow], spans: dict[int, Span]
     ) -> tuple[list[OutboxRow], list[Failure]]:
         """Send the rows' messages; the rows SQS accepted, and a failure for each other row."""
+        if not rows:
+            return [], []
         messages, failures = self._build(rows, spans)
         outcome = self._sender.send(messages)
         by_id = {row.outbox_id: row for row in rows}

@@ -37,6 +37,13 @@ class RelaySettings(ServiceSettings, DatabaseSettings, SqsSettings, TelemetrySet
     send_concurrency: int = Field(
         4, ge=1, le=32, description="SendMessageBatch calls of one batch run in parallel."
     )
+    skip_not_queued: bool = Field(
+        True,
+        description=(
+            "Mark a wake-up sent without sending it when its task is no longer Queued (claimed, "
+            "canceled or gone) at send time; a task still Queued always gets its message."
+        ),
+    )
     retry_base_seconds: float = Field(
         1.0, ge=0, description="Base of the full-jitter backoff before re-sending a failed row."
     )

