@@ -47,6 +47,10 @@ up: venv sqs-deps ## Start the platform: Postgres, SQS, every service and TASKPL
 demo: venv sqs-deps ## Start a private stack, run 1,000 echo tasks, print a summary, stop
 	@$(RUN) python -m taskplat.devstack demo
 
+.PHONY: bench
+bench: venv sqs-deps ## Benchmark on a private stack: prints the table, writes bench/results/latest.{json,md}
+	@$(RUN) python -m taskplat.devstack bench $(BENCH_ARGS)
+
 .PHONY: test
 test: venv sqs-deps check-packages ## Run every test (starts its own Postgres and SQS endpoint)
 	@$(RUN) pytest $(PYTEST_ARGS)

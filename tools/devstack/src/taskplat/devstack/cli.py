@@ -3,7 +3,8 @@
 Subcommands: ``install-localstack`` (build the cached LocalStack venv), ``postgres --dir D``
 and ``sqs --dir D`` (start, print ``DATABASE_URL=...`` / ``SQS_ENDPOINT_URL=...`` on stdout, stay
 in the foreground until SIGINT/SIGTERM, then stop); ``up`` (the whole platform, see
-``taskplat.devstack.stack``) and ``demo`` (see ``taskplat.devstack.demo``).
+``taskplat.devstack.stack``), ``demo`` (see ``taskplat.devstack.demo``) and ``bench`` (see
+``taskplat.devstack.bench``).
 
 Invariants:
 - Expected failures print ``devstack: error: ...`` on stderr and exit 1 (usage errors: 2),
@@ -185,6 +186,53 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from taskplat.devstack.bench.config import make_config
+    from taskplat.devstack.bench.runner import main as run_bench
+
+    sizes = {
+        "w1_tasks": args.w1_tasks,
+        "w2_tasks": args.w2_tasks,
+        "w2_rate": args.w2_rate,
+        "w3_sleep_seconds": args.w3_sleep,
+        "w3_lease_ttls": tuple(args.w3_lease_ttls) if args.w3_lease_ttls else None,
+        "w4_rows": args.w4_rows,
+        "in_flight": args.in_flight,
+    }
+    config = make_config(
+        run_dir=_usable_dir(args.dir),
+        results_dir=args.results.absolute(),
+        runs=args.runs,
+        only=args.only,
+        variants=args.variant or [],
+        quick=args.quick,
+        submit=args.submit,
+        sizes=sizes,
+        command=["python", "-m", "taskplat.devstack", *sys.argv[1:]],
+    )
+    return run_bench(config)
+
+
+def _seconds_list(text: str) -> list[float]:
+    try:
+        values = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of seconds: {text!r}") from None
+    if not values or any(value <= 0 for value in values):
+        raise argparse.ArgumentTypeError(f"seconds must be positive: {text!r}")
+    return values
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {value}")
+    return value
+
+
 def _count(text: str) -> int:
     try:
         value = int(text)
@@ -248,7 +296,61 @@ def _parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=300.0, help="seconds to wait for the tasks (300)"
     )
     demo.set_defaults(func=_cmd_demo)
+    _bench_parser(sub)
     return parser
+
+
+def _positive(text: str) -> int:
+    value = _count(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be 1 or more")
+    return value
+
+
+def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    bench = sub.add_parser(
+        "bench",
+        help="run the benchmark on a private stack (make bench)",
+        description="Start a private stack (Postgres with fsync on, LocalStack SQS, every "
+        "service, two worker wrappers), run the workloads, print the table and write "
+        "<results>/latest.json and latest.md. Each figure is the median of --runs runs.",
+    )
+    bench.add_argument("--runs", type=_positive, help="runs per workload (3; --quick: 1)")
+    bench.add_argument("--only", help="workloads to run, e.g. W1,W2 (default: W1,W2,W3,W4)")
+    bench.add_argument(
+        "--variant",
+        action="append",
+        metavar="NAME[=ENV=VAL,...]",
+        help="run the workloads under these setting overrides (repeatable; each variant gets "
+        "fresh stacks), e.g. --variant baseline --variant ahead=TASKPLAT_WORKER_CLAIM_AHEAD=true",
+    )
+    bench.add_argument(
+        "--quick", action="store_true", help="small sizes and 1 run: a smoke test of the bench"
+    )
+    bench.add_argument(
+        "--submit",
+        choices=["auto", "single", "batch"],
+        default="auto",
+        help="task creation: the bulk endpoint when the dispatcher has one (auto), one POST "
+        "per task (single), or insist on the bulk endpoint (batch)",
+    )
+    bench.add_argument(
+        "--dir", type=Path, default=Path(".run/bench"), help="state directory (.run/bench)"
+    )
+    bench.add_argument(
+        "--results", type=Path, default=Path("bench/results"), help="results dir (bench/results)"
+    )
+    sizes = bench.add_argument_group("sizes (defaults: the issue's; --quick shrinks them)")
+    sizes.add_argument("--w1-tasks", type=_positive, help="W1/W4 tasks per run (5000)")
+    sizes.add_argument("--w2-tasks", type=_positive, help="W2 tasks per run (500)")
+    sizes.add_argument("--w2-rate", type=_positive_float, help="W2 tasks per second (50)")
+    sizes.add_argument("--w3-sleep", type=_positive_float, help="W3 task seconds (30)")
+    sizes.add_argument(
+        "--w3-lease-ttls", type=_seconds_list, help="W3 dispatcher lease TTLs, e.g. 5,30"
+    )
+    sizes.add_argument("--w4-rows", type=_positive, help="W4 finished tasks prefilled (1000000)")
+    sizes.add_argument("--in-flight", type=_positive, help="W1/W4 requests in flight (32)")
+    bench.set_defaults(func=_cmd_bench)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

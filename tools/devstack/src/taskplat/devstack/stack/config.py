@@ -11,6 +11,8 @@ Invariants:
 - `worker_queues=None` means every queue of `queues`; each gets `workers` worker wrappers.
 - `dispatcher_port=None`, `pg_port=None` and `sqs_port=None` mean "a free port"; a fixed
   dispatcher port that is taken is refused before anything starts.
+- `fsync=False` (development) runs the private Postgres with fsync and synchronous_commit off;
+  `fsync=True` (the benchmark) keeps Postgres's durable defaults.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class StackConfig:
     dead_letter_queue: str = "taskplat-dead-letters"
     max_receive_count: int = 5
     keep_data: bool = True
+    fsync: bool = False
     inherit_environment: bool = True
     env: Mapping[str, str] = field(default_factory=dict)
     service_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)

@@ -180,7 +180,7 @@ class Stack:
         self._supervisor.start()
         self.ops_urls = {"dispatcher": dispatcher_url}
         for name, module in SERVICES.items():
-            overrides = self._with_ops_port(name, name, self.config.service_env.get(name, {}))
+            overrides = self._with_ops_port(name, name, dict(self.config.service_env.get(name, {})))
             spec = service_spec(name, module, self._env, overrides, cwd=config.run_dir)
             self._supervisor.add(spec)
         for queue in config.served_queues:
@@ -209,7 +209,10 @@ class Stack:
 
     def _start_postgres(self) -> str:
         server = PrivatePostgres(
-            self.config.run_dir / "postgres", port=self.config.pg_port, die_with_parent=True
+            self.config.run_dir / "postgres",
+            port=self.config.pg_port,
+            fsync=self.config.fsync,
+            die_with_parent=True,
         )
         if not self.config.keep_data:
             server.stop(remove_data=True)  # a fresh cluster: leftovers of an earlier run go
@@ -340,6 +343,23 @@ class Stack:
             raise DevstackError(f"the dispatcher did not become ready: {exc}\n{tail}") from exc
 
     # -- control, for tests and tools -------------------------------------------------------
+
+    @property
+    def postgres_pid(self) -> int | None:
+        """The private Postgres server's pid (None when the config names a database URL)."""
+        return self._postgres.pid if self._postgres is not None else None
+
+    @property
+    def sqs_pid(self) -> int | None:
+        """The local SQS server's pid (None when the config names an endpoint URL)."""
+        return self._sqs.pid if self._sqs is not None else None
+
+    @property
+    def sqs_server(self) -> tuple[str, Path] | None:
+        """The local SQS server's kind (`localstack` or `moto`) and log file, if it runs."""
+        if self._sqs is None or not self._sqs.is_running():
+            return None
+        return self._sqs.kind, self._sqs.log_path
 
     def services(self) -> list[str]:
         return self._require_supervisor().names()

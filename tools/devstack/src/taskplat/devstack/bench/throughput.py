@@ -1,0 +1,284 @@
+"""W1 (throughput), W2 (latency) and W4 (throughput over a grown database): submit tasks over
+HTTP, wait until every one is finished, and compute one run's figures.
+
+Invariants:
+- A fresh stack is warmed up before its first measured run (`warm_up`: 500 no-op tasks, then
+  ANALYZE), so no run pays for cold connections, operator processes or plans made on an empty
+  database.
+- A run starts only when the stack is idle (no unfinished task, no message in the SQS task
+  queue, every wrapper healthy), so it measures its own tasks only; the wait is recorded
+  (`idle_wait_seconds`).
+- Times compared with each other come from one clock, the machine's `time.time()`: the client's
+  reading just before a request, the operators' `started`/`finished` in their results.
+- The run's SQS requests are counted from the run's start until the task queue is empty again
+  after the last task finished (the wake-ups its tasks left behind are part of its cost) and
+  the SQS server's log went quiet: from the services' `taskplat_sqs_requests_total` counters
+  when every SQS client exports them, and from the server's request log (always recorded).
+  The CPU split is taken between the first request and the last task's completion.
+- A run whose tasks do not all finish by the deadline raises `BenchError`; "exactly once" is a
+  figure (False is reported, not raised), checked on the database for every task of the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import httpx
+from tqdm import tqdm
+
+from taskplat.devstack.bench.client import BenchError, Submitted, submit_paced, submit_tasks
+from taskplat.devstack.bench.config import Sizes
+from taskplat.devstack.bench.harness import BenchStack
+from taskplat.devstack.bench.probes import counter_deltas, cpu_split
+from taskplat.devstack.bench.stats import percentile
+
+Submitter = Callable[[Callable[[int], None], threading.Event], Coroutine[Any, Any, Submitted]]
+POLL_SECONDS = 0.2
+REQUESTS_COUNTER = "taskplat_sqs_requests_total"
+WARM_UP_TASKS = 500
+
+
+def find_batch_path(bs: BenchStack) -> str | None:
+    """The dispatcher's bulk create route (a POST path under /tasks naming a batch), if any."""
+    try:
+        response = httpx.get(f"{bs.dispatcher_url}/openapi.json", timeout=10.0)
+        paths = response.json().get("paths", {}) if response.status_code == 200 else {}
+    except (httpx.HTTPError, ValueError):
+        return None
+    for path, operations in paths.items():
+        if (
+            path.startswith("/tasks")
+            and "{" not in path
+            and any(word in path for word in ("batch", "bulk"))
+            and "post" in operations
+        ):
+            return str(path)
+    return None
+
+
+def submit_and_drain(bs: BenchStack, n: int, submit: Submitter, label: str) -> Submitted:
+    """Run `submit` (on its own event loop thread) and show progress until every task it
+    created is finished; on any error (Ctrl-C too) no new request starts."""
+    since = time.time() - 0.5
+    timeout = max(120.0, n / 10)
+    done = [0]
+    stop = threading.Event()
+
+    def on_done(count: int) -> None:
+        done[0] += count
+
+    with (
+        ThreadPoolExecutor(1, thread_name_prefix="bench-submit") as runner,
+        tqdm(total=n, desc=f"{label} submitted", unit="task", leave=False, disable=None) as sent,
+        tqdm(total=n, desc=f"{label} finished ", unit="task", leave=False, disable=None) as fin,
+    ):
+        future: Future[Submitted] = runner.submit(asyncio.run, submit(on_done, stop))
+        try:
+            deadline: float | None = None
+            while True:
+                sent.update(done[0] - sent.n)
+                finished = bs.one("finished_since", since=since)["n"]
+                fin.update(min(finished, n) - fin.n)
+                if future.done():
+                    submitted = future.result()  # raises what the submission raised
+                    sent.update(n - sent.n)
+                    deadline = deadline or time.monotonic() + timeout
+                    ids = submitted.task_ids
+                    if finished >= n and bs.one("finished_count", ids=ids)["n"] >= n:
+                        fin.update(n - fin.n)
+                        return submitted
+                if deadline is not None and time.monotonic() > deadline:
+                    raise BenchError(f"{label}: {n - finished} task(s) not finished in {timeout}s")
+                time.sleep(POLL_SECONDS)
+        finally:
+            stop.set()
+
+
+def _exactly_once(bs: BenchStack, ids: list[str]) -> tuple[bool, dict[str, int]]:
+    counts = bs.one("exactly_once", ids=ids)
+    n = len(ids)
+    ok = all(counts[key] == n for key in counts)
+    return ok, {key: int(value) for key, value in counts.items()}
+
+
+def _submit_noops(
+    bs: BenchStack, sizes: Sizes, batch_path: str | None, n: int, label: str
+) -> Submitted:
+    bodies = [{"operator": "noop"} for _ in range(n)]
+
+    def submit(
+        on_done: Callable[[int], None], stop: threading.Event
+    ) -> Coroutine[Any, Any, Submitted]:
+        return submit_tasks(
+            bs.dispatcher_url,
+            bs.headers,
+            bodies,
+            in_flight=sizes.in_flight,
+            batch_path=batch_path,
+            batch_size=sizes.batch_size,
+            on_done=on_done,
+            stop=stop,
+        )
+
+    return submit_and_drain(bs, n, submit, label)
+
+
+def warm_up(bs: BenchStack, sizes: Sizes, batch_path: str | None, label: str) -> dict[str, Any]:
+    """Before the first measured run of a fresh stack: a few hundred no-op tasks (connections,
+    pooled operators and caches get going), the queue emptied, then ANALYZE."""
+    n = min(sizes.w1_tasks, WARM_UP_TASKS)
+    started = time.monotonic()
+    bs.wait_idle()
+    _submit_noops(bs, sizes, batch_path, n, label)
+    bs.wait_queue_empty()
+    bs.query_exec("analyze")
+    return {"tasks": n, "seconds": round(time.monotonic() - started, 1)}
+
+
+def measure_throughput(
+    bs: BenchStack, sizes: Sizes, batch_path: str | None, label: str
+) -> dict[str, Any]:
+    """One run of W1 (or W4): `sizes.w1_tasks` no-op tasks as fast as the client can."""
+    n = sizes.w1_tasks
+    idle_wait = bs.wait_idle()
+    assert bs.sqs_log is not None
+    counters_before = bs.sqs_counters()
+    bs.sqs_log.mark()
+    cpu_before = bs.cpu_snapshot()
+    submitted = _submit_noops(bs, sizes, batch_path, n, label)
+    cpu_after = bs.cpu_snapshot()
+    times = bs.one("operator_times", ids=submitted.task_ids)
+    # The run's SQS cost includes consuming the wake-ups its tasks left behind (a task claimed
+    # ahead of its message, a republished one): count until the queue is empty again.
+    cleanup = bs.wait_queue_empty()
+    bs.settle_sqs()
+    requests = bs.sqs_log.count()
+    after = bs.sqs_counters()
+    counters = counter_deltas(counters_before, after)
+    once, counts = _exactly_once(bs, submitted.task_ids)
+    if times["last_finished"] is None:
+        raise BenchError(f"{label}: no operator timestamps in the results")
+    submit_seconds = submitted.last_answered - submitted.first_sent
+    drain_seconds = float(times["last_finished"]) - submitted.first_sent
+    logged = sum(requests.values())
+    # The services' own request counters when every SQS client (the relay and each wrapper)
+    # exports them, else the SQS server's log; both are kept.
+    exporters = [
+        any(key.startswith(REQUESTS_COUNTER) for key in samples) for samples in after.values()
+    ]
+    counted = [
+        value
+        for samples in counters.values()
+        for key, value in samples.items()
+        if key.startswith(REQUESTS_COUNTER)
+    ]
+    use_counters = bool(exporters) and all(exporters)
+    total = sum(counted) if use_counters else logged
+    wall = cpu_after.wall - cpu_before.wall
+    figures: dict[str, Any] = {
+        "tasks": n,
+        "submit_rate": round(n / submit_seconds, 1),
+        "drain_rate": round(n / drain_seconds, 1),
+        "submit_seconds": round(submit_seconds, 3),
+        "drain_seconds": round(drain_seconds, 3),
+        "sqs_requests": total,
+        "sqs_requests_per_task": round(total / n, 4),
+        "sqs_requests_source": "service counters" if use_counters else "SQS server log",
+        "sqs_requests_per_task_server_log": round(logged / n, 4),
+        "sqs_requests_by_op": dict(sorted(requests.items())),
+        "sqs_counters": counters,
+        "exactly_once": once,
+        "exactly_once_counts": counts,
+        "cpu_wall_seconds": round(wall, 3),
+        "cpu_seconds": cpu_split(cpu_before, cpu_after),
+        "idle_wait_seconds": idle_wait,
+        "sqs_cleanup_seconds": cleanup,
+    }
+    return figures
+
+
+def measure_latency(bs: BenchStack, sizes: Sizes, label: str) -> dict[str, Any]:
+    """One run of W2: `sizes.w2_tasks` no-op tasks, one by one at `sizes.w2_rate` per second;
+    enqueue-to-start = the operator's start minus the client's time just before the POST."""
+    n = sizes.w2_tasks
+    idle_wait = bs.wait_idle()
+    bodies = [{"operator": "noop"} for _ in range(n)]
+
+    def submit(
+        on_done: Callable[[int], None], stop: threading.Event
+    ) -> Coroutine[Any, Any, Submitted]:
+        return submit_paced(
+            bs.dispatcher_url, bs.headers, bodies, rate=sizes.w2_rate, on_done=on_done, stop=stop
+        )
+
+    submitted = submit_and_drain(bs, n, submit, label)
+    stages = {row["task_id"]: row for row in bs.query("latency_stages", ids=submitted.task_ids)}
+    latencies = sorted(
+        (stages[task_id]["started"] - sent) * 1000
+        for task_id, sent in zip(submitted.task_ids, submitted.sent_at, strict=True)
+        if task_id in stages and stages[task_id]["started"] is not None
+    )
+    once, _ = _exactly_once(bs, submitted.task_ids)
+    span = submitted.sent_at[-1] - submitted.sent_at[0] if n > 1 else 0.0
+    return {
+        "tasks": n,
+        "rate": round((n - 1) / span, 1) if span > 0 else 0.0,
+        "p50_ms": round(percentile(latencies, 50), 2),
+        "p95_ms": round(percentile(latencies, 95), 2),
+        "p99_ms": round(percentile(latencies, 99), 2),
+        "max_ms": round(latencies[-1], 2) if latencies else float("nan"),
+        "mean_ms": round(sum(latencies) / len(latencies), 2) if latencies else float("nan"),
+        "without_start_time": n - len(latencies),
+        "stages_p50_ms": _stages(submitted, stages),
+        "exactly_once": once,
+        "idle_wait_seconds": idle_wait,
+    }
+
+
+STAGES = (
+    ("request_to_created", "sent_at", "created"),
+    ("created_to_wakeup_sent", "created", "sent"),
+    ("wakeup_sent_to_claimed", "sent", "claimed"),
+    ("claimed_to_operator_start", "claimed", "started"),
+)
+
+
+def _stages(submitted: Submitted, rows: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Median of each stage of enqueue-to-start (ms), over the tasks that have both ends."""
+    values: dict[str, list[float]] = {name: [] for name, _, _ in STAGES}
+    for task_id, sent_at in zip(submitted.task_ids, submitted.sent_at, strict=True):
+        row = rows.get(task_id)
+        if row is None:
+            continue
+        points = {**row, "sent_at": sent_at}
+        for name, start, end in STAGES:
+            if points.get(start) is not None and points.get(end) is not None:
+                values[name].append((points[end] - points[start]) * 1000)
+    return {
+        name: round(percentile(sorted(found), 50), 2) for name, found in values.items() if found
+    }
+
+
+def prefill(bs: BenchStack, rows: int) -> dict[str, Any]:
+    """W4's setup: `rows` finished tasks with one attempt each, then VACUUM ANALYZE."""
+    bs.wait_idle()
+    bs.say(f"W4: inserting {rows:,} finished tasks and their attempts ...")
+    started = time.monotonic()
+    bs.query_exec("prefill", rows=rows)
+    inserted = time.monotonic()
+    bs.say(f"W4: inserted in {inserted - started:.1f}s; VACUUM ANALYZE ...")
+    bs.query_exec("vacuum")
+    sizes = bs.one("table_rows")
+    return {
+        "rows": rows,
+        "insert_seconds": round(inserted - started, 1),
+        "vacuum_seconds": round(time.monotonic() - inserted, 1),
+        "tasks_rows": int(sizes["tasks"]),
+        "attempts_rows": int(sizes["attempts"]),
+        "tables_mib": round(int(sizes["bytes"]) / 1024 / 1024, 1),
+    }
