@@ -274,11 +274,11 @@ def test_a_claim_group_claims_once_every_delivery_asked_or_withdrew(
     assert value(text, "taskplat_dispatcher_calls_total", route=CLAIM_BATCH) == 1
 
 
-def test_deletions_that_pile_up_go_in_one_delete_message_batch(queue: Queue) -> None:
+def test_deletions_of_one_turn_go_in_one_batch_and_a_lone_one_alone(queue: Queue) -> None:
     telemetry = Telemetry(SERVICE)
-    for n in range(7):
+    for n in range(8):
         queue.send(f'{{"n": {n}}}')
-    wait_for(lambda: queue.visible() >= 7, timeout=10, what="the messages to be visible")
+    wait_for(lambda: queue.visible() >= 8, timeout=10, what="the messages to be visible")
 
     async def main() -> list[bool]:
         intake = SqsIntake(
@@ -292,17 +292,18 @@ def test_deletions_that_pile_up_go_in_one_delete_message_batch(queue: Queue) -> 
         )
         try:
             deliveries = []
-            while len(deliveries) < 7:
-                deliveries += await intake.receive(7 - len(deliveries))
-            return list(
-                await asyncio.gather(*(intake.delete(each, "poison") for each in deliveries))
+            while len(deliveries) < 8:
+                deliveries += await intake.receive(8 - len(deliveries))
+            together = await asyncio.gather(
+                *(intake.delete(each, "poison") for each in deliveries[:7])
             )
+            return [*together, await intake.delete(deliveries[7], "poison")]
         finally:
             intake.close()
 
-    assert asyncio.run(main()) == [True] * 7
+    assert asyncio.run(main()) == [True] * 8
     queue.wait_empty()
     text = telemetry.prometheus_text()
     requests = by_label(text, "taskplat_sqs_requests_total", "op")
-    assert requests["delete"] == 1 and requests["delete_batch"] == 1
-    assert value(text, "taskplat_sqs_deleted_total", why="poison") == 7
+    assert requests["delete_batch"] == 1 and requests["delete"] == 1
+    assert value(text, "taskplat_sqs_deleted_total", why="poison") == 8

@@ -10,7 +10,6 @@ are served only when `TASKPLAT_WORKER_OPS_PORT` is set, and spans are flushed be
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 import sys
 from collections.abc import Mapping
@@ -72,8 +71,6 @@ def main() -> int:
         print(f"{PROG}: {exc.message}", file=sys.stderr)
         return 2
     configure_logging(SERVICE, level=settings.log_level, fmt=settings.log_format)
-    for chatty in ("httpx", "httpcore"):  # one INFO line per request otherwise
-        logging.getLogger(chatty).setLevel(logging.WARNING)
     structlog.contextvars.bind_contextvars(worker_id=settings.worker_id)
     get_logger().info("operators_loaded", operators=sorted(specs))
     telemetry = Telemetry(SERVICE, settings)

@@ -3,7 +3,8 @@
 Invariants:
   * `ClaimGroup`: the deliveries of one receive each ask for their claim (or withdraw: poison,
     stopped); once all of them did, one task-claim-batch call claims them all, and each gets its
-    own answer or the call's error, exactly as a single claim would have given it.
+    own answer or the call's error, exactly as a single claim would have given it. No failure of
+    a batch call (whatever it raises) leaves a caller waiting.
   * A batch call serves several tasks, so it runs in a fresh context: its span starts a trace of
     its own instead of posing as the child of one task's attempt.
   * `CompletionBatcher`: a completion is sent at once, as a single call, while fewer than
@@ -73,7 +74,7 @@ class ClaimGroup:
         until = min(until for _, until, _ in self._asks)
         try:
             answers = await self._client.claim_batch(task_ids, self._worker_id, until=until)
-        except (DispatcherUnavailable, DispatcherProtocolError) as exc:
+        except Exception as exc:  # each claim gets the call's error, whatever it is
             for _, _, future in self._asks:
                 if not future.done():
                     future.set_exception(exc)
@@ -132,8 +133,12 @@ class CompletionBatcher:
             send.add_done_callback(self._sends.discard)
 
     async def _send(self, batch: list[_Waiting]) -> None:
+        results: list[CompleteResponse | Rejection | BaseException]
         try:
             results = await self._results(batch)
+        except Exception as exc:  # never leave a caller waiting for an answer that will not come
+            results = [exc] * len(batch)
+        try:
             for each, result in zip(batch, results, strict=True):
                 if each.future.done():
                     continue

@@ -5,6 +5,10 @@ Invariants:
   * Network errors and 5xx answers are retried with capped full-jitter backoff until the caller's
     bound (`until`, event-loop time) would pass; then `DispatcherUnavailable` is raised and the
     caller leaves the SQS message in place. A call is never reported as answered when it was not.
+  * HTTP goes through one aiohttp session (keep-alive connections), opened on the first call in
+    the running event loop and closed by `aclose`. aiohttp, not httpx: a call costs the wrapper
+    about 0.3 ms of CPU against 1.6-1.8 ms (measured on the same loopback server), and the
+    wrapper makes at least two calls per task.
   * 409, and 404 with a `Rejected` body, are rejections (stale attempt or lease, not running,
     canceled, unknown task); any other 4xx is a `DispatcherProtocolError` (wrong token, a body the
     dispatcher refused), never taken for a rejection: a wrongly configured URL must not make the
@@ -23,11 +27,12 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import io
 from dataclasses import dataclass
 from typing import TypeVar
 from uuid import UUID
 
-import httpx
+import aiohttp
 from opentelemetry import trace
 from pydantic import BaseModel, SecretStr, TypeAdapter, ValidationError
 
@@ -59,6 +64,20 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 ClaimAnswer = ClaimedResponse | NotClaimedResponse
 _CLAIM_ANSWER: TypeAdapter[ClaimAnswer] = TypeAdapter(ClaimAnswer)
 _BODY_EXCERPT = 500
+LARGE_BODY_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class HttpAnswer:
+    """An HTTP answer, read whole."""
+
+    path: str
+    status_code: int
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
 
 
 class DispatcherUnavailable(TaskplatError):
@@ -97,20 +116,28 @@ class DispatcherClient:
         retry_max_seconds: float = 5.0,
         telemetry: WrapperTelemetry | None = None,
     ) -> None:
-        self._http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"),
-            headers={
-                "Authorization": f"Bearer {token.get_secret_value()}",
-                "Content-Type": "application/json",
-            },
-            timeout=httpx.Timeout(timeout_seconds, connect=connect_timeout_seconds),
+        self._base_url = base_url.rstrip("/")
+        self._headers = {
+            "Authorization": f"Bearer {token.get_secret_value()}",
+            "Content-Type": "application/json",
+        }
+        self._timeout = aiohttp.ClientTimeout(
+            total=timeout_seconds, sock_connect=connect_timeout_seconds
         )
+        self._http: aiohttp.ClientSession | None = None
         self._retry_base = retry_base_seconds
         self._retry_max = retry_max_seconds
         self._telemetry = telemetry or WrapperTelemetry()
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            self._http = aiohttp.ClientSession(headers=self._headers, timeout=self._timeout)
+        return self._http
 
     async def claim(self, task_id: UUID, worker_id: str, *, until: float) -> ClaimAnswer:
         body = ClaimRequest(task_id=task_id, worker_id=worker_id)
@@ -209,7 +236,7 @@ class DispatcherClient:
                 )
         return results
 
-    def _parse_ok(self, response: httpx.Response, answer: type[ModelT], path: str) -> ModelT:
+    def _parse_ok(self, response: HttpAnswer, answer: type[ModelT], path: str) -> ModelT:
         if response.status_code != 200:
             raise _unexpected(response)
         try:
@@ -231,7 +258,7 @@ class DispatcherClient:
             raise _unexpected(response, f"unexpected answer from {path}") from exc
         raise _unexpected(response)
 
-    async def _post(self, path: str, body: BaseModel, *, until: float, span: str) -> httpx.Response:
+    async def _post(self, path: str, body: BaseModel, *, until: float, span: str) -> HttpAnswer:
         attributes = {"http.request.method": "POST", "url.path": path}
         task_id = getattr(body, "task_id", None)
         if task_id is not None:
@@ -243,17 +270,15 @@ class DispatcherClient:
             current.set_attribute("http.response.status_code", response.status_code)
             return response
 
-    async def _post_with_retries(
-        self, path: str, body: BaseModel, *, until: float
-    ) -> httpx.Response:
+    async def _post_with_retries(self, path: str, body: BaseModel, *, until: float) -> HttpAnswer:
         loop = asyncio.get_running_loop()
         content = body.model_dump_json(exclude_none=False).encode()
         headers = inject()  # the current span: this call's
         failures = 0
         while True:
             try:
-                response = await self._http.post(path, content=content, headers=headers)
-            except httpx.HTTPError as exc:
+                response = await self._send(path, content, headers)
+            except (aiohttp.ClientError, TimeoutError) as exc:
                 self._telemetry.dispatcher_call_error(path)
                 problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             else:
@@ -270,10 +295,17 @@ class DispatcherClient:
             )
             await asyncio.sleep(delay)
 
+    async def _send(self, path: str, content: bytes, headers: dict[str, str]) -> HttpAnswer:
+        url = self._base_url + path
+        # aiohttp sends a large body from a file-like object in chunks (bytes would block).
+        data = io.BytesIO(content) if len(content) > LARGE_BODY_BYTES else content
+        async with self._session().post(url, data=data, headers=headers) as response:
+            return HttpAnswer(path, response.status, await response.read())
 
-def _unexpected(response: httpx.Response, what: str | None = None) -> DispatcherProtocolError:
+
+def _unexpected(response: HttpAnswer, what: str | None = None) -> DispatcherProtocolError:
     excerpt = response.text[:_BODY_EXCERPT]
-    message = what or f"{response.request.url.path}: unexpected HTTP {response.status_code}"
+    message = what or f"{response.path}: unexpected HTTP {response.status_code}"
     return DispatcherProtocolError(
         f"{message}: {excerpt}", status_code=response.status_code, body=excerpt
     )

@@ -7,9 +7,12 @@ Invariants:
     explicitly, so the wrapper's extension schedule does not depend on the queue's default.
   * `delete`, `extend` and `release` never raise: a failure is logged and reported as False; an
     undeleted message only comes back later, and a claim then answers NotClaimed.
-  * With batching on, a deletion is sent at once while fewer than `parallel_deletes` deletion
-    requests are in flight; deletions asked for meanwhile go together in one DeleteMessageBatch
-    (10 at most) when one returns. Each message's outcome is its own entry's.
+  * With batching on, deletions are sent at the end of the event-loop turn that asked for them
+    (no timer: a deletion never waits for later ones), those of one turn together (the stale
+    wake-ups of one claim batch, the messages of one completion batch): one DeleteMessageBatch
+    per 10, a lone one as DeleteMessage. At most `parallel_deletes` requests are in flight;
+    deletions asked for meanwhile go together when one returns. Each message's outcome is its
+    own entry's.
   * The queue URL is resolved on first use and cached; an error forgets it, so a queue created
     after the wrapper started is found.
   * A receive asks for every message attribute: the W3C trace context (`traceparent`,
@@ -64,7 +67,7 @@ class SqsIntake:
         threads: int = 8,
         telemetry: WrapperTelemetry | None = None,
         batch_deletes: bool = False,
-        parallel_deletes: int = 1,
+        parallel_deletes: int = 4,
     ) -> None:
         self._client = client
         self.queue_name = queue_name
@@ -76,6 +79,7 @@ class SqsIntake:
         self._batch_deletes = batch_deletes
         self._parallel_deletes = max(1, parallel_deletes)
         self._deletes_in_flight = 0
+        self._flush_scheduled = False
         self._waiting_deletes: list[_Deletion] = []
         self._delete_sends: set[asyncio.Future[None]] = set()
 
@@ -115,17 +119,16 @@ class SqsIntake:
 
     async def delete(self, delivery: Delivery, why: DeleteWhy, **fields: object) -> bool:
         """Delete the message; log `message_deleted` (with `fields`) and count it by `why`."""
-        if self._batch_deletes and self._deletes_in_flight >= self._parallel_deletes:
-            future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        if self._batch_deletes:
+            loop = asyncio.get_running_loop()
+            future: asyncio.Future[bool] = loop.create_future()
+            if not self._flush_scheduled:  # send at the end of this turn, with the turn's others
+                self._flush_scheduled = True
+                loop.call_soon(self._flush_deletes)
             self._waiting_deletes.append(_Deletion(delivery, future))
             deleted = await future
         else:
-            self._deletes_in_flight += 1
-            try:
-                deleted = await self._delete_one(delivery)
-            finally:
-                self._deletes_in_flight -= 1
-                self._flush_deletes()
+            deleted = await self._delete_one(delivery)
         if deleted:
             self._telemetry.deleted(why)
             get_logger().info("message_deleted", why=why, message_id=delivery.message_id, **fields)
@@ -143,6 +146,7 @@ class SqsIntake:
         )
 
     def _flush_deletes(self) -> None:
+        self._flush_scheduled = False
         self._waiting_deletes = [each for each in self._waiting_deletes if not each.future.done()]
         while self._waiting_deletes and self._deletes_in_flight < self._parallel_deletes:
             batch = self._waiting_deletes[:SQS_MAX_BATCH]
@@ -158,12 +162,15 @@ class SqsIntake:
                 outcomes = [await self._delete_one(batch[0].delivery)]
             else:
                 outcomes = await self._delete_batch([each.delivery for each in batch])
-            for each, deleted in zip(batch, outcomes, strict=True):
-                if not each.future.done():
-                    each.future.set_result(deleted)
+        except Exception as exc:  # never leave a deletion waiting (the calls do not raise)
+            outcomes = [False] * len(batch)
+            get_logger().warning("sqs_delete_failed", error=str(exc), count=len(batch))
         finally:
             self._deletes_in_flight -= 1
-            self._flush_deletes()
+        for each, deleted in zip(batch, outcomes, strict=True):
+            if not each.future.done():
+                each.future.set_result(deleted)
+        self._flush_deletes()
 
     async def _delete_batch(self, deliveries: list[Delivery]) -> list[bool]:
         """One DeleteMessageBatch; whether each message was deleted (failures logged, counted)."""
