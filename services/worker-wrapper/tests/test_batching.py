@@ -181,12 +181,12 @@ def _completion(claimed: ClaimedResponse, **fields: Any) -> CompleteRequest:
     )
 
 
-def test_completions_that_pile_up_go_in_one_batch_each_with_its_own_answer(
+def test_completions_of_one_turn_go_in_one_batch_each_with_its_own_answer(
     dispatcher: Dispatcher,
 ) -> None:
     telemetry = Telemetry(SERVICE)
     instruments = WrapperTelemetry(telemetry)
-    leases = [_claim(dispatcher, task_id) for task_id in create_many(dispatcher, 6)]
+    leases = [_claim(dispatcher, task_id) for task_id in create_many(dispatcher, 7)]
     stale = _completion(leases[5]).model_copy(update={"lease_token": UUID(int=1)})
 
     async def main() -> list[CompleteResponse | Rejection]:
@@ -195,19 +195,22 @@ def test_completions_that_pile_up_go_in_one_batch_each_with_its_own_answer(
         until = asyncio.get_running_loop().time() + 10
         try:
             bodies = [_completion(lease) for lease in leases[:5]] + [stale]
-            return list(
-                await asyncio.gather(*(batcher.complete(body, until=until) for body in bodies))
+            together = await asyncio.gather(
+                *(batcher.complete(body, until=until) for body in bodies)
             )
+            alone = await batcher.complete(_completion(leases[6]), until=until)
+            return [*together, alone]
         finally:
             await client.aclose()
 
     answers = asyncio.run(main())
-    assert all(isinstance(a, CompleteResponse) and not a.repeated for a in answers[:5]), answers
+    good = [*answers[:5], answers[6]]
+    assert all(isinstance(a, CompleteResponse) and not a.repeated for a in good), answers
     assert answers[5] == Rejection("StaleLease", answers[5].message)  # type: ignore[union-attr]
     text = telemetry.prometheus_text()
-    assert value(text, "taskplat_dispatcher_calls_total", route=COMPLETE) == 1
     assert value(text, "taskplat_dispatcher_calls_total", route=COMPLETE_BATCH) == 1
-    for lease in leases[:5]:
+    assert value(text, "taskplat_dispatcher_calls_total", route=COMPLETE) == 1  # the lone one
+    for lease in [*leases[:5], leases[6]]:
         assert dispatcher.get(str(lease.task.task_id))["status"] == "Completed"
     assert dispatcher.get(str(leases[5].task.task_id))["status"] == "Running"
 

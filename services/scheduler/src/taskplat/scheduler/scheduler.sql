@@ -107,10 +107,10 @@ moved AS (
     UPDATE tasks AS t
     SET last_wakeup_at = n.now,
         updated_at = n.now
-    FROM due, n
-    WHERE t.task_id = due.task_id
-      AND t.status = 'Queued'
-      AND t.attempt = due.attempt
+    FROM n
+    -- Locked as Queued by `due` (FOR UPDATE re-tests its WHERE), so no status test here: it
+    -- would let the planner read the whole Queued index instead of the primary key.
+    WHERE t.task_id = ANY(ARRAY(SELECT task_id FROM due))
     RETURNING t.task_id, t.attempt, t.queue, t.operator
 ),
 ob AS (

@@ -7,12 +7,14 @@ Invariants:
     a batch call (whatever it raises) leaves a caller waiting.
   * A batch call serves several tasks, so it runs in a fresh context: its span starts a trace of
     its own instead of posing as the child of one task's attempt.
-  * `CompletionBatcher`: a completion is sent at once, as a single call, while fewer than
-    `parallel` completion calls are in flight; one that becomes ready while they all are waits,
-    and every completion waiting when a call returns goes in one task-complete-batch call (10 at
-    most; a lone one as a single call). Each caller gets exactly the answer the single call would
-    have given. When a batch call fails as a whole (no answer in time, or refused), each of its
-    completions is sent again on its own with its own time bound, so batching never loses a
+  * `CompletionBatcher`: a completion is sent at the end of the event-loop turn it became ready
+    in (no timer: it never waits for later ones), together with the others of that turn, while
+    fewer than `parallel` completion calls are in flight; completions that become ready while
+    they all are wait, and go together when one returns. A lone completion is a single call, made
+    in its caller's context (its span stays in the attempt's trace); several go in one
+    task-complete-batch call (10 at most). Each caller gets exactly the answer the single call
+    would have given. When a batch call fails as a whole (no answer in time, or refused), each of
+    its completions is sent again on its own with its own time bound, so batching never loses a
     completion and never answers one that was not answered.
 """
 
@@ -92,6 +94,7 @@ class _Waiting:
     body: CompleteRequest
     until: float
     future: asyncio.Future[CompleteResponse | Rejection] = field(repr=False)
+    context: contextvars.Context = field(repr=False)
 
 
 class CompletionBatcher:
@@ -102,6 +105,7 @@ class CompletionBatcher:
         self._parallel = max(1, parallel)
         self._enabled = enabled
         self._in_flight = 0
+        self._flush_scheduled = False
         self._waiting: list[_Waiting] = []
         self._sends: set[asyncio.Future[None]] = set()
 
@@ -109,26 +113,25 @@ class CompletionBatcher:
         self, body: CompleteRequest, *, until: float
     ) -> CompleteResponse | Rejection:
         """Report a completion; raises what `DispatcherClient.complete` raises."""
-        if not self._enabled or self._in_flight < self._parallel:
-            self._in_flight += 1
-            try:
-                return await self._client.complete(body, until=until)
-            finally:
-                self._in_flight -= 1
-                self._flush()
-        future: asyncio.Future[CompleteResponse | Rejection] = (
-            asyncio.get_running_loop().create_future()
-        )
-        self._waiting.append(_Waiting(body, until, future))
+        if not self._enabled:
+            return await self._client.complete(body, until=until)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[CompleteResponse | Rejection] = loop.create_future()
+        self._waiting.append(_Waiting(body, until, future, contextvars.copy_context()))
+        if not self._flush_scheduled:  # send at the end of this turn, with the turn's others
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
         return await future
 
     def _flush(self) -> None:
+        self._flush_scheduled = False
         self._waiting = [each for each in self._waiting if not each.future.done()]
         while self._waiting and self._in_flight < self._parallel:
             batch, self._waiting = self._waiting[:MAX_BATCH], self._waiting[MAX_BATCH:]
             self._in_flight += 1
-            loop = asyncio.get_running_loop()
-            send = loop.create_task(self._send(batch), context=contextvars.Context())
+            # A lone completion keeps its caller's trace; a batch call is no one's child.
+            context = batch[0].context if len(batch) == 1 else contextvars.Context()
+            send = asyncio.get_running_loop().create_task(self._send(batch), context=context)
             self._sends.add(send)
             send.add_done_callback(self._sends.discard)
 

@@ -5,6 +5,14 @@
 -- what is still Queued once locked; claim-next takes free Queued rows (SKIP LOCKED) of one queue,
 -- oldest first; every claim records its attempt in the same statement. Time is
 -- coalesce(%(now)s::timestamptz, now()).
+--
+-- The UPDATE of a claim finds its rows by primary key only (`= ANY(ARRAY(...))`, an Index Cond
+-- whatever the statistics say; a join could be planned as a scan). `FOR UPDATE` re-tests the WHERE of
+-- the locking CTE on the newest version of each row, so a locked row is Queued (and unexpired)
+-- until this transaction ends. Testing `status = 'Queued'` again in the UPDATE would be
+-- redundant, and harmful: it lets the planner read the whole Queued partial index instead of the
+-- primary key, which statistics taken while the queue was empty make look cheap (under a backlog
+-- that read 4,120 entries to update 4 rows).
 
 -- name: claim_tasks
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
@@ -12,7 +20,9 @@ locked AS MATERIALIZED (
     SELECT t.task_id
     FROM tasks AS t, n
     WHERE t.task_id = ANY(%(task_ids)s::uuid[])
-      AND t.status = 'Queued'
+      -- `IS TRUE`: the same test, in a form no partial index matches, so the rows are found by
+      -- primary key and never by reading the whole Queued index (see top).
+      AND (t.status = 'Queued') IS TRUE
       AND (t.expires_at IS NULL OR t.expires_at > n.now)
     ORDER BY t.task_id
     FOR UPDATE OF t
@@ -29,10 +39,8 @@ claimed AS (
         attempt_outcome = NULL,
         next_retry_at = NULL,
         updated_at = n.now
-    FROM n, locked AS l
-    WHERE t.task_id = l.task_id
-      AND t.status = 'Queued'
-      AND (t.expires_at IS NULL OR t.expires_at > n.now)
+    FROM n
+    WHERE t.task_id = ANY(ARRAY(SELECT task_id FROM locked))  -- locked as Queued (see top)
     RETURNING t.task_id, t.attempt, t.job, t.operator, t.queue, t.config, t.inputs,
               t.timeout_seconds, t.deadline_at, t.lease_token, t.lease_expires_at,
               t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset
@@ -67,9 +75,8 @@ claimed AS (
         attempt_outcome = NULL,
         next_retry_at = NULL,
         updated_at = n.now
-    FROM n, picked AS p
-    WHERE t.task_id = p.task_id
-      AND t.status = 'Queued'
+    FROM n
+    WHERE t.task_id = ANY(ARRAY(SELECT task_id FROM picked))  -- locked as Queued (see top)
     RETURNING t.task_id, t.attempt, t.job, t.operator, t.queue, t.config, t.inputs,
               t.timeout_seconds, t.deadline_at, t.lease_token, t.lease_expires_at,
               t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset
