@@ -159,8 +159,10 @@ class WrapperSettings(
         4,
         ge=1,
         le=10,
-        description="Claims of one receive, completion calls and deletions in flight at once "
-        "that go as single calls; beyond this they are batched (with `batch_calls`).",
+        description="With `batch_calls`: completion calls and SQS deletion requests in flight at "
+        "once (those ready meanwhile wait, and go together when one returns; those ready in the "
+        "same event-loop turn always go together); the claims of a receive that brought more "
+        "wake-ups than this go in one batch call.",
     )
 
     @model_validator(mode="after")
