@@ -133,7 +133,10 @@ class Supervisor:
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
         """Send `sig` to the service's main process (not its group): a crash, as the OS would
-        cause it. The supervisor then restarts it as it would after any exit. Return the pid."""
+        cause it. The supervisor then restarts it as it would after any exit. Return the pid.
+
+        The signal takes effect asynchronously: the process may still be listed by `pids()` for a
+        moment. To kill the restarted process, wait for a pid other than the one returned."""
         return self._call(lambda: self._kill(name, sig))
 
     def pids(self) -> dict[str, int]:
