@@ -7,11 +7,9 @@ Invariants:
     a batch call (whatever it raises) leaves a caller waiting.
   * A batch call serves several tasks, so it runs in a fresh context: its span starts a trace of
     its own instead of posing as the child of one task's attempt.
-  * `CompletionBatcher`: a completion is sent at the end of the event-loop turn it became ready
-    in (no timer: it never waits for later ones), together with the others of that turn, while
-    fewer than `parallel` completion calls are in flight; completions that become ready while
-    they all are wait, and go together when one returns. A lone completion is a single call, made
-    in its caller's context (its span stays in the attempt's trace); several go in one
+  * `CompletionBatcher`: completions are batched by turn (`turn_batching`): those ready in one
+    event-loop turn go together, at most `parallel` calls in flight. A lone completion is a single
+    call, made in its caller's context (its span stays in the attempt's trace); several go in one
     task-complete-batch call (10 at most). Each caller gets exactly the answer the single call
     would have given. When a batch call fails as a whole (no answer in time, or refused), each of
     its completions is sent again on its own with its own time bound, so batching never loses a
@@ -22,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from dataclasses import dataclass, field
 from uuid import UUID
 
 from taskplat.common.contracts import ClaimedResponse, CompleteRequest, CompleteResponse
@@ -35,6 +32,7 @@ from taskplat.worker_wrapper.dispatcher_client import (
     DispatcherUnavailable,
     Rejection,
 )
+from taskplat.worker_wrapper.turn_batching import TurnBatcher
 
 
 class ClaimGroup:
@@ -89,25 +87,15 @@ class ClaimGroup:
             self.settled.set()
 
 
-@dataclass
-class _Waiting:
-    body: CompleteRequest
-    until: float
-    future: asyncio.Future[CompleteResponse | Rejection] = field(repr=False)
-    context: contextvars.Context = field(repr=False)
-
-
 class CompletionBatcher:
     """Completion calls: single while few are in flight, batched when they pile up."""
 
     def __init__(self, client: DispatcherClient, *, parallel: int, enabled: bool) -> None:
         self._client = client
-        self._parallel = max(1, parallel)
         self._enabled = enabled
-        self._in_flight = 0
-        self._flush_scheduled = False
-        self._waiting: list[_Waiting] = []
-        self._sends: set[asyncio.Future[None]] = set()
+        self._turns: TurnBatcher[tuple[CompleteRequest, float], CompleteResponse | Rejection] = (
+            TurnBatcher(self._send, max_batch=MAX_BATCH, parallel=parallel)
+        )
 
     async def complete(
         self, body: CompleteRequest, *, until: float
@@ -115,52 +103,16 @@ class CompletionBatcher:
         """Report a completion; raises what `DispatcherClient.complete` raises."""
         if not self._enabled:
             return await self._client.complete(body, until=until)
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[CompleteResponse | Rejection] = loop.create_future()
-        self._waiting.append(_Waiting(body, until, future, contextvars.copy_context()))
-        if not self._flush_scheduled:  # send at the end of this turn, with the turn's others
-            self._flush_scheduled = True
-            loop.call_soon(self._flush)
-        return await future
+        return await self._turns.submit((body, until))
 
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        self._waiting = [each for each in self._waiting if not each.future.done()]
-        while self._waiting and self._in_flight < self._parallel:
-            batch, self._waiting = self._waiting[:MAX_BATCH], self._waiting[MAX_BATCH:]
-            self._in_flight += 1
-            # A lone completion keeps its caller's trace; a batch call is no one's child.
-            context = batch[0].context if len(batch) == 1 else contextvars.Context()
-            send = asyncio.get_running_loop().create_task(self._send(batch), context=context)
-            self._sends.add(send)
-            send.add_done_callback(self._sends.discard)
-
-    async def _send(self, batch: list[_Waiting]) -> None:
-        results: list[CompleteResponse | Rejection | BaseException]
-        try:
-            results = await self._results(batch)
-        except Exception as exc:  # never leave a caller waiting for an answer that will not come
-            results = [exc] * len(batch)
-        try:
-            for each, result in zip(batch, results, strict=True):
-                if each.future.done():
-                    continue
-                if isinstance(result, BaseException):
-                    each.future.set_exception(result)
-                else:
-                    each.future.set_result(result)
-        finally:
-            self._in_flight -= 1
-            self._flush()
-
-    async def _results(
-        self, batch: list[_Waiting]
+    async def _send(
+        self, batch: list[tuple[CompleteRequest, float]]
     ) -> list[CompleteResponse | Rejection | BaseException]:
         if len(batch) > 1:
-            until = min(each.until for each in batch)
+            until = min(until for _, until in batch)
             try:
                 answers: list[CompleteResult] = await self._client.complete_batch(
-                    [each.body for each in batch], until=until
+                    [body for body, _ in batch], until=until
                 )
             except (DispatcherUnavailable, DispatcherProtocolError):
                 pass  # the call failed as a whole: each completion again on its own
@@ -168,7 +120,7 @@ class CompletionBatcher:
                 return list(answers)
         return list(
             await asyncio.gather(
-                *(self._client.complete(each.body, until=each.until) for each in batch),
+                *(self._client.complete(body, until=until) for body, until in batch),
                 return_exceptions=True,
             )
         )

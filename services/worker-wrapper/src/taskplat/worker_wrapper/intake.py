@@ -7,12 +7,10 @@ Invariants:
     explicitly, so the wrapper's extension schedule does not depend on the queue's default.
   * `delete`, `extend` and `release` never raise: a failure is logged and reported as False; an
     undeleted message only comes back later, and a claim then answers NotClaimed.
-  * With batching on, deletions are sent at the end of the event-loop turn that asked for them
-    (no timer: a deletion never waits for later ones), those of one turn together (the stale
-    wake-ups of one claim batch, the messages of one completion batch): one DeleteMessageBatch
-    per 10, a lone one as DeleteMessage. At most `parallel_deletes` requests are in flight;
-    deletions asked for meanwhile go together when one returns. Each message's outcome is its
-    own entry's.
+  * With batching on, deletions are batched by turn (`turn_batching`): those asked for in one
+    event-loop turn go together (the stale wake-ups of one claim batch, the messages of one
+    completion batch), one DeleteMessageBatch per 10, a lone one as DeleteMessage, at most
+    `parallel_deletes` requests in flight. Each message's outcome is its own entry's.
   * The queue URL is resolved on first use and cached; an error forgets it, so a queue created
     after the wrapper started is found.
   * A receive asks for every message attribute: the W3C trace context (`traceparent`,
@@ -35,6 +33,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from taskplat.common.logging import get_logger
 from taskplat.common.sqs import QueueUrls
 from taskplat.worker_wrapper.observability import DeleteWhy, SqsOp, WrapperTelemetry
+from taskplat.worker_wrapper.turn_batching import TurnBatcher
 
 if TYPE_CHECKING:
     from types_boto3_sqs.client import SQSClient
@@ -76,12 +75,11 @@ class SqsIntake:
         self._visibility = visibility_timeout_seconds
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sqs")
         self._telemetry = telemetry or WrapperTelemetry()
-        self._batch_deletes = batch_deletes
-        self._parallel_deletes = max(1, parallel_deletes)
-        self._deletes_in_flight = 0
-        self._flush_scheduled = False
-        self._waiting_deletes: list[_Deletion] = []
-        self._delete_sends: set[asyncio.Future[None]] = set()
+        self._deletes: TurnBatcher[Delivery, bool] | None = (
+            TurnBatcher(self._send_deletes, max_batch=SQS_MAX_BATCH, parallel=parallel_deletes)
+            if batch_deletes
+            else None
+        )
 
     async def _call(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
@@ -119,14 +117,8 @@ class SqsIntake:
 
     async def delete(self, delivery: Delivery, why: DeleteWhy, **fields: object) -> bool:
         """Delete the message; log `message_deleted` (with `fields`) and count it by `why`."""
-        if self._batch_deletes:
-            loop = asyncio.get_running_loop()
-            future: asyncio.Future[bool] = loop.create_future()
-            if not self._flush_scheduled:  # send at the end of this turn, with the turn's others
-                self._flush_scheduled = True
-                loop.call_soon(self._flush_deletes)
-            self._waiting_deletes.append(_Deletion(delivery, future))
-            deleted = await future
+        if self._deletes is not None:  # sent at the end of this turn, with the turn's others
+            deleted = await self._deletes.submit(delivery)
         else:
             deleted = await self._delete_one(delivery)
         if deleted:
@@ -145,32 +137,14 @@ class SqsIntake:
             ),
         )
 
-    def _flush_deletes(self) -> None:
-        self._flush_scheduled = False
-        self._waiting_deletes = [each for each in self._waiting_deletes if not each.future.done()]
-        while self._waiting_deletes and self._deletes_in_flight < self._parallel_deletes:
-            batch = self._waiting_deletes[:SQS_MAX_BATCH]
-            self._waiting_deletes = self._waiting_deletes[SQS_MAX_BATCH:]
-            self._deletes_in_flight += 1
-            send = asyncio.ensure_future(self._send_deletes(batch))
-            self._delete_sends.add(send)
-            send.add_done_callback(self._delete_sends.discard)
-
-    async def _send_deletes(self, batch: list[_Deletion]) -> None:
+    async def _send_deletes(self, batch: list[Delivery]) -> list[bool]:
         try:
             if len(batch) == 1:
-                outcomes = [await self._delete_one(batch[0].delivery)]
-            else:
-                outcomes = await self._delete_batch([each.delivery for each in batch])
-        except Exception as exc:  # never leave a deletion waiting (the calls do not raise)
-            outcomes = [False] * len(batch)
+                return [await self._delete_one(batch[0])]
+            return await self._delete_batch(batch)
+        except Exception as exc:  # the calls do not raise; should one, nothing is deleted
             get_logger().warning("sqs_delete_failed", error=str(exc), count=len(batch))
-        finally:
-            self._deletes_in_flight -= 1
-        for each, deleted in zip(batch, outcomes, strict=True):
-            if not each.future.done():
-                each.future.set_result(deleted)
-        self._flush_deletes()
+            return [False] * len(batch)
 
     async def _delete_batch(self, deliveries: list[Delivery]) -> list[bool]:
         """One DeleteMessageBatch; whether each message was deleted (failures logged, counted)."""
@@ -240,12 +214,6 @@ class SqsIntake:
     def close(self) -> None:
         """Stop the thread pool (a receive in flight finishes its long poll in the background)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-@dataclass
-class _Deletion:
-    delivery: Delivery
-    future: asyncio.Future[bool] = field(repr=False)
 
 
 def _delivery(message: Any) -> Delivery:

@@ -1,0 +1,88 @@
+"""Calls asked for in one event-loop turn, sent together at the end of that turn.
+
+Invariants:
+  * No timer: an item submitted in a turn is sent at the end of that same turn (with the others
+    of the turn), unless `parallel` sends are in flight; items submitted while they all are wait,
+    and go together when one returns. An item never waits for later ones.
+  * A send carries at most `max_batch` items, in submission order.
+  * A send of one item runs in its submitter's context (its span stays in the submitter's
+    trace); a send of several runs in a fresh context: it is no one's child.
+  * Each submitter gets its own item's result, or the exception the send gave for it. A send that
+    raises hands its exception to every submitter of that send: no failure leaves one waiting.
+  * An item whose submitter stopped waiting (cancelled) before its send is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+SendBatch = Callable[[list[Item]], Awaitable[Sequence[Result | BaseException]]]
+
+
+@dataclass
+class _Waiting(Generic[Item, Result]):
+    item: Item
+    future: asyncio.Future[Result] = field(repr=False)
+    context: contextvars.Context = field(repr=False)
+
+
+class TurnBatcher(Generic[Item, Result]):
+    """Sends the items of one loop turn together with `send`, which answers each item in order."""
+
+    def __init__(self, send: SendBatch[Item, Result], *, max_batch: int, parallel: int) -> None:
+        self._send_batch = send
+        self._max_batch = max(1, max_batch)
+        self._parallel = max(1, parallel)
+        self._in_flight = 0
+        self._flush_scheduled = False
+        self._waiting: list[_Waiting[Item, Result]] = []
+        self._sends: set[asyncio.Future[None]] = set()
+
+    async def submit(self, item: Item) -> Result:
+        """Queue `item` for this turn's send; return its result (or raise its exception)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Result] = loop.create_future()
+        self._waiting.append(_Waiting(item, future, contextvars.copy_context()))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
+        return await future
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        self._waiting = [each for each in self._waiting if not each.future.done()]
+        while self._waiting and self._in_flight < self._parallel:
+            batch = self._waiting[: self._max_batch]
+            self._waiting = self._waiting[self._max_batch :]
+            self._in_flight += 1
+            context = batch[0].context if len(batch) == 1 else contextvars.Context()
+            send = asyncio.get_running_loop().create_task(self._send(batch), context=context)
+            self._sends.add(send)
+            send.add_done_callback(self._sends.discard)
+
+    async def _send(self, batch: list[_Waiting[Item, Result]]) -> None:
+        results: Sequence[Result | BaseException]
+        try:
+            results = await self._send_batch([each.item for each in batch])
+            if len(results) != len(batch):
+                raise RuntimeError(f"{len(results)} results for a batch of {len(batch)}")
+        except Exception as exc:  # never leave a submitter waiting for an answer that won't come
+            results = [exc] * len(batch)
+        try:
+            for each, result in zip(batch, results, strict=True):
+                if each.future.done():
+                    continue
+                if isinstance(result, BaseException):
+                    each.future.set_exception(result)
+                else:
+                    each.future.set_result(result)
+        finally:
+            self._in_flight -= 1
+            self._flush()
