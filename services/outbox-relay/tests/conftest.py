@@ -14,6 +14,7 @@ from relay_harness import Queues, Rows, make_settings
 from taskplat.common.clock import FakeClock
 from taskplat.common.db.pools import make_pool
 from taskplat.common.sqs import sqs_client
+from taskplat.common.telemetry import Telemetry
 from taskplat.outbox_relay.relay import Relay
 from taskplat.outbox_relay.settings import RelaySettings
 
@@ -59,5 +60,33 @@ def relay(
     settings: RelaySettings, pool: ConnectionPool[Connection[DictRow]], clock: FakeClock
 ) -> Iterator[Relay]:
     relay = Relay(settings, pool=pool, sqs=sqs_client(settings), clock=clock, rand=random.Random(7))
+    yield relay
+    relay.close()
+
+
+@pytest.fixture
+def telemetry() -> Iterator[Telemetry]:
+    """The relay's telemetry; a module overrides it to add a span exporter."""
+    telemetry = Telemetry("outbox-relay")
+    yield telemetry
+    telemetry.shutdown()
+
+
+@pytest.fixture
+def measured_relay(
+    settings: RelaySettings,
+    pool: ConnectionPool[Connection[DictRow]],
+    clock: FakeClock,
+    telemetry: Telemetry,
+) -> Iterator[Relay]:
+    """A relay that records its metrics and spans with the `telemetry` fixture."""
+    relay = Relay(
+        settings,
+        pool=pool,
+        sqs=sqs_client(settings),
+        clock=clock,
+        rand=random.Random(7),
+        telemetry=telemetry,
+    )
     yield relay
     relay.close()

@@ -26,6 +26,7 @@ from psycopg.types.json import Jsonb
 from taskplat.common.clock import Clock
 from taskplat.common.db.queries import parse_queries
 from taskplat.common.sqs import ensure_queue, sqs_client, sqs_queue_name
+from taskplat.common.telemetry import Telemetry
 from taskplat.devstack.waiting import wait_for
 from taskplat.outbox_relay.settings import RelaySettings
 
@@ -235,3 +236,9 @@ class TcpForwarder:
             for sock in self._sockets:
                 with contextlib.suppress(OSError):
                     sock.close()
+
+
+def metric_lines(telemetry: Telemetry) -> set[str]:
+    """The Prometheus sample lines of `telemetry` (no comments, no blank lines)."""
+    text = telemetry.prometheus_text().decode()
+    return {line for line in text.splitlines() if line and not line.startswith("#")}

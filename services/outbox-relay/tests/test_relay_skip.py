@@ -8,25 +8,19 @@ row. With the setting off every row is sent as before.
 
 from __future__ import annotations
 
-import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 import psycopg
 import pytest
-from psycopg import Connection
-from psycopg.rows import DictRow, dict_row
-from psycopg_pool import ConnectionPool
-from relay_harness import Queues, Rows, task_ids_of
+from psycopg.rows import dict_row
+from relay_harness import Queues, Rows, metric_lines, task_ids_of
 
 from taskplat.common.clock import FakeClock
 from taskplat.common.db.queries import parse_queries
-from taskplat.common.sqs import sqs_client
 from taskplat.common.telemetry import Telemetry
 from taskplat.outbox_relay.relay import Relay, RelayBatch
-from taskplat.outbox_relay.settings import RelaySettings
 
 _SQL_PATH = Path(__file__).with_name("relay_skip_rows.sql")
 Q = parse_queries(_SQL_PATH.read_text(encoding="utf-8"), source=str(_SQL_PATH))
@@ -43,37 +37,6 @@ def _marks(db_url: str) -> dict[UUID, list[dict[str, Any]]]:
     for row in _run(db_url, "skip_marks"):
         marks.setdefault(row["task_id"], []).append(row)
     return marks
-
-
-@pytest.fixture
-def telemetry() -> Iterator[Telemetry]:
-    telemetry = Telemetry("outbox-relay")
-    yield telemetry
-    telemetry.shutdown()
-
-
-@pytest.fixture
-def counted_relay(
-    settings: RelaySettings,
-    pool: ConnectionPool[Connection[DictRow]],
-    clock: FakeClock,
-    telemetry: Telemetry,
-) -> Iterator[Relay]:
-    relay = Relay(
-        settings,
-        pool=pool,
-        sqs=sqs_client(settings),
-        clock=clock,
-        rand=random.Random(7),
-        telemetry=telemetry,
-    )
-    yield relay
-    relay.close()
-
-
-def _metric_lines(telemetry: Telemetry) -> set[str]:
-    text = telemetry.prometheus_text().decode()
-    return {line for line in text.splitlines() if line and not line.startswith("#")}
 
 
 def test_wakeups_of_tasks_no_longer_queued_are_marked_sent_without_a_message(
@@ -153,20 +116,20 @@ def test_with_skipping_off_every_wakeup_is_sent(
 
 
 def test_skips_and_sqs_requests_are_counted(
-    counted_relay: Relay, rows: Rows, queues: Queues, telemetry: Telemetry, db_url: str
+    measured_relay: Relay, rows: Rows, queues: Queues, telemetry: Telemetry, db_url: str
 ) -> None:
     urls = {queue: queues.create(queue) for queue in ("alpha", "beta")}
     alpha = rows.queued_tasks("alpha", 23)  # 3 SendMessageBatch calls: 10 + 10 + 3
     beta = rows.queued_tasks("beta", 12)  # 2 calls, of which 4 rows are skipped: 8 sent, 1 call
     _run(db_url, "claim_tasks", {"task_ids": beta[:4]})
 
-    assert counted_relay.run_once() == RelayBatch(
+    assert measured_relay.run_once() == RelayBatch(
         claimed=35, sent=31, dead_letters_sent=0, failed=0, skipped=4, more=False
     )
 
     assert sorted(task_ids_of(queues.receive(urls["alpha"], 23))) == sorted(alpha)
     assert sorted(task_ids_of(queues.receive(urls["beta"], 8))) == sorted(beta[4:])
-    lines = _metric_lines(telemetry)
+    lines = metric_lines(telemetry)
     assert {
         'taskplat_sqs_requests_total{op="send_message_batch"} 4.0',
         'taskplat_outbox_skipped_total{kind="enqueue_task"} 4.0',
@@ -180,7 +143,7 @@ def test_skips_and_sqs_requests_are_counted(
     # A batch of only skipped rows makes no SQS request at all.
     skipped_only = rows.queued_tasks("alpha", 5)
     _run(db_url, "cancel_tasks", {"task_ids": skipped_only})
-    assert counted_relay.run_once().skipped == 5
-    lines = _metric_lines(telemetry)
+    assert measured_relay.run_once().skipped == 5
+    lines = metric_lines(telemetry)
     assert 'taskplat_sqs_requests_total{op="send_message_batch"} 4.0' in lines
     assert 'taskplat_outbox_skipped_total{kind="enqueue_task"} 9.0' in lines

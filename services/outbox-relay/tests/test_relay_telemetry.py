@@ -3,7 +3,6 @@ that joins the task's trace and is the parent the SQS message names."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,16 +10,10 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
-from psycopg import Connection
-from psycopg.rows import DictRow
-from psycopg_pool import ConnectionPool
-from relay_harness import Queues, Rows, task_ids_of
+from relay_harness import Queues, Rows, metric_lines, task_ids_of
 
-from taskplat.common.clock import FakeClock
-from taskplat.common.sqs import sqs_client
 from taskplat.common.telemetry import Telemetry
 from taskplat.outbox_relay.relay import Relay, RelayBatch
-from taskplat.outbox_relay.settings import RelaySettings
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -36,30 +29,6 @@ def telemetry(exporter: InMemorySpanExporter) -> Iterator[Telemetry]:
     telemetry = Telemetry("outbox-relay", span_exporter=exporter)
     yield telemetry
     telemetry.shutdown()
-
-
-@pytest.fixture
-def traced_relay(
-    settings: RelaySettings,
-    pool: ConnectionPool[Connection[DictRow]],
-    clock: FakeClock,
-    telemetry: Telemetry,
-) -> Iterator[Relay]:
-    relay = Relay(
-        settings,
-        pool=pool,
-        sqs=sqs_client(settings),
-        clock=clock,
-        rand=random.Random(7),
-        telemetry=telemetry,
-    )
-    yield relay
-    relay.close()
-
-
-def metric_lines(telemetry: Telemetry) -> set[str]:
-    text = telemetry.prometheus_text().decode()
-    return {line for line in text.splitlines() if line and not line.startswith("#")}
 
 
 def named_span(traceparent: str) -> tuple[str, str]:
@@ -80,7 +49,7 @@ def send_spans(telemetry: Telemetry, exporter: InMemorySpanExporter) -> list[Rea
 
 
 def test_sends_are_counted_by_task_queue_and_kind(
-    traced_relay: Relay, rows: Rows, queues: Queues, telemetry: Telemetry
+    measured_relay: Relay, rows: Rows, queues: Queues, telemetry: Telemetry
 ) -> None:
     url = queues.create("alpha")
     dlq_url = queues.create_dead_letters()
@@ -88,7 +57,7 @@ def test_sends_are_counted_by_task_queue_and_kind(
     rows.dead_task("alpha")
     rows.queued_tasks("ghost", 1)  # its SQS queue does not exist: the send fails
 
-    assert traced_relay.run_once() == RelayBatch(
+    assert measured_relay.run_once() == RelayBatch(
         claimed=4, sent=2, dead_letters_sent=1, failed=1, more=False
     )
     queues.receive(url, 2)
@@ -106,7 +75,7 @@ def test_sends_are_counted_by_task_queue_and_kind(
 
 
 def test_the_send_span_joins_the_rows_trace_and_the_message_names_it(
-    traced_relay: Relay,
+    measured_relay: Relay,
     rows: Rows,
     queues: Queues,
     telemetry: Telemetry,
@@ -119,7 +88,7 @@ def test_the_send_span_joins_the_rows_trace_and_the_message_names_it(
     )
     [untraced] = rows.queued_tasks("traced")
 
-    assert traced_relay.run_once().sent == 2
+    assert measured_relay.run_once().sent == 2
 
     spans = {attrs(span)["taskplat.task_id"]: span for span in send_spans(telemetry, exporter)}
     assert set(spans) == {str(traced), str(untraced)}
@@ -148,7 +117,7 @@ def test_the_send_span_joins_the_rows_trace_and_the_message_names_it(
 
 
 def test_a_failed_send_ends_its_span_with_the_error(
-    traced_relay: Relay,
+    measured_relay: Relay,
     rows: Rows,
     queues: Queues,
     telemetry: Telemetry,
@@ -158,7 +127,7 @@ def test_a_failed_send_ends_its_span_with_the_error(
         "ghost", trace_context={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"}
     )
 
-    assert traced_relay.run_once().failed == 1
+    assert measured_relay.run_once().failed == 1
 
     [span] = send_spans(telemetry, exporter)
     assert attrs(span)["taskplat.task_id"] == str(task_id)

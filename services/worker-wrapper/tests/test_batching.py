@@ -5,8 +5,6 @@ batch claims, batch completions and batched deletions give each item its own out
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -16,9 +14,8 @@ from pydantic import SecretStr
 from wrapper_harness import (
     WORKER_TOKEN,
     Dispatcher,
-    InProcessWrapper,
     Queue,
-    wrapper_settings,
+    running_wrapper,
 )
 from wrapper_metrics import by_label, value
 
@@ -40,22 +37,6 @@ CLAIM_NEXT = "/internal/task-claim-next"
 CLAIM_BATCH = "/internal/task-claim-batch"
 COMPLETE = "/internal/task-complete"
 COMPLETE_BATCH = "/internal/task-complete-batch"
-
-
-@contextmanager
-def running_wrapper(
-    dispatcher: Dispatcher,
-    queue: Queue,
-    operators_file: Path,
-    telemetry: Telemetry,
-    **overrides: Any,
-) -> Iterator[InProcessWrapper]:
-    settings = wrapper_settings(dispatcher, queue, operators_file, **overrides)
-    wrapper = InProcessWrapper(settings, telemetry).start()
-    try:
-        yield wrapper
-    finally:
-        wrapper.stop()
 
 
 def create_many(dispatcher: Dispatcher, count: int, **fields: Any) -> list[str]:

@@ -8,8 +8,6 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
@@ -23,11 +21,10 @@ from pydantic import SecretStr
 from wrapper_harness import (
     WORKER_TOKEN,
     Dispatcher,
-    InProcessWrapper,
     Queue,
+    running_wrapper,
     spawn_wrapper,
     wrapper_env,
-    wrapper_settings,
 )
 from wrapper_metrics import by_label, value
 
@@ -39,22 +36,6 @@ from taskplat.worker_wrapper.observability import SERVICE, WrapperTelemetry
 
 CLAIM = "/internal/task-claim"
 COMPLETE = "/internal/task-complete"
-
-
-@contextmanager
-def running_wrapper(
-    dispatcher: Dispatcher,
-    queue: Queue,
-    operators_file: Path,
-    telemetry: Telemetry,
-    **overrides: Any,
-) -> Iterator[InProcessWrapper]:
-    settings = wrapper_settings(dispatcher, queue, operators_file, **overrides)
-    wrapper = InProcessWrapper(settings, telemetry).start()
-    try:
-        yield wrapper
-    finally:
-        wrapper.stop()
 
 
 def test_metrics_count_a_known_workload(

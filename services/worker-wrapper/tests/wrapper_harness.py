@@ -296,6 +296,23 @@ class InProcessWrapper:
             raise self._error
 
 
+@contextmanager
+def running_wrapper(
+    dispatcher: Dispatcher,
+    queue: Queue,
+    operators_file: Path,
+    telemetry: Telemetry,
+    **overrides: Any,
+) -> Iterator[InProcessWrapper]:
+    """An in-process wrapper with `wrapper_settings(...)` and `overrides`, stopped on exit."""
+    settings = wrapper_settings(dispatcher, queue, operators_file, **overrides)
+    wrapper = InProcessWrapper(settings, telemetry).start()
+    try:
+        yield wrapper
+    finally:
+        wrapper.stop()
+
+
 def spawn_wrapper(env: Mapping[str, str], log_dir: Path) -> Child:
     return spawn(
         "wrapper",
