@@ -31,6 +31,14 @@ CLAIM_TASK = {
     "inputs": [{"from": "blocks"}],
     "timeout_seconds": 60,
     "deadline_at": T1,
+    "outputs": [
+        {
+            "output_index": 0,
+            "dataset_uuid": U2,
+            "dataset_version": U3,
+            "location": "postgres_table:dataset_x",
+        }
+    ],
 }
 EVENT = {"dataset_uuid": U2, "dataset_version": U3, "cursor": 12345}
 OUTPUT = {
@@ -63,6 +71,7 @@ TASK_VIEW = {
     "result": {"rows": 1},
     "last_error": "boom",
     "dead_reason": None,
+    "cancel_reason": None,
     "scheduled_for": T1,
     "next_retry_at": T2,
     "expires_at": T2,
@@ -79,6 +88,99 @@ TASK_VIEW = {
 }
 
 # A valid example of every model; each optional UUID or timestamp is set, so each can be broken.
+JOB_SPEC = {
+    "operator": "transform",
+    "runtime": "ecs",
+    "queue": "default",
+    "config": {"a": 1},
+    "schedule": "*/5 * * * *",
+    "trust": "untrusted",
+    "inputs": [
+        {"from": {"job": "source", "output_index": 0}},
+        {"from": {"dataset": "alerts"}, "where": "severity = 'critical'"},
+    ],
+    "outputs": [
+        {
+            "index": 0,
+            "dataset": "enriched",
+            "kind": "buffered_postgres",
+            "location": None,
+            "schema": [{"name": "severity", "type": "text"}],
+        }
+    ],
+    "max_attempts": 3,
+    "timeout_seconds": 60,
+    "backoff_base_seconds": 1.0,
+    "backoff_max_seconds": 30.0,
+}
+JOB_VIEW = {
+    "name": "transform",
+    "operator": "transform",
+    "runtime": "ecs",
+    "queue": "default",
+    "config": {},
+    "schedule": "0 * * * *",
+    "schedule_next_at": T1,
+    "trust": "trusted",
+    "max_attempts": 3,
+    "timeout_seconds": None,
+    "backoff_base_seconds": 1.0,
+    "backoff_max_seconds": 300.0,
+    "inputs": [
+        {"from": {"dataset": "alerts"}, "where": None, "dataset": "alerts", "dataset_uuid": U2}
+    ],
+    "outputs": [{"index": 0, "dataset": "enriched", "dataset_uuid": U3, "kind": "postgres"}],
+}
+DAG_VIEW = {
+    "dag_name": "monad",
+    "document_hash": "sha256:00",
+    "created_at": T1,
+    "updated_at": T2,
+    "changed": True,
+    "jobs": [JOB_VIEW],
+}
+DAG_SUMMARY = {
+    "dag_name": "monad",
+    "jobs": 2,
+    "document_hash": "sha256:00",
+    "created_at": T1,
+    "updated_at": T2,
+}
+EVENT_INPUT = {
+    "dataset_uuid": U2,
+    "dataset_version": U3,
+    "cursor": None,
+    "partition_key": "1-10",
+    "start": 1,
+    "end": 10,
+    "where": "x > 1",
+}
+DATASET_SUMMARY = {
+    "dataset_uuid": U2,
+    "name": "blocks",
+    "kind": "postgres",
+    "location": "postgres_table:dataset_{dataset_uuid}",
+    "current_version": U3,
+    "created_at": T1,
+}
+DATASET_VERSION = {"dataset_version": U3, "created_at": T1, "superseded_at": T2, "current": True}
+DATASET_VIEW = {**DATASET_SUMMARY, "latest_cursor": 42, "versions": [DATASET_VERSION]}
+EVENT_VIEW = {
+    "event_id": 1,
+    "dataset_uuid": U2,
+    "dataset_version": U3,
+    "cursor": 42,
+    "partition_key": None,
+    "start": None,
+    "end": None,
+    "producer": {"task_id": U1, "attempt": 1},
+    "routed": True,
+    "reason": None,
+    "tasks": [U1],
+    "created_at": T1,
+    "routed_at": T2,
+}
+
 EXAMPLES: dict[str, dict[str, Any]] = {
     "AttemptView": ATTEMPT_VIEW,
     "ClaimRequest": {"task_id": U1, "worker_id": "ecs:cluster/service/task"},
@@ -187,6 +289,34 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "CreatedTask": {"created": True, "task": TASK_VIEW},
     "CreateTasksResponse": {"results": [{"created": False, "task": TASK_VIEW}]},
     "NotClaimedItem": {"task_id": U1, "reason": "NotFound"},
+    "OutputTarget": {"output_index": 0, "dataset_uuid": U2, "dataset_version": U3,
+                     "location": "postgres_table:dataset_x"},
+    "JobSpec": JOB_SPEC,
+    "DagDocument": {"jobs": {"transform": JOB_SPEC, "source": {"operator": "emit"}}},
+    "DagView": DAG_VIEW,
+    "DagSummary": DAG_SUMMARY,
+    "DagList": {"dags": [DAG_SUMMARY]},
+    "DeletedDag": {"dag_name": "monad", "deleted": True},
+    "JobView": JOB_VIEW,
+    "JobRunRequest": {"config": {"a": 1}, "inputs": [EVENT_INPUT], "idempotency_key": "k"},
+    "EventInput": EVENT_INPUT,
+    "DatasetSummary": DATASET_SUMMARY,
+    "DatasetList": {"datasets": [DATASET_SUMMARY]},
+    "DatasetVersionView": DATASET_VERSION,
+    "DatasetView": DATASET_VIEW,
+    "NewVersionRequest": {},
+    "NewVersionResponse": {"dataset": DATASET_VIEW, "canceled_tasks": 2},
+    "EventView": EVENT_VIEW,
+    "EventList": {"events": [EVENT_VIEW], "next_cursor": "ZTE"},
+    "ColumnSpec": {"name": "severity", "type": "text"},
+    "FromJob": {"job": "source", "output_index": 0},
+    "FromDataset": {"dataset": "alerts"},
+    "InputSpec": {"from": {"dataset": "alerts"}, "where": "severity = 'critical'"},
+    "OutputSpec": {"index": 0, "dataset": "blocks", "kind": "s3", "location": "s3://b/{dataset_uuid}/",
+                   "schema": None},
+    "ResolvedInput": JOB_VIEW["inputs"][0],
+    "ResolvedOutput": JOB_VIEW["outputs"][0],
+    "Producer": {"task_id": U1, "attempt": 1},
 }  # fmt: skip
 
 MODELS: dict[str, type[BaseModel]] = {

@@ -136,6 +136,15 @@ PUBLIC_ROUTES = (
     ("GET", "/tasks/{task_id}"),
     ("PUT", "/tasks/{task_id}/cancel"),
     ("POST", "/tasks/{task_id}/retry"),
+    ("PUT", "/dags/{dag_name}"),
+    ("GET", "/dags"),
+    ("GET", "/dags/{dag_name}"),
+    ("DELETE", "/dags/{dag_name}"),
+    ("POST", "/dags/{dag_name}/jobs/{job}/runs"),
+    ("GET", "/datasets"),
+    ("GET", "/datasets/{dataset_uuid}"),
+    ("POST", "/datasets/{dataset_uuid}/versions"),
+    ("GET", "/datasets/{dataset_uuid}/events"),
 )
 INTERNAL_ROUTES = (
     ("POST", "/internal/task-claim"),

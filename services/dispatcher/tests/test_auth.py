@@ -26,9 +26,12 @@ def _valid_request(method: str, path: str, task_id: str, fence: dict[str, Any]) 
         "/internal/heartbeat": fence,
         "/internal/task-complete": {**fence, "status": "Completed"},
         "/internal/events": {**fence, "events": [cursor_event(1)]},
+        "/dags/{dag_name}": {"jobs": {"a": {"operator": "echo"}}},
+        "/dags/{dag_name}/jobs/{job}/runs": {},
     }
-    request: dict[str, Any] = {"method": method, "url": path.format(task_id=task_id)}
-    if method == "POST" and path in bodies:
+    url = path.format(task_id=task_id, dag_name="d", job="a", dataset_uuid=task_id)
+    request: dict[str, Any] = {"method": method, "url": url}
+    if method in ("POST", "PUT") and path in bodies:
         request["json"] = bodies[path]
     if path == "/internal/task-fetch":
         request["params"] = {"task_id": task_id}

@@ -73,6 +73,7 @@ def test_claim_answers_the_seed_004_payload_and_starts_the_attempt(
         "inputs": [{"from": "blocks"}],
         "timeout_seconds": 600,
         "deadline_at": body["task"]["deadline_at"],
+        "outputs": [],
     }
     assert ts(body["task"]["deadline_at"]) == now + timedelta(seconds=600)
 

@@ -98,8 +98,9 @@ def test_completed_commits_result_outputs_events_and_the_attempt_record(
     assert view["attempts"][0]["outcome"] == "Completed"
     assert ts(view["attempts"][0]["finished_at"]) == now
     assert ts(view["finished_at"]) == now
-    # Only the creation's wake-up: completing writes no outbox row.
-    assert [each["kind"] for each in outbox_rows(db_url, lease.task_id)] == ["enqueue_task"]
+    # The creation's wake-up, and one routing row per event stored with the completion.
+    kinds = [each["kind"] for each in outbox_rows(db_url, lease.task_id)]
+    assert kinds == ["enqueue_task"] + ["route_event"] * len(event_rows(db_url, lease.task_id))
 
 
 def test_outputs_must_be_unique_per_output_index(dispatcher: Dispatcher, db_url: str) -> None:

@@ -181,6 +181,7 @@ def _producers(dispatcher: Dispatcher) -> dict[tuple[str, str, str], list[httpx.
         add("POST", path, 413, d.worker.post(path, json={**body, "pad": "x" * BODY_CAP}))
         add("POST", path, 422, d.worker.post(path, json={**body, "bogus": 1}))
     _batch_route_responses(d, add, done.fence())
+    _dag_route_responses(d, add)
     # Last: these succeed and end the running attempt.
     for path in ("/internal/heartbeat", "/internal/events", "/internal/task-complete"):
         add("POST", path, 200, d.worker.post(path, json=bodies[path]))
@@ -206,6 +207,67 @@ def _batch_route_responses(
         add("POST", path, 401, d.anonymous.post(path, json=body))
         add("POST", path, 413, client.post(path, json={**body, "pad": "x" * BODY_CAP}))
         add("POST", path, 422, client.post(path, json={**body, "bogus": 1}))
+
+
+def _dag_route_responses(d: Dispatcher, add: Callable[..., None]) -> None:
+    """A real response of each documented status of the DAG and dataset routes."""
+    ghost = str(uuid4())
+    anonymous = d.anonymous
+    doc = {
+        "jobs": {
+            "a": {"operator": "echo", "outputs": [{"index": 0, "dataset": "da"}]},
+            "b": {"operator": "echo", "inputs": [{"from": {"job": "a", "output_index": 0}}]},
+        }
+    }
+    dag = "/dags/{dag_name}"
+    add("PUT", dag, 201, d.api.put("/dags/p", json=doc))
+    add("PUT", dag, 200, d.api.put("/dags/p", json=doc))
+    add("PUT", dag, 400, d.api.put("/dags/p", content=b"{"))
+    add("PUT", dag, 401, anonymous.put("/dags/p", json=doc))
+    add("PUT", dag, 413, d.api.put("/dags/p", json={**doc, "pad": "x" * BODY_CAP}))
+    add("PUT", dag, 422, d.api.put("/dags/p", json={**doc, "bogus": 1}))
+    add("GET", "/dags", 200, d.api.get("/dags"))
+    add("GET", "/dags", 401, anonymous.get("/dags"))
+    add("GET", dag, 200, d.api.get("/dags/p"))
+    add("GET", dag, 401, anonymous.get("/dags/p"))
+    add("GET", dag, 404, d.api.get("/dags/ghost"))
+    add("GET", dag, 422, d.api.get("/dags/no%20pe"))
+    runs = "/dags/{dag_name}/jobs/{job}/runs"
+    add("POST", runs, 201, d.api.post("/dags/p/jobs/a/runs", json={"idempotency_key": "r"}))
+    add("POST", runs, 200, d.api.post("/dags/p/jobs/a/runs", json={"idempotency_key": "r"}))
+    add("POST", runs, 400, d.api.post("/dags/p/jobs/a/runs", content=b"{"))
+    add("POST", runs, 401, anonymous.post("/dags/p/jobs/a/runs", json={}))
+    add("POST", runs, 413, d.api.post("/dags/p/jobs/a/runs", json={"pad": "x" * BODY_CAP}))
+    add("POST", runs, 422, d.api.post("/dags/p/jobs/a/runs", json={"bogus": 1}))
+    add("POST", runs, 404, d.api.post("/dags/p/jobs/ghost/runs", json={}))
+    add("GET", "/datasets", 200, d.api.get("/datasets"))
+    add("GET", "/datasets", 401, anonymous.get("/datasets"))
+    dataset = d.api.get("/datasets").json()["datasets"][0]["dataset_uuid"]
+    one = "/datasets/{dataset_uuid}"
+    add("GET", one, 200, d.api.get(f"/datasets/{dataset}"))
+    add("GET", one, 401, anonymous.get(f"/datasets/{dataset}"))
+    add("GET", one, 404, d.api.get(f"/datasets/{ghost}"))
+    add("GET", one, 422, d.api.get("/datasets/nope"))
+    events = "/datasets/{dataset_uuid}/events"
+    add("GET", events, 200, d.api.get(f"/datasets/{dataset}/events"))
+    add("GET", events, 401, anonymous.get(f"/datasets/{dataset}/events"))
+    add("GET", events, 404, d.api.get(f"/datasets/{ghost}/events"))
+    add("GET", events, 422, d.api.get(f"/datasets/{dataset}/events", params={"limit": 0}))
+    versions = "/datasets/{dataset_uuid}/versions"
+    add("POST", versions, 201, d.api.post(f"/datasets/{dataset}/versions", json={}))
+    add("POST", versions, 401, anonymous.post(f"/datasets/{dataset}/versions", json={}))
+    add("POST", versions, 404, d.api.post(f"/datasets/{ghost}/versions", json={}))
+    add(
+        "POST",
+        versions,
+        413,
+        d.api.post(f"/datasets/{dataset}/versions", json={"pad": "x" * BODY_CAP}),
+    )
+    add("POST", versions, 422, d.api.post(f"/datasets/{dataset}/versions", json={"bogus": 1}))
+    add("DELETE", dag, 200, d.api.delete("/dags/p"))
+    add("DELETE", dag, 401, anonymous.delete("/dags/p"))
+    add("DELETE", dag, 404, d.api.delete("/dags/p"))
+    add("DELETE", dag, 422, d.api.delete("/dags/no%20pe"))
 
 
 def test_every_documented_response_schema_validates_a_real_response(

@@ -2,10 +2,11 @@
 
 Invariants: `create_app(settings, *, pool, clock, telemetry)` builds everything from its arguments
 (no module globals); the pool is opened in the lifespan and closed on shutdown, and a pool the app
-makes itself prepares statements as `db_prepare_threshold` says; every route comes
-from `ROUTES` or the open operational routes; every HTTP request is timed (and traced when tracing
-is on) by `HttpTelemetryMiddleware`. The caller owns `telemetry` (it shuts it down); without one
-the app makes its own from the settings. Buffered spans are exported when the app shuts down.
+makes itself prepares statements as `db_prepare_threshold` says; every route
+comes from `ALL_ROUTES` or the open operational routes; every HTTP request is timed (and traced
+when tracing is on) by `HttpTelemetryMiddleware`. The caller owns `telemetry` (it shuts it
+down); without one the app makes its own from the settings. Buffered spans are exported when
+the app shuts down.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ from taskplat.common.clock import Clock, SystemClock
 from taskplat.common.db.pools import make_async_pool
 from taskplat.common.telemetry import Telemetry
 from taskplat.dispatcher import operational
+from taskplat.dispatcher.dags import DagService
 from taskplat.dispatcher.errors import EXCEPTION_HANDLERS
 from taskplat.dispatcher.http_telemetry import HttpTelemetryMiddleware
 from taskplat.dispatcher.openapi import build_openapi
 from taskplat.dispatcher.recorder import Recorder
-from taskplat.dispatcher.routes import ROUTES, guarded
+from taskplat.dispatcher.route_table import ALL_ROUTES
+from taskplat.dispatcher.routes import guarded
 from taskplat.dispatcher.service import TaskService
 from taskplat.dispatcher.settings import DispatcherSettings
 from taskplat.dispatcher.state_gauges import StateGauges
@@ -65,7 +68,8 @@ def create_app(
             await asyncio.to_thread(telemetry.force_flush)
 
     routes: list[BaseRoute] = [
-        Route(spec.path, guarded(spec), methods=[spec.method], name=spec.name) for spec in ROUTES
+        Route(spec.path, guarded(spec), methods=[spec.method], name=spec.name)
+        for spec in ALL_ROUTES
     ]
     routes += [
         Route("/healthz", operational.healthz, methods=["GET"]),
@@ -86,6 +90,7 @@ def create_app(
     app.state.telemetry = telemetry
     app.state.recorder = recorder
     app.state.service = TaskService(pool, clock, settings, recorder)
+    app.state.dags = DagService(pool, clock, settings, recorder)
     app.state.gauges = StateGauges(
         telemetry, pool, clock, cache_seconds=settings.metrics_cache_seconds
     )

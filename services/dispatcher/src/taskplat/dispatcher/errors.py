@@ -48,7 +48,8 @@ def status_for(error: TaskplatError) -> int:
 
 
 def json_response(model: Any, status_code: int = 200) -> Response:
-    return Response(model.model_dump_json(), status_code=status_code, media_type="application/json")
+    body = model.model_dump_json(by_alias=True)
+    return Response(body, status_code=status_code, media_type="application/json")
 
 
 def error_response(status_code: int, code: str, message: str, detail: Any = None) -> Response:

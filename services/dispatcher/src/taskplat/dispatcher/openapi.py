@@ -1,6 +1,6 @@
 """The OpenAPI 3.1 document, generated from the route table and the pydantic contracts.
 
-Invariant: the document is derived from `ROUTES`, the same table the app is built from, so it
+Invariant: the document is derived from `ALL_ROUTES`, the same table the app is built from, so it
 names exactly the routes that exist with the request and response models their handlers use.
 """
 
@@ -12,15 +12,22 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from taskplat.common.contracts import ErrorResponse
-from taskplat.dispatcher.routes import ROUTES, RouteSpec
+from taskplat.dispatcher.route_table import ALL_ROUTES
+from taskplat.dispatcher.routes import RouteSpec
 
 _REF_TEMPLATE = "#/components/schemas/{model}"
 _UUID_SCHEMA = {"type": "string", "format": "uuid"}
+_NAME_SCHEMA = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,100}$"}
+
+
+def _path_schema(name: str) -> dict[str, str]:
+    """Ids are UUIDs; DAG and job names are names."""
+    return _UUID_SCHEMA if name.endswith(("_id", "_uuid")) else _NAME_SCHEMA
 
 
 def _models() -> list[type[BaseModel]]:
     seen: dict[str, type[BaseModel]] = {}
-    for spec in ROUTES:
+    for spec in ALL_ROUTES:
         candidates: list[type[BaseModel]] = []
         if spec.body:
             candidates.append(spec.body)
@@ -41,7 +48,7 @@ def _ref(model: type[BaseModel]) -> dict[str, str]:
 
 def _parameters(spec: RouteSpec) -> list[dict[str, Any]]:
     parameters: list[dict[str, Any]] = [
-        {"name": name, "in": "path", "required": True, "schema": _UUID_SCHEMA}
+        {"name": name, "in": "path", "required": True, "schema": _path_schema(name)}
         for name in spec.path_params
     ]
     if spec.query is not None:
@@ -64,7 +71,7 @@ def _operation(spec: RouteSpec) -> dict[str, Any]:
     if spec.body is not None:
         operation["requestBody"] = {
             "required": True,
-            "content": {"application/json": {"schema": _ref(spec.body)}},
+            "content": {media: {"schema": _ref(spec.body)} for media in spec.body_media_types},
         }
     responses: dict[str, Any] = {}
     for status, (description, model) in sorted(spec.responses.items()):
@@ -104,7 +111,7 @@ def build_openapi() -> dict[str, Any]:
         [(model, "validation") for model in _models()], ref_template=_REF_TEMPLATE
     )
     paths: dict[str, Any] = _open_paths()
-    for spec in ROUTES:
+    for spec in ALL_ROUTES:
         paths.setdefault(spec.path, {})[spec.method.lower()] = _operation(spec)
     return {
         "openapi": "3.1.0",

@@ -64,6 +64,13 @@ class Recorder:
             "taskplat.worker_calls.rejected", description="Stale worker calls refused."
         )
         self._heartbeats = counter("taskplat.heartbeats", description="Accepted heartbeats.")
+        self._events = counter(
+            "taskplat.events.received",
+            description="Events stored (a repeat of a stored event is not counted).",
+        )
+        self._dags_applied = counter(
+            "taskplat.dags.applied", description="DAG documents applied that changed a DAG."
+        )
         self._schedule_lag = telemetry.histogram(
             "taskplat.task.schedule_lag",
             description="Claim time minus the time the task became Queued.",
@@ -82,9 +89,20 @@ class Recorder:
         self._created.add(1, {"queue": row["queue"], "operator": row["operator"]})
         get_logger().info("task_created", status=row["status"], **_task_fields(row))
 
-    def task_canceled(self, row: Row) -> None:
+    def task_canceled(self, row: Row, *, by: str = "api") -> None:
         self._canceled.add(1, {"queue": row["queue"], "operator": row["operator"]})
-        get_logger().info("task_canceled", by="api", **_task_fields(row))
+        get_logger().info("task_canceled", by=by, **_task_fields(row))
+
+    def events_received(self, count: int) -> None:
+        if count:
+            self._events.add(count)
+
+    def dag_applied(self, dag_name: str, jobs: int) -> None:
+        self._dags_applied.add(1)
+        get_logger().info("dag_applied", dag_name=dag_name, jobs=jobs)
+
+    def dag_deleted(self, dag_name: str) -> None:
+        get_logger().info("dag_deleted", dag_name=dag_name)
 
     def task_replayed(self, row: Row) -> None:
         self._replayed.add(1, {"queue": row["queue"], "operator": row["operator"]})

@@ -66,6 +66,8 @@ class ListTasksQuery(Contract):
     status: TaskStatus | None = None
     queue: QueueName | None = None
     operator: OperatorName | None = None
+    dag: Annotated[str, Field(min_length=1, max_length=100)] | None = None
+    job: Annotated[str, Field(min_length=1, max_length=100)] | None = None
     cursor: Annotated[str, Field(max_length=512)] | None = None
     limit: Annotated[int, Field(ge=1, le=500)] = 50
 
@@ -88,7 +90,7 @@ class RouteSpec:
     responses: dict[int, tuple[str, type[BaseModel] | list[type[BaseModel]] | None]] = field(
         default_factory=dict
     )
-    content_type: str = "application/json"
+    body_media_types: tuple[str, ...] = ("application/json",)
 
 
 def _service(request: Request) -> TaskService:
@@ -111,6 +113,10 @@ def _bind(**fields: object) -> None:
 def _settings(request: Request) -> DispatcherSettings:
     settings: DispatcherSettings = request.app.state.settings
     return settings
+
+
+settings_of = _settings
+bind_log_fields = _bind
 
 
 def _authorize(request: Request, auth: Auth) -> None:
@@ -142,7 +148,9 @@ async def create_tasks(request: Request) -> Response:
 async def list_tasks(request: Request) -> Response:
     query = parse_query(request, ListTasksQuery)
     limit = min(query.limit, _settings(request).list_max_limit)
-    filters = ListFilters(query.status, query.queue, query.operator, query.cursor, limit)
+    filters = ListFilters(
+        query.status, query.queue, query.operator, query.cursor, limit, query.dag, query.job
+    )
     return json_response(await _service(request).list(filters))
 
 

@@ -134,6 +134,8 @@ class TaskService:
             "status": filters.status,
             "queue": filters.queue,
             "operator": filters.operator,
+            "dag": filters.dag,
+            "job": filters.job,
             "after_created_at": after_created_at,
             "after_task_id": after_task_id,
             "limit": filters.limit + 1,
@@ -239,6 +241,7 @@ class TaskService:
                     now=self._clock.sql_now(),
                 )
             if guarded:
+                self._recorder.events_received(stored)
                 return EventsAcceptedResponse(accepted=stored)
             fence = await repo.read_fence(conn, request.task_id)
         raise classify_rejection(fence, request.attempt, request.lease_token)

@@ -34,6 +34,8 @@ class ListFilters:
     operator: str | None
     cursor: str | None
     limit: int
+    dag: str | None = None
+    job: str | None = None
 
 
 def completion_digest(request: CompleteRequest) -> str:

@@ -13,6 +13,11 @@ Invariants:
     row), `taskplat.outbox.relayed{kind}` rows that left the outbox (sent, or skipped because the
     task was no longer Queued), `taskplat.outbox.skipped{kind}` the skipped ones; both counted only
     once the batch committed. A skipped row's span carries `taskplat.outbox.skipped = true`;
+  * routing (`route_event` rows, counted once their batch committed):
+    `taskplat.events.routed{outcome}` events decided (`routed`, `NotCurrentVersion`,
+    `UnknownDataset`), `taskplat.events.tasks_created` downstream tasks created, and the
+    histogram `taskplat.events.routing_lag` (seconds from the event stored to its downstream
+    tasks created);
   * `taskplat.sqs.requests{op}` counts every API call of the relay's SQS client once (botocore's
     `before-call` event, so a call retried inside botocore counts once), `op` being the snake_case
     operation name: `send_message_batch` (one per SendMessageBatch call), `get_queue_url`, ...
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
 from botocore import xform_name
@@ -31,6 +37,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from taskplat.common.telemetry import Telemetry, extract, inject
 from taskplat.outbox_relay.outbox import OutboxRow
+from taskplat.outbox_relay.routing import RoutedEvent
 
 SPAN_NAME = "outbox.send"
 
@@ -45,7 +52,21 @@ class RelayMetrics:
         self._relayed: Any = None
         self._skipped: Any = None
         self._requests: Any = None
+        self._routed: Any = None
+        self._routed_tasks: Any = None
+        self._routing_lag: Any = None
         if telemetry is not None:
+            self._routed = telemetry.counter(
+                "taskplat.events.routed",
+                description="Events routed (outcome routed) or not (outcome = the reason).",
+            )
+            self._routed_tasks = telemetry.counter(
+                "taskplat.events.tasks_created", description="Downstream tasks created by routing."
+            )
+            self._routing_lag = telemetry.histogram(
+                "taskplat.events.routing_lag",
+                description="Seconds from an event stored to its downstream tasks created.",
+            )
             self._sent = telemetry.counter(
                 "taskplat.sqs.sent", description="Messages SQS accepted, by task queue and kind."
             )
@@ -116,6 +137,16 @@ class RelayMetrics:
 
     def skipped(self, rows: Iterable[OutboxRow]) -> None:
         _add(self._skipped, Counter((row.kind,) for row in rows), ("kind",))
+
+    def routed(self, events: Iterable[RoutedEvent], committed_at: datetime) -> None:
+        if self._routed is None:
+            return
+        for event in events:
+            self._routed.add(1, {"outcome": event.reason or "routed"})
+            if event.tasks:
+                self._routed_tasks.add(len(event.tasks))
+                lag = (committed_at - event.event_created_at).total_seconds()
+                self._routing_lag.record(max(lag, 0.0))
 
     def relayed(self, rows: Iterable[OutboxRow]) -> None:
         _add(self._relayed, Counter((row.kind,) for row in rows), ("kind",))

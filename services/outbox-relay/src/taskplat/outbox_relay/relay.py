@@ -1,4 +1,5 @@
-"""The relay loop: pending outbox rows -> SQS wake-ups and dead-letter records.
+"""The relay loop: pending outbox rows -> SQS wake-ups and dead-letter records; events -> the
+downstream tasks of the jobs that read them.
 
 Design: one short transaction per batch. `run_once()` opens a transaction, claims up to
 `batch_size` due, unsent rows (`FOR UPDATE SKIP LOCKED`, ordered by `outbox_id`), sends them
@@ -27,6 +28,9 @@ Invariants:
     `taskplat.outbox.relayed{kind}` (rows that left the outbox); every SQS API call of the relay's
     client counts once in `taskplat.sqs.requests{op}` (`op` = botocore's snake_case operation
     name, e.g. `send_message_batch`, `get_queue_url`).
+  * a `route_event` row is performed, not sent: its event is routed (`routing`) inside the batch's
+    transaction, so the downstream tasks, their `enqueue_task` rows and the row marked sent commit
+    together; those wake-ups go out in a following batch (the batch reports `more`);
   * `run_once()` returns what it did; `run(stop)` only waits (interval, NOTIFY on
     `taskplat_outbox`, or stop) and calls it.
   * each row is sent inside its own "outbox.send" span, child of the row's stored trace context,
@@ -39,8 +43,10 @@ from __future__ import annotations
 import random
 import threading
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+import psycopg
 from opentelemetry.trace import Span
 from psycopg import Connection
 from psycopg.rows import DictRow
@@ -51,7 +57,7 @@ from taskplat.common.clock import Clock, SystemClock
 from taskplat.common.db.notify import OUTBOX_CHANNEL, PgNotifyWaker
 from taskplat.common.loops import LoopHealth, run_loop
 from taskplat.common.telemetry import Telemetry
-from taskplat.outbox_relay import outbox
+from taskplat.outbox_relay import outbox, routing
 from taskplat.outbox_relay.messages import (
     OutgoingMessage,
     UnsendableRow,
@@ -60,6 +66,7 @@ from taskplat.outbox_relay.messages import (
 )
 from taskplat.outbox_relay.metrics import RelayMetrics
 from taskplat.outbox_relay.outbox import Failure, OutboxRow
+from taskplat.outbox_relay.routing import RoutedEvent
 from taskplat.outbox_relay.sender import Sender
 from taskplat.outbox_relay.settings import RelaySettings
 
@@ -80,6 +87,9 @@ class RelayBatch:
     failed: int
     # Wake-ups marked sent without a message (their task was no longer Queued).
     skipped: int = field(default=0, kw_only=True)
+    # Events routed to downstream jobs (`route_event` rows), and the tasks that created.
+    routed: int = field(default=0, kw_only=True)
+    tasks_created: int = field(default=0, kw_only=True)
     more: bool
 
 
@@ -118,14 +128,20 @@ class Relay:
                 )
                 if not rows:
                     return RelayBatch(0, 0, 0, 0, more=False)
-                spans = {row.outbox_id: self._metrics.start_span(row) for row in rows}
-                accepted, failures = self._send([row for row in rows if not row.skipped], spans)
-                marked = outbox.mark_sent(conn, [row.outbox_id for row in accepted], now=now)
-                outbox.mark_failed(conn, failures, now=now)
+                route_rows = [row for row in rows if row.kind == "route_event"]
+                messages = [row for row in rows if row.kind != "route_event"]
+                spans = {row.outbox_id: self._metrics.start_span(row) for row in messages}
+                routed, route_failures = self._route(conn, route_rows, now)
+                accepted, failures = self._send([row for row in messages if not row.skipped], spans)
+                done = [row.outbox_id for row in accepted]
+                done += [row.outbox_id for row in route_rows] if not route_failures else []
+                marked = outbox.mark_sent(conn, done, now=now)
+                outbox.mark_failed(conn, failures + route_failures, now=now)
         except BaseException as exc:
             for span in spans.values():
                 self._metrics.end_span(span, f"batch failed: {type(exc).__name__}: {exc}")
             raise
+        self._metrics.routed(routed, self._clock.now())
         errors = {failure.outbox_id: failure.error for failure in failures}
         for outbox_id, span in spans.items():
             self._metrics.end_span(span, errors.get(outbox_id))
@@ -138,10 +154,28 @@ class Relay:
             claimed=len(rows),
             sent=len(accepted) - dead_letters,
             dead_letters_sent=dead_letters,
-            failed=len(failures),
+            failed=len(failures) + len(route_failures),
             skipped=len(skipped),
-            more=len(rows) >= self._settings.batch_size,
+            routed=len(routed),
+            tasks_created=sum(len(event.tasks) for event in routed),
+            more=len(rows) >= self._settings.batch_size or any(event.tasks for event in routed),
         )
+
+    def _route(
+        self, conn: Connection[DictRow], rows: list[OutboxRow], now: datetime | None
+    ) -> tuple[list[RoutedEvent], list[Failure]]:
+        """Route the events of `rows` in a savepoint of the batch's transaction. If routing
+        fails, nothing of it is kept and every row is pushed back (retried with backoff), so
+        the wake-ups of the same batch still go out."""
+        if not rows:
+            return [], []
+        event_ids = [int(row.payload["event_id"]) for row in rows]
+        try:
+            with conn.transaction():
+                return routing.route_events(conn, event_ids, now=now), []
+        except psycopg.Error as exc:
+            error = f"routing failed: {type(exc).__name__}: {exc}"
+            return [], [self._failure(row, error) for row in rows]
 
     def _send(
         self, rows: list[OutboxRow], spans: dict[int, Span]

@@ -1,11 +1,12 @@
 """The scheduler's metrics and transition log events.
 
 Invariants: one counter per kind of transition (`taskplat.tasks.promoted{queue,operator}`,
-`taskplat.tasks.retried{queue,operator}`, `taskplat.tasks.republished{queue}`), added only after the
+`taskplat.tasks.retried{queue,operator}`, `taskplat.tasks.republished{queue}`,
+`taskplat.schedules.runs_started{queue,operator}`), added only after the
 step's transaction committed, grouped per label set so a batch costs one `add` per (queue,
 operator); labels never carry a task id. Each moved task gets one log event (`task_promoted`,
-`task_retried`, `task_republished`) with `task_id`, `attempt`, `queue` and `operator`. Without a
-`Telemetry` the counters are skipped and the log events remain.
+`task_retried`, `task_republished`, `scheduled_run_started`) with `task_id`, `attempt`, `queue`
+and `operator`. Without a `Telemetry` the counters are skipped and the log events remain.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ Row = dict[str, Any]
 PROMOTED = "task_promoted"
 RETRIED = "task_retried"
 REPUBLISHED = "task_republished"
+RUN_STARTED = "scheduled_run_started"
 
 
 def add_grouped(counter: Any, rows: Sequence[Row], labels: Sequence[str]) -> None:
@@ -49,6 +51,13 @@ class SchedulerMetrics:
                 telemetry.counter(
                     "taskplat.tasks.retried",
                     description="Failed tasks queued again for their next attempt.",
+                ),
+                ("queue", "operator"),
+            ),
+            RUN_STARTED: (
+                telemetry.counter(
+                    "taskplat.schedules.runs_started",
+                    description="Runs of scheduled jobs started (one per job and cron tick).",
                 ),
                 ("queue", "operator"),
             ),

@@ -1,7 +1,8 @@
-"""The scheduler loop: due delayed tasks and due retries become Queued; lost wake-ups are re-sent.
+"""The scheduler loop: due delayed tasks and due retries become Queued; lost wake-ups are re-sent;
+jobs with a cron schedule get one run per tick (`schedules`).
 
 Invariants:
-  * `run_once()` runs up to three bounded steps, each one statement in its own short transaction:
+  * `run_once()` runs up to four bounded steps, each one statement in its own short transaction:
     the transition and its `enqueue_task` outbox rows commit together, and the relay is NOTIFYed in
     that same transaction (so it only ever wakes for committed rows).
   * Every transition names the status and attempt it selected (`FOR UPDATE SKIP LOCKED`), so any
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from psycopg import Connection
@@ -29,7 +30,14 @@ from taskplat.common.clock import Clock, SystemClock
 from taskplat.common.loops import LoopHealth, Waker, run_loop
 from taskplat.common.telemetry import Telemetry
 from taskplat.scheduler import repository as repo
-from taskplat.scheduler.metrics import PROMOTED, REPUBLISHED, RETRIED, SchedulerMetrics
+from taskplat.scheduler import schedules
+from taskplat.scheduler.metrics import (
+    PROMOTED,
+    REPUBLISHED,
+    RETRIED,
+    RUN_STARTED,
+    SchedulerMetrics,
+)
 from taskplat.scheduler.settings import SchedulerSettings
 
 
@@ -41,6 +49,8 @@ class SchedulerBatch:
     retried: int
     republished: int
     more: bool
+    # Runs of scheduled jobs started (one per job and tick).
+    runs_started: int = field(default=0, kw_only=True)
 
 
 Step = Callable[[repo.Conn, datetime | None], list[repo.Row]]
@@ -88,14 +98,20 @@ class Scheduler:
                 requeue_after_seconds=s.requeue_after_seconds,
             ),
         )
+        runs_started = self._step(
+            RUN_STARTED,
+            lambda conn, now: schedules.start_due_runs(conn, now=now, limit=s.schedule_batch_size),
+        )
         return SchedulerBatch(
             promoted=promoted,
             retried=retried,
             republished=republished,
+            runs_started=runs_started,
             more=(
                 promoted >= s.promote_batch_size
                 or retried >= s.retry_batch_size
                 or republished >= s.republish_batch_size
+                or runs_started >= s.schedule_batch_size
             ),
         )
 

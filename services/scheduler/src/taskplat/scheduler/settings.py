@@ -39,6 +39,9 @@ class SchedulerSettings(ServiceSettings, DatabaseSettings, TelemetrySettings, Op
     republish_batch_size: int = Field(
         200, ge=1, le=10_000, description="Unclaimed Queued tasks re-announced per batch."
     )
+    schedule_batch_size: int = Field(
+        100, ge=1, le=10_000, description="Jobs whose cron tick has come started per batch."
+    )
     requeue_after_seconds: float = Field(
         60.0,
         gt=0,

@@ -3,7 +3,7 @@
     from taskplat.worker_wrapper.sdk import Task, emit_event, serve
 
     def handle(task: Task) -> dict:
-        emit_event({"dataset_uuid": ..., "dataset_version": ..., "cursor": 42})
+        emit_event(output_index=0, cursor=42)   # the job's output 0, at its current version
         return {"rows": 42}            # the result payload; raise to fail the task
 
     if __name__ == "__main__":
@@ -16,6 +16,9 @@ Invariants:
     protocol; only `emit_event` and the envelope write to the real stdout, each line flushed.
   * A handler that raises fails the task with `error` = `<ExceptionType>: <message>` (traceback
     on stderr); `OperatorFailure` fails it with just its message.
+  * `emit_event(output_index=N, ...)` fills `dataset_uuid` and `dataset_version` from the task's
+    resolved output N (claimed with the task); an index the job does not have fails the task
+    (`OperatorFailure`) before anything is written.
   * `task_id` is the idempotency key of external effects; `(attempt, lease_token)` is the fencing
     token.
 """
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 _protocol_out: TextIO | None = None
+_current_task: Task | None = None
 
 
 class OperatorFailure(Exception):
@@ -50,6 +54,9 @@ class Task:
     job: dict[str, Any] | None
     timeout_seconds: int | None
     document: dict[str, Any] = field(repr=False)
+    # The job's outputs, resolved when the task was claimed: {output_index, dataset_uuid,
+    # dataset_version, location}.
+    outputs: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def from_document(cls, doc: Mapping[str, Any]) -> Task:
@@ -65,7 +72,16 @@ class Task:
             job=doc.get("job"),
             timeout_seconds=doc.get("timeout_seconds"),
             document=dict(doc),
+            outputs=[dict(output) for output in doc.get("outputs") or []],
         )
+
+    def output(self, index: int) -> dict[str, Any]:
+        """The resolved output `index` of the task's job."""
+        for output in self.outputs:
+            if output.get("output_index") == index:
+                return output
+        known = sorted(int(output.get("output_index", -1)) for output in self.outputs)
+        raise OperatorFailure(f"the task's job has no output {index} (outputs: {known})")
 
     @property
     def traceparent(self) -> str | None:
@@ -93,13 +109,32 @@ def _write(obj: Mapping[str, Any]) -> None:
     out.flush()
 
 
+def resolve_event(
+    event: Mapping[str, Any] | None = None, *, task: Task | None = None, **fields: Any
+) -> dict[str, Any]:
+    """The event as the dispatcher takes it: an `output_index` is replaced by that output's
+    `dataset_uuid` and `dataset_version` (a given `dataset_version` is kept)."""
+    resolved = {**(event or {}), **fields}
+    index = resolved.pop("output_index", None)
+    if index is None:
+        return resolved
+    current = task or _current_task
+    if current is None:
+        raise OperatorFailure("output_index needs the task (emit inside a handler run by serve)")
+    output = current.output(int(index))
+    resolved.setdefault("dataset_uuid", output["dataset_uuid"])
+    resolved.setdefault("dataset_version", output["dataset_version"])
+    return resolved
+
+
 def emit_event(event: Mapping[str, Any] | None = None, **fields: Any) -> None:
-    """Emit one upstream event: `dataset_uuid`, `dataset_version`, a `cursor` or a partition."""
-    _write({"event": {**(event or {}), **fields}})
+    """Emit one upstream event: `dataset_uuid` and `dataset_version` (or `output_index`, an output
+    of the task's job), and a `cursor` or a partition (`partition_key`, `start`, `end`)."""
+    _write({"event": resolve_event(event, **fields)})
 
 
 def emit_events(events: Iterable[Mapping[str, Any]]) -> None:
-    batch = [dict(event) for event in events]
+    batch = [resolve_event(event) for event in events]
     if batch:
         _write({"events": batch})
 
@@ -113,6 +148,8 @@ def read_task(stream: TextIO | None = None) -> Task:
 
 
 def _envelope(handler: Handler, task: Task) -> dict[str, Any]:
+    global _current_task
+    _current_task = task
     try:
         result = handler(task)
     except OperatorFailure as exc:
@@ -120,6 +157,8 @@ def _envelope(handler: Handler, task: Task) -> dict[str, Any]:
     except Exception as exc:
         traceback.print_exc(file=sys.stderr)
         return {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        _current_task = None
     if isinstance(result, Result):
         envelope: dict[str, Any] = {"status": "succeeded", "payload": result.payload}
         if result.outputs:

@@ -3,7 +3,10 @@
 Invariants: a worker call names `(task_id, attempt)` and, for heartbeat and completion, the
 `lease_token`; `/internal/events` takes the token optionally (the wrapper always sends it). An event
 names its position in a dataset version by `cursor` or by a partition (`partition_key`, `start`,
-`end`), never both. Outputs are unique per `output_index` within one completion.
+`end`), never both and never neither; a partition key given with its range is `"{start}-{end}"`.
+A job task's payload carries its job's outputs resolved at claim time (dataset, current version,
+location), so an operator emits events by `output_index` without looking anything up.
+Outputs are unique per `output_index` within one completion.
 
 The batch routes (`task-claim-batch`, `task-complete-batch`, `task-claim-next`) carry at most
 `MAX_BATCH` items; every item named gets an answer with exactly the meaning of the single-task
@@ -45,6 +48,15 @@ class ClaimRequest(Contract):
     worker_id: WorkerId
 
 
+class OutputTarget(Contract):
+    """One output of a job task, resolved when the task was claimed or fetched."""
+
+    output_index: int
+    dataset_uuid: UUID
+    dataset_version: UUID
+    location: str
+
+
 class ClaimTask(Contract):
     """The task payload a worker needs to run the operator (also the `task-fetch` body)."""
 
@@ -58,6 +70,11 @@ class ClaimTask(Contract):
     timeout_seconds: int | None
     deadline_at: AwareDatetime | None = Field(
         description="Hard deadline of this attempt; the wrapper kills the operator at this instant."
+    )
+    outputs: list[OutputTarget] = Field(
+        default_factory=list,
+        description="The job's outputs at their datasets' current versions (empty for a task of "
+        "no job).",
     )
 
 
@@ -111,6 +128,19 @@ class Event(Contract):
             raise ValueError("start and end go together")
         if self.start is not None and self.end is not None and self.start > self.end:
             raise ValueError("start must not exceed end")
+        if not partitioned and self.cursor is None:
+            raise ValueError(
+                "an event needs a position: a cursor, or a partition_key and/or start/end"
+            )
+        if (
+            self.partition_key is not None
+            and self.start is not None
+            and self.partition_key != f"{self.start}-{self.end}"
+        ):
+            raise ValueError(
+                f"partition_key must be '{{start}}-{{end}}' ('{self.start}-{self.end}') when the "
+                "range is given"
+            )
         return self
 
 

@@ -100,6 +100,9 @@ class TaskView(Contract):
     result: JsonObject | None
     last_error: str | None
     dead_reason: Literal["AttemptsExhausted", "Expired"] | None
+    cancel_reason: Literal["Requested", "VersionSuperseded"] | None = Field(
+        description="Why a Canceled task was canceled: by a person, or by a new dataset version."
+    )
     scheduled_for: AwareDatetime | None
     next_retry_at: AwareDatetime | None
     expires_at: AwareDatetime | None

@@ -43,7 +43,8 @@ claimed AS (
     WHERE t.task_id = ANY(ARRAY(SELECT task_id FROM locked))  -- locked as Queued (see top)
     RETURNING t.task_id, t.attempt, t.job, t.operator, t.queue, t.config, t.inputs,
               t.timeout_seconds, t.deadline_at, t.lease_token, t.lease_expires_at,
-              t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset
+              t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset,
+              taskplat_job_outputs(t.job) AS outputs
 ),
 history AS (
     INSERT INTO task_attempts (task_id, attempt, worker_id, lease_token, started_at)
@@ -79,7 +80,8 @@ claimed AS (
     WHERE t.task_id = ANY(ARRAY(SELECT task_id FROM picked))  -- locked as Queued (see top)
     RETURNING t.task_id, t.attempt, t.job, t.operator, t.queue, t.config, t.inputs,
               t.timeout_seconds, t.deadline_at, t.lease_token, t.lease_expires_at,
-              t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset
+              t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset,
+              taskplat_job_outputs(t.job) AS outputs
 ),
 history AS (
     INSERT INTO task_attempts (task_id, attempt, worker_id, lease_token, started_at)

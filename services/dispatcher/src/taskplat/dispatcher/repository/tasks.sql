@@ -55,6 +55,8 @@ FROM task_details AS t
 WHERE (%(status)s::text IS NULL OR t.status = %(status)s)
   AND (%(queue)s::text IS NULL OR t.queue = %(queue)s)
   AND (%(operator)s::text IS NULL OR t.operator = %(operator)s)
+  AND (%(dag)s::text IS NULL OR t.job ->> 'dag_name' = %(dag)s)
+  AND (%(job)s::text IS NULL OR t.job ->> 'name' = %(job)s)
   AND (%(after_created_at)s::timestamptz IS NULL
        OR (t.created_at, t.task_id) < (%(after_created_at)s::timestamptz, %(after_task_id)s::uuid))
 ORDER BY t.created_at DESC, t.task_id DESC
@@ -93,7 +95,8 @@ claimed AS (
       AND (t.expires_at IS NULL OR t.expires_at > n.now)
     RETURNING t.task_id, t.attempt, t.job, t.operator, t.queue, t.config, t.inputs,
               t.timeout_seconds, t.deadline_at, t.lease_token, t.lease_expires_at,
-              t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset
+              t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset,
+              taskplat_job_outputs(t.job) AS outputs
 ),
 history AS (
     INSERT INTO task_attempts (task_id, attempt, worker_id, lease_token, started_at)
@@ -103,7 +106,7 @@ SELECT * FROM claimed
 
 -- name: fetch_task
 SELECT task_id, status, attempt, job, operator, queue, config, inputs, timeout_seconds,
-       deadline_at
+       deadline_at, taskplat_job_outputs(job) AS outputs
 FROM tasks
 WHERE task_id = %(task_id)s
 
@@ -281,6 +284,7 @@ WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 canceled AS (
     UPDATE tasks AS t
     SET status = 'Canceled',
+        cancel_reason = 'Requested',
         attempt_outcome = CASE WHEN t.status = 'Running' THEN 'Canceled' ELSE t.attempt_outcome END,
         next_retry_at = NULL,
         lease_expires_at = NULL,
@@ -315,6 +319,7 @@ SET status = 'Queued',
     expires_at = NULL,
     attempt_outcome = NULL,
     dead_reason = NULL,
+    cancel_reason = NULL,
     result = NULL,
     queued_at = n.now,
     updated_at = n.now

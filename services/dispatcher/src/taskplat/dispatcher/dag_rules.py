@@ -1,0 +1,247 @@
+"""DAG documents: parsing (JSON or YAML) and the rules that need the whole document. Pure functions,
+no I/O.
+
+Invariants:
+  * a mapping with a key given twice (a job named twice) is refused, in JSON as in YAML: neither
+    parser may silently keep the last one;
+  * a document is accepted only when every input names a job of the document and one of that job's
+    output indexes (or a dataset by name), every schedule is a five-field cron expression, a dataset
+    is given one kind within the document, a declared schema belongs to a buffered_postgres output,
+    and the jobs form no cycle (a job reads another's output directly, or through a dataset that
+    the other writes); otherwise every problem found is named, each with its location;
+  * the document hash is the sha256 of the validated document's canonical JSON, so the same
+    document in JSON or YAML, with keys in any order, hashes the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from taskplat.common.contracts import DagDocument
+from taskplat.common.contracts.dags import FromDataset, FromJob
+from taskplat.common.cron import schedule_error
+from taskplat.common.errors import MalformedJson, ValidationFailed
+from taskplat.dispatcher.requests import validation_detail
+
+YAML_TYPES = frozenset({"application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml"})
+DEFAULT_LOCATIONS = {
+    "postgres": "postgres_table:dataset_{dataset_uuid}",
+    "buffered_postgres": "postgres_table:dataset_{dataset_uuid}",
+    "s3": "s3://taskplat-datasets/dataset/{dataset_uuid}/version/{dataset_version}/",
+    "external": "external:{dataset_uuid}",
+}
+
+
+@dataclass(frozen=True)
+class DatasetPlan:
+    """A dataset the document writes (with its kind) or only reads (kind None: an existing dataset,
+    or a new `external` one)."""
+
+    name: str
+    kind: str | None
+    location: str | None
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _pairs_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping key given twice."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    keys: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in keys:
+            raise _DuplicateKey(str(key))
+        keys.add(key)
+    return loader.construct_mapping(node)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def parse_document(body: bytes, content_type: str) -> DagDocument:
+    """The document in `body` (YAML when the content type says so, else JSON), validated against
+    the contract. Raises MalformedJson (400) or ValidationFailed (422)."""
+    media_type = content_type.split(";")[0].strip().lower()
+    if not body.strip():
+        raise MalformedJson("request body is empty; a DAG document is required")
+    try:
+        if media_type in YAML_TYPES:
+            raw = yaml.load(body.decode("utf-8"), Loader=_StrictLoader)
+        else:
+            raw = json.loads(body, object_pairs_hook=_pairs_without_duplicates)
+    except _DuplicateKey as exc:
+        key = exc.args[0]
+        raise ValidationFailed(
+            f"key {key!r} is given twice (a job or field named twice)",
+            detail=[{"loc": ["body"], "msg": f"duplicate key {key!r}", "type": "duplicate"}],
+        ) from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        reason = " ".join(str(exc).split())
+        raise MalformedJson(f"request body is not valid YAML: {reason}") from None
+    except ValueError as exc:
+        raise MalformedJson(f"request body is not valid JSON: {exc}") from None
+    try:
+        return DagDocument.model_validate(raw)
+    except ValidationError as exc:
+        raise ValidationFailed(
+            "DAG document does not match the contract", detail=validation_detail(exc, "body")
+        ) from None
+
+
+def _problem(loc: list[str | int], msg: str, kind: str) -> dict[str, Any]:
+    return {"loc": ["body", *loc], "msg": msg, "type": kind}
+
+
+def _reference_problems(doc: DagDocument) -> list[dict[str, Any]]:
+    problems: list[dict[str, Any]] = []
+    for name, job in doc.jobs.items():
+        if job.schedule is not None and (error := schedule_error(job.schedule)):
+            problems.append(_problem(["jobs", name, "schedule"], error, "invalid_cron"))
+        for position, edge in enumerate(job.inputs):
+            source = edge.from_
+            if not isinstance(source, FromJob):
+                continue
+            loc: list[str | int] = ["jobs", name, "inputs", position, "from"]
+            producer = doc.jobs.get(source.job)
+            if producer is None:
+                problems.append(_problem(loc, f"unknown job {source.job!r}", "unknown_job"))
+            elif source.output_index not in {output.index for output in producer.outputs}:
+                problems.append(
+                    _problem(
+                        loc,
+                        f"job {source.job!r} has no output index {source.output_index}",
+                        "unknown_output",
+                    )
+                )
+    return problems
+
+
+def _dataset_problems(doc: DagDocument) -> list[dict[str, Any]]:
+    problems: list[dict[str, Any]] = []
+    kinds: dict[str, str] = {}
+    for name, job in doc.jobs.items():
+        for position, output in enumerate(job.outputs):
+            loc: list[str | int] = ["jobs", name, "outputs", position]
+            known = kinds.setdefault(output.dataset, output.kind)
+            if known != output.kind:
+                problems.append(
+                    _problem(
+                        loc,
+                        f"dataset {output.dataset!r} is given kinds {known!r} and {output.kind!r}",
+                        "conflicting_kind",
+                    )
+                )
+            if output.schema_ is not None and output.kind != "buffered_postgres":
+                problems.append(
+                    _problem(
+                        [*loc, "schema"],
+                        "a schema is declared only for a buffered_postgres dataset",
+                        "unexpected_schema",
+                    )
+                )
+    return problems
+
+
+def _producers_of(doc: DagDocument) -> dict[str, set[str]]:
+    """Dataset name -> the jobs of the document that write it."""
+    writers: dict[str, set[str]] = {}
+    for name, job in doc.jobs.items():
+        for output in job.outputs:
+            writers.setdefault(output.dataset, set()).add(name)
+    return writers
+
+
+def upstream_jobs(doc: DagDocument) -> dict[str, list[str]]:
+    """Each job -> the jobs whose outputs it reads (directly, or through a dataset they write)."""
+    writers = _producers_of(doc)
+    graph: dict[str, list[str]] = {}
+    for name, job in doc.jobs.items():
+        sources: list[str] = []
+        for edge in job.inputs:
+            source = edge.from_
+            if isinstance(source, FromJob):
+                if source.job in doc.jobs:
+                    sources.append(source.job)
+            elif isinstance(source, FromDataset):
+                sources.extend(sorted(writers.get(source.dataset, set())))
+        graph[name] = list(dict.fromkeys(sources))
+    return graph
+
+
+def find_cycle(graph: dict[str, list[str]]) -> list[str] | None:
+    """A cycle of `graph` as the jobs on it, first job repeated at the end; None if acyclic."""
+    white, grey, black = 0, 1, 2
+    color = dict.fromkeys(graph, white)
+    for root in sorted(graph):
+        if color[root] != white:
+            continue
+        path: list[str] = [root]
+        iterators = [iter(graph[root])]
+        color[root] = grey
+        while iterators:
+            nxt = next(iterators[-1], None)
+            if nxt is None:
+                color[path.pop()] = black
+                iterators.pop()
+                continue
+            if color.get(nxt) == grey:
+                return [*path[path.index(nxt) :], nxt]
+            if color.get(nxt) == white:
+                color[nxt] = grey
+                path.append(nxt)
+                iterators.append(iter(graph[nxt]))
+    return None
+
+
+def check_document(doc: DagDocument) -> None:
+    """Raise ValidationFailed naming every problem of the document (none: it may be applied)."""
+    problems = _reference_problems(doc) + _dataset_problems(doc)
+    cycle = find_cycle(upstream_jobs(doc))
+    if cycle is not None:
+        problems.append(_problem(["jobs"], f"the jobs form a cycle: {' -> '.join(cycle)}", "cycle"))
+    if problems:
+        raise ValidationFailed("; ".join(problem["msg"] for problem in problems), detail=problems)
+
+
+def dataset_plan(doc: DagDocument) -> list[DatasetPlan]:
+    """The datasets the document names, each once: written ones with their kind and location."""
+    plans: dict[str, DatasetPlan] = {}
+    for job in doc.jobs.values():
+        for output in job.outputs:
+            plans[output.dataset] = DatasetPlan(
+                output.dataset,
+                output.kind,
+                output.location or DEFAULT_LOCATIONS[output.kind],
+            )
+    for job in doc.jobs.values():
+        for edge in job.inputs:
+            if isinstance(edge.from_, FromDataset) and edge.from_.dataset not in plans:
+                plans[edge.from_.dataset] = DatasetPlan(edge.from_.dataset, None, None)
+    return [plans[name] for name in sorted(plans)]
+
+
+def document_hash(doc: DagDocument) -> str:
+    canonical = json.dumps(
+        doc.model_dump(mode="json", by_alias=True), sort_keys=True, separators=(",", ":")
+    )
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()

@@ -1,0 +1,385 @@
+"""Jobs, DAGs and datasets: applying DAG documents, starting runs, reading datasets and their
+events, and version rollovers. Each public call is one transaction.
+
+Invariants:
+  * a document is checked whole (`dag_rules`) before anything is written; applying it replaces the
+    DAG's jobs, edges and outputs in one transaction under the DAG's lock, and the same document
+    again (same hash) writes nothing;
+  * datasets are created on first use and never deleted; an output naming an existing dataset of
+    another kind is refused (422) and nothing of the document is stored;
+  * a job's retry defaults are resolved at apply time (job field, operator defaults, dispatcher
+    defaults), so every service that starts a run of it builds the same task;
+  * a schedule's first tick is the first one after the apply; re-applying a DAG never re-runs a
+    tick that already ran (the scheduler's runs carry a key per job and tick);
+  * a rollover cancels the live tasks pinned to older versions in the transaction that makes the
+    new version current.
+"""
+
+from __future__ import annotations
+
+import base64
+from datetime import datetime
+from typing import Any
+from uuid import UUID, uuid4
+
+from psycopg import AsyncConnection
+from psycopg.rows import DictRow
+from psycopg_pool import AsyncConnectionPool
+
+from taskplat.common.clock import Clock
+from taskplat.common.contracts import (
+    DagDocument,
+    DagList,
+    DagSummary,
+    DagView,
+    DatasetList,
+    DatasetSummary,
+    DatasetVersionView,
+    DatasetView,
+    EventList,
+    EventView,
+    JobRunRequest,
+    JobSpec,
+    JobView,
+    NewVersionResponse,
+    TaskView,
+)
+from taskplat.common.contracts.dags import FromDataset, FromJob, Producer
+from taskplat.common.cron import next_tick
+from taskplat.common.errors import BadRequest, NotFound, ValidationFailed
+from taskplat.common.telemetry import inject
+from taskplat.dispatcher import dag_rules
+from taskplat.dispatcher.recorder import Recorder
+from taskplat.dispatcher.repository import dags as repo
+from taskplat.dispatcher.repository import tasks as task_repo
+from taskplat.dispatcher.settings import DispatcherSettings, OperatorDefaults
+from taskplat.dispatcher.views import task_view
+
+Conn = AsyncConnection[DictRow]
+Row = dict[str, Any]
+
+
+def _first(*values: Any) -> Any:
+    return next((value for value in values if value is not None), None)
+
+
+def encode_event_cursor(event_id: int) -> str:
+    return base64.urlsafe_b64encode(f"e{event_id}".encode()).decode().rstrip("=")
+
+
+def decode_event_cursor(cursor: str) -> int:
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        if not text.startswith("e"):
+            raise ValueError(cursor)
+        return int(text[1:])
+    except ValueError:
+        raise ValidationFailed(
+            "cursor is not a cursor this API returned",
+            detail=[{"loc": ["query", "cursor"], "msg": "invalid cursor", "type": "cursor"}],
+        ) from None
+
+
+class DagService:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Conn],
+        clock: Clock,
+        settings: DispatcherSettings,
+        recorder: Recorder,
+    ) -> None:
+        self._pool = pool
+        self._clock = clock
+        self._settings = settings
+        self._recorder = recorder
+
+    # ---- DAGs ----------------------------------------------------------------------------
+
+    async def apply(self, dag_name: str, doc: DagDocument) -> tuple[DagView, bool]:
+        """Apply a checked document; (view, created)."""
+        dag_rules.check_document(doc)
+        digest = dag_rules.document_hash(doc)
+        now = self._clock.sql_now()
+        async with self._pool.connection() as conn:
+            async with conn.transaction():
+                stored_hash = await repo.lock_dag(conn, dag_name)
+                changed = stored_hash != digest
+                if changed:
+                    await self._replace(conn, dag_name, doc, digest, now)
+            view = await self._view(conn, dag_name)
+        assert view is not None
+        if changed:
+            self._recorder.dag_applied(dag_name, len(doc.jobs))
+        return view.model_copy(update={"changed": changed}), stored_hash is None
+
+    async def _replace(
+        self, conn: Conn, dag_name: str, doc: DagDocument, digest: str, now: datetime | None
+    ) -> None:
+        document = doc.model_dump(mode="json", by_alias=True, exclude_none=True)
+        await repo.store_dag(conn, dag_name, document, digest, now)
+        datasets = await self._datasets_of(conn, doc, now)
+        wall_now = self._clock.now()
+        for name, job in doc.jobs.items():
+            await repo.insert_job(conn, self._job_params(dag_name, name, job, wall_now))
+            await repo.insert_job_outputs(
+                conn,
+                dag_name,
+                name,
+                [(output.index, datasets[output.dataset]) for output in job.outputs],
+            )
+            await repo.insert_job_inputs(
+                conn, dag_name, name, [self._edge(doc, edge, datasets) for edge in job.inputs]
+            )
+
+    async def _datasets_of(
+        self, conn: Conn, doc: DagDocument, now: datetime | None
+    ) -> dict[str, UUID]:
+        found: dict[str, UUID] = {}
+        problems: list[dict[str, Any]] = []
+        for plan in dag_rules.dataset_plan(doc):
+            if plan.kind is None:
+                row = await repo.find_dataset(conn, plan.name)
+                if row is None:
+                    row = await repo.ensure_dataset(
+                        conn,
+                        name=plan.name,
+                        kind="external",
+                        location=dag_rules.DEFAULT_LOCATIONS["external"],
+                        now=now,
+                    )
+            else:
+                assert plan.location is not None
+                row = await repo.ensure_dataset(
+                    conn, name=plan.name, kind=plan.kind, location=plan.location, now=now
+                )
+                if row["kind"] != plan.kind:
+                    problems.append(
+                        {
+                            "loc": ["body", "jobs"],
+                            "msg": f"dataset {plan.name!r} exists with kind {row['kind']!r}, "
+                            f"not {plan.kind!r}",
+                            "type": "conflicting_kind",
+                        }
+                    )
+            found[plan.name] = row["dataset_uuid"]
+        if problems:
+            raise ValidationFailed("; ".join(p["msg"] for p in problems), detail=problems)
+        return found
+
+    @staticmethod
+    def _edge(
+        doc: DagDocument, edge: Any, datasets: dict[str, UUID]
+    ) -> tuple[UUID, str | None, int | None, str | None]:
+        source = edge.from_
+        if isinstance(source, FromJob):
+            producer = doc.jobs[source.job]
+            output = next(o for o in producer.outputs if o.index == source.output_index)
+            return datasets[output.dataset], source.job, source.output_index, edge.where
+        assert isinstance(source, FromDataset)
+        return datasets[source.dataset], None, None, edge.where
+
+    def _job_params(self, dag_name: str, name: str, job: JobSpec, now: datetime) -> dict[str, Any]:
+        settings = self._settings
+        defaults = settings.operator_defaults.get(job.operator, OperatorDefaults())
+        return {
+            "dag_name": dag_name,
+            "name": name,
+            "operator": job.operator,
+            "runtime": job.runtime,
+            "queue": job.queue,
+            "config": job.config,
+            "trust": job.trust,
+            "schedule": job.schedule,
+            "schedule_next_at": next_tick(job.schedule, now) if job.schedule else None,
+            "max_attempts": _first(
+                job.max_attempts, defaults.max_attempts, settings.default_max_attempts
+            ),
+            "backoff_base_seconds": _first(
+                job.backoff_base_seconds,
+                defaults.backoff_base_seconds,
+                settings.default_backoff_base_seconds,
+            ),
+            "backoff_max_seconds": _first(
+                job.backoff_max_seconds,
+                defaults.backoff_max_seconds,
+                settings.default_backoff_max_seconds,
+            ),
+            "timeout_seconds": job.timeout_seconds or defaults.timeout_seconds,
+        }
+
+    async def get(self, dag_name: str) -> DagView:
+        async with self._pool.connection() as conn:
+            view = await self._view(conn, dag_name)
+        if view is None:
+            raise NotFound(f"DAG {dag_name!r} not found")
+        return view
+
+    async def _view(self, conn: Conn, dag_name: str) -> DagView | None:
+        dag = await repo.get_dag(conn, dag_name)
+        if dag is None:
+            return None
+        jobs, inputs, outputs = await repo.dag_parts(conn, dag_name)
+        views = [
+            JobView.model_validate(
+                {
+                    **{key: job[key] for key in JobView.model_fields if key in job},
+                    "inputs": [
+                        _input_view(edge) for edge in inputs if edge["job_name"] == job["name"]
+                    ],
+                    "outputs": [
+                        {
+                            "index": output["output_index"],
+                            "dataset": output["dataset"],
+                            "dataset_uuid": output["dataset_uuid"],
+                            "kind": output["kind"],
+                        }
+                        for output in outputs
+                        if output["job_name"] == job["name"]
+                    ],
+                }
+            )
+            for job in jobs
+        ]
+        return DagView(
+            dag_name=dag["dag_name"],
+            document_hash=dag["document_hash"],
+            created_at=dag["created_at"],
+            updated_at=dag["updated_at"],
+            jobs=views,
+        )
+
+    async def list(self) -> DagList:
+        async with self._pool.connection() as conn:
+            rows = await repo.list_dags(conn)
+        return DagList(dags=[DagSummary.model_validate(row) for row in rows])
+
+    async def delete(self, dag_name: str) -> None:
+        async with self._pool.connection() as conn:
+            async with conn.transaction():
+                await repo.lock_dag(conn, dag_name)
+                deleted = await repo.delete_dag(conn, dag_name)
+        if not deleted:
+            raise NotFound(f"DAG {dag_name!r} not found")
+        self._recorder.dag_deleted(dag_name)
+
+    async def start_run(
+        self, dag_name: str, job_name: str, request: JobRunRequest
+    ) -> tuple[TaskView, bool]:
+        """Start a run of a job by hand; (task, created). A known idempotency key answers the
+        existing task."""
+        params = {
+            "dag_name": dag_name,
+            "job_name": job_name,
+            "inputs": [item.model_dump(mode="json", exclude_none=True) for item in request.inputs],
+            "config": request.config,
+            "idempotency_key": request.idempotency_key,
+            "now": self._clock.sql_now(),
+            "trace_context": inject(),
+        }
+        async with self._pool.connection() as conn:
+            async with conn.transaction():
+                if not await repo.job_exists(conn, dag_name, job_name):
+                    raise NotFound(f"job {job_name!r} of DAG {dag_name!r} not found")
+                task_id = await repo.start_job_run(conn, params)
+                if task_id is not None:
+                    await repo.notify_outbox(conn, "")
+            created = task_id is not None
+            if task_id is None:
+                assert request.idempotency_key is not None
+                task_id = await task_repo.find_task_by_idempotency_key(
+                    conn, request.idempotency_key
+                )
+                if task_id is None:  # pragma: no cover - the conflicting row vanished
+                    raise BadRequest("idempotency key conflict, try again")
+            row = await task_repo.get_task(conn, task_id)
+        assert row is not None
+        if created:
+            self._recorder.task_created(row)
+        return task_view(row), created
+
+    # ---- datasets ------------------------------------------------------------------------
+
+    async def list_datasets(self) -> DatasetList:
+        async with self._pool.connection() as conn:
+            rows = await repo.list_datasets(conn)
+        return DatasetList(datasets=[DatasetSummary.model_validate(row) for row in rows])
+
+    async def get_dataset(self, dataset_uuid: UUID) -> DatasetView:
+        async with self._pool.connection() as conn:
+            view = await self._dataset_view(conn, dataset_uuid)
+        return view
+
+    async def _dataset_view(self, conn: Conn, dataset_uuid: UUID) -> DatasetView:
+        found = await repo.get_dataset(conn, dataset_uuid)
+        if found is None:
+            raise NotFound(f"dataset {dataset_uuid} not found")
+        row, versions = found
+        return DatasetView.model_validate(
+            {
+                **{key: row[key] for key in DatasetView.model_fields if key in row},
+                "versions": [DatasetVersionView.model_validate(v) for v in versions],
+            }
+        )
+
+    async def new_version(self, dataset_uuid: UUID) -> NewVersionResponse:
+        now = self._clock.sql_now()
+        async with self._pool.connection() as conn:
+            async with conn.transaction():
+                if await repo.lock_dataset(conn, dataset_uuid) is None:
+                    raise NotFound(f"dataset {dataset_uuid} not found")
+                canceled = await repo.roll_over_version(conn, dataset_uuid, uuid4(), now)
+            view = await self._dataset_view(conn, dataset_uuid)
+        for row in canceled:
+            self._recorder.task_canceled(row, by="version_rollover")
+        return NewVersionResponse(dataset=view, canceled_tasks=len(canceled))
+
+    async def events(
+        self, dataset_uuid: UUID, dataset_version: UUID | None, cursor: str | None, limit: int
+    ) -> EventList:
+        params = {
+            "dataset_uuid": dataset_uuid,
+            "dataset_version": dataset_version,
+            "before_event_id": decode_event_cursor(cursor) if cursor else None,
+            "limit": limit + 1,
+        }
+        async with self._pool.connection() as conn:
+            if await repo.get_dataset(conn, dataset_uuid) is None:
+                raise NotFound(f"dataset {dataset_uuid} not found")
+            rows = await repo.list_events(conn, params)
+        page = rows[:limit]
+        next_cursor = encode_event_cursor(page[-1]["event_id"]) if len(rows) > limit else None
+        return EventList(events=[_event_view(row) for row in page], next_cursor=next_cursor)
+
+
+def _input_view(edge: Row) -> dict[str, Any]:
+    source: dict[str, Any] = (
+        {"job": edge["from_job"], "output_index": edge["from_output_index"]}
+        if edge["from_job"] is not None
+        else {"dataset": edge["dataset"]}
+    )
+    return {
+        "from": source,
+        "where": edge["where_clause"],
+        "dataset": edge["dataset"],
+        "dataset_uuid": edge["dataset_uuid"],
+    }
+
+
+def _event_view(row: Row) -> EventView:
+    routed = row["routed_at"] is not None and row["route_reason"] is None
+    reason = row["route_reason"] if row["routed_at"] is not None else "Pending"
+    return EventView(
+        event_id=row["event_id"],
+        dataset_uuid=row["dataset_uuid"],
+        dataset_version=row["dataset_version"],
+        cursor=row["cursor"],
+        partition_key=row["partition_key"],
+        start=row["range_start"],
+        end=row["range_end"],
+        producer=Producer(task_id=row["task_id"], attempt=row["attempt"]),
+        routed=routed,
+        reason=reason,
+        tasks=list(row["tasks"]),
+        created_at=row["created_at"],
+        routed_at=row["routed_at"],
+    )

@@ -1,0 +1,70 @@
+"""Cron schedules of jobs: the scheduler starts one run of a job per tick.
+
+Invariants:
+  * a run's task carries the idempotency key `schedule:{dag}:{job}:{tick}` (tick in UTC ISO 8601),
+    so a tick is started at most once whatever happens: several replicas, a replica that dies
+    after starting the run, a DAG re-applied with the same schedule;
+  * a scheduler that was down across several ticks starts one run, for the latest tick at or
+    before now, and moves the job's next tick past now (missed ticks collapse into one);
+  * the run, its wake-up and the job's next tick commit together (the caller's transaction).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from psycopg import Connection
+from psycopg.rows import DictRow
+
+from taskplat.common.cron import latest_tick, next_tick
+from taskplat.common.db.queries import load_queries
+
+Q = load_queries("taskplat.scheduler", "schedules.sql")
+
+Conn = Connection[DictRow]
+Row = dict[str, Any]
+
+
+def run_key(dag_name: str, job_name: str, tick: datetime) -> str:
+    return f"schedule:{dag_name}:{job_name}:{tick.isoformat()}"
+
+
+def start_due_runs(conn: Conn, *, now: datetime | None, limit: int) -> list[Row]:
+    """Start the runs of up to `limit` jobs whose tick has come; the tasks started (`task_id`,
+    `attempt`, `queue`, `operator`, `dag_name`, `job`, `tick`)."""
+    started: list[Row] = []
+    for job in conn.execute(Q["due_schedules"], {"now": now, "limit": limit}).fetchall():
+        db_now: datetime = job["now"]
+        tick = latest_tick(job["schedule"], db_now)
+        row = conn.execute(
+            Q["start_scheduled_run"],
+            {
+                "dag_name": job["dag_name"],
+                "job_name": job["name"],
+                "idempotency_key": run_key(job["dag_name"], job["name"], tick),
+                "now": db_now,
+            },
+        ).fetchone()
+        conn.execute(
+            Q["advance_schedule"],
+            {
+                "dag_name": job["dag_name"],
+                "job_name": job["name"],
+                "due_at": job["schedule_next_at"],
+                "next_at": next_tick(job["schedule"], db_now),
+            },
+        )
+        if row is not None and row["task_id"] is not None:
+            started.append(
+                {
+                    "task_id": row["task_id"],
+                    "attempt": 1,
+                    "queue": job["queue"],
+                    "operator": job["operator"],
+                    "dag_name": job["dag_name"],
+                    "job": job["name"],
+                    "tick": tick.isoformat(),
+                }
+            )
+    return started
