@@ -44,7 +44,7 @@ up: venv sqs-deps ## Start the platform: Postgres, SQS, every service and TASKPL
 	@$(RUN) python -m taskplat.devstack up
 
 .PHONY: demo
-demo: venv sqs-deps ## Start a private stack, run 1,000 echo tasks, print a summary, stop
+demo: venv sqs-deps ## Private stack: 1,000 echo tasks and a three-job pipeline, summaries, stop
 	@$(RUN) python -m taskplat.devstack demo
 
 .PHONY: bench

@@ -1,4 +1,5 @@
-"""`make demo`: start a private stack, submit echo tasks over HTTP, wait, summarize, stop.
+"""`make demo`: start a private stack, submit echo tasks over HTTP, wait, summarize; then apply a
+three-job DAG, trigger it and show its routing (`demo_pipeline`); stop.
 
 Invariants:
 - The demo runs its own stack in its own directory on free ports, with a fresh database, so it
@@ -31,6 +32,7 @@ import psycopg
 from tqdm import tqdm
 
 from taskplat.common.db.queries import load_queries
+from taskplat.devstack.demo_pipeline import run_pipeline_demo
 from taskplat.devstack.errors import DevstackError
 from taskplat.devstack.stack import Stack, StackConfig
 
@@ -197,10 +199,12 @@ def run_demo(run_dir: Path, *, tasks: int, workers: int, timeout: float) -> int:
                 finished = wait_terminal(info.database_url, tasks, timeout, submitting)
                 submitted = submitting.result()
             summary = summarize(fetch_all(client), len(submitted))
-        print(report(summary), flush=True)
-        if not finished:
-            print(f"demo: not every task finished within {timeout:.0f}s", file=sys.stderr)
-        return 0 if summary.completed == len(submitted) else 1
+            print(report(summary), flush=True)
+            if not finished:
+                print(f"demo: not every task finished within {timeout:.0f}s", file=sys.stderr)
+            pipeline_ok, pipeline_report = run_pipeline_demo(client, timeout=timeout)
+            print(pipeline_report, flush=True)
+        return 0 if summary.completed == len(submitted) and pipeline_ok else 1
     finally:
         print("stopping the stack ...", file=sys.stderr, flush=True)
         stack.stop()
