@@ -3,8 +3,14 @@ settings, and readers for the CloudFormation templates, the Dockerfiles and the 
 
 Invariants: everything here is read from the repository as it is (pyproject scripts, settings
 classes, uv.lock); the only hand-written facts are the `SPECS` table (which container runs which
-service) and the short allow-lists of variables read by the runtime rather than by a settings
-class. Nothing needs AWS, Docker or the network.
+service), `UPCOMING` (containers the templates already run for services not yet in services/) and
+the short allow-lists of variables read by the runtime rather than by a settings class. Nothing
+needs AWS, Docker or the network.
+
+`containers()` returns the service containers: not the telemetry collector sidecars
+(`collectors()`), and not the containers of an `UPCOMING` service while its directory does not
+exist. Once `services/<dir>` exists its container counts like any other, so every check (and the
+need for a `SPECS` entry) applies to it at once.
 """
 
 from __future__ import annotations
@@ -74,6 +80,19 @@ class ServiceSpec:
         for cls in self.settings_classes():
             names |= settings_env_names(cls)
         return names
+
+
+COLLECTOR = "collector"  # container name of the telemetry sidecar in every service task
+
+# Containers the platform template runs for services whose code lands separately: container name
+# -> services/<dir>. Checked only by tests/deploy/test_upcoming_services.py until the directory
+# exists; from then on they need a SPECS entry like every other service.
+UPCOMING: dict[str, str] = {"sink": "sink", "credential-broker": "credential-broker"}
+
+
+def upcoming_and_absent(container_name: str) -> bool:
+    service_dir = UPCOMING.get(container_name)
+    return service_dir is not None and not (REPO / "services" / service_dir).is_dir()
 
 
 SPECS: dict[str, ServiceSpec] = {
@@ -287,7 +306,8 @@ class Container:
         return {item["Name"]: item["ValueFrom"] for item in self.definition.get("Secrets", [])}
 
 
-def containers(all_templates: Mapping[str, Mapping[str, Any]]) -> list[Container]:
+def all_containers(all_templates: Mapping[str, Mapping[str, Any]]) -> list[Container]:
+    """Every container of every task definition, sidecars and upcoming services included."""
     found = []
     for template_name, template in all_templates.items():
         for logical_id, resource in template["Resources"].items():
@@ -298,6 +318,19 @@ def containers(all_templates: Mapping[str, Mapping[str, Any]]) -> list[Container
                     Container(template_name, logical_id, resource["Properties"], definition)
                 )
     return found
+
+
+def containers(all_templates: Mapping[str, Mapping[str, Any]]) -> list[Container]:
+    """The service containers (see the module docstring)."""
+    return [
+        container
+        for container in all_containers(all_templates)
+        if container.name != COLLECTOR and not upcoming_and_absent(container.name)
+    ]
+
+
+def collectors(all_templates: Mapping[str, Mapping[str, Any]]) -> list[Container]:
+    return [c for c in all_containers(all_templates) if c.name == COLLECTOR]
 
 
 def resources_of_type(template: Mapping[str, Any], kind: str) -> dict[str, Mapping[str, Any]]:

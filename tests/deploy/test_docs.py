@@ -21,6 +21,12 @@ NOT_TEMPLATE_NAMES = {
     "ChangeMessageVisibility",
     "GetQueueUrl",
     "ResourceInitializationError",
+    "AccessDenied",
+    # SQL keywords and the collector's CloudWatch dimension names.
+    "LISTEN",
+    "NOLOGIN",
+    "Service",
+    "Stack",
 }
 
 
