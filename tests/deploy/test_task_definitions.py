@@ -336,6 +336,17 @@ def test_internal_routes_are_reachable_only_inside_the_vpc(
         ["/tasks", "/tasks/*", "/healthz", "/readyz", "/openapi.json"]
     )
     assert not any(path.startswith("/internal") or "*" in path.split("/")[1] for path in forwarded)
+    # The internal listener forwards only the worker API and the health routes (not /metrics).
+    internal = resources["InternalListener"]["Properties"]
+    assert [action["Type"] for action in internal["DefaultActions"]] == ["fixed-response"]
+    internal_paths = [
+        value
+        for rule in rules.values()
+        if rule["Properties"]["ListenerArn"] == {"Ref": "InternalListener"}
+        for condition in rule["Properties"]["Conditions"]
+        for value in condition["PathPatternConfig"]["Values"]
+    ]
+    assert sorted(internal_paths) == ["/healthz", "/internal/*", "/readyz"]
     # Only the two ALBs may reach the dispatcher's port.
     sources = resources["DispatcherSecurityGroup"]["Properties"]["SecurityGroupIngress"]
     assert {rule["SourceSecurityGroupId"]["Ref"] for rule in sources} == {
