@@ -39,6 +39,9 @@ DOCS = REPO / "docs" / "deploy.md"
 PYTHON_RUNTIME_ENV = frozenset({"PATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE"})
 BOTO_CREDENTIALS_ENV = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"})
 SECRET_NAMES = frozenset({"DATABASE_URL", "TASKPLAT_WORKER_TOKEN", "TASKPLAT_API_KEYS"})
+# Read by libpq when the URL names no user or password: the database role's rotated credentials,
+# injected from the keys of a JSON secret (DatabaseCredentialsSecretArn) next to DATABASE_URL.
+LIBPQ_CREDENTIALS = frozenset({"PGUSER", "PGPASSWORD"})
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,7 @@ SPECS: dict[str, ServiceSpec] = {
             "taskplat-dispatcher",
             "taskplat-dispatcher",
             ("taskplat.dispatcher.settings:DispatcherSettings",),
-            frozenset(SECRET_NAMES),
+            SECRET_NAMES | LIBPQ_CREDENTIALS,
             devstack_module="taskplat.dispatcher",
             health_port_env="TASKPLAT_DISPATCHER_PORT",
         ),
@@ -116,7 +119,7 @@ SPECS: dict[str, ServiceSpec] = {
             "taskplat-outbox-relay",
             "taskplat-outbox-relay",
             ("taskplat.outbox_relay.settings:RelaySettings",),
-            frozenset({"DATABASE_URL"}),
+            frozenset({"DATABASE_URL"}) | LIBPQ_CREDENTIALS,
             uses_sqs=True,
             devstack_module="taskplat.outbox_relay",
             health_port_env="TASKPLAT_RELAY_OPS_PORT",
@@ -128,7 +131,7 @@ SPECS: dict[str, ServiceSpec] = {
             "taskplat-scheduler",
             "taskplat-scheduler",
             ("taskplat.scheduler.settings:SchedulerSettings",),
-            frozenset({"DATABASE_URL"}),
+            frozenset({"DATABASE_URL"}) | LIBPQ_CREDENTIALS,
             devstack_module="taskplat.scheduler",
             health_port_env="TASKPLAT_SCHEDULER_OPS_PORT",
         ),
@@ -139,7 +142,7 @@ SPECS: dict[str, ServiceSpec] = {
             "taskplat-reaper",
             "taskplat-reaper",
             ("taskplat.reaper.settings:ReaperSettings",),
-            frozenset({"DATABASE_URL"}),
+            frozenset({"DATABASE_URL"}) | LIBPQ_CREDENTIALS,
             devstack_module="taskplat.reaper",
             health_port_env="TASKPLAT_REAPER_OPS_PORT",
         ),
@@ -303,7 +306,12 @@ class Container:
 
     @property
     def secrets(self) -> dict[str, Any]:
-        return {item["Name"]: item["ValueFrom"] for item in self.definition.get("Secrets", [])}
+        """Name -> ValueFrom of every secret, those an `Fn::If` may add included."""
+        return {
+            branch["Name"]: branch["ValueFrom"]
+            for item in self.definition.get("Secrets", [])
+            for branch in _unconditional(item)
+        }
 
 
 def all_containers(all_templates: Mapping[str, Mapping[str, Any]]) -> list[Container]:
@@ -361,6 +369,16 @@ def _unconditional(statement: Any) -> Iterator[Mapping[str, Any]]:
                 yield from _unconditional(branch)
     else:
         yield statement
+
+
+def secret_resource(value_from: Any) -> Any:
+    """The secret a `ValueFrom` reads: `{"Ref": P}` also for one JSON key of it
+    (`!Sub "${P}:username::"`), as an IAM statement names it."""
+    if isinstance(value_from, Mapping) and "Fn::Sub" in value_from:
+        match = re.fullmatch(r"\$\{(\w+)\}:\w+::", str(value_from["Fn::Sub"]))
+        if match:
+            return {"Ref": match.group(1)}
+    return value_from
 
 
 def as_list(value: Any) -> list[Any]:

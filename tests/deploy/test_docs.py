@@ -22,7 +22,9 @@ NOT_TEMPLATE_NAMES = {
     "GetQueueUrl",
     "ResourceInitializationError",
     "AccessDenied",
-    # SQL keywords and the collector's CloudWatch dimension names.
+    # libpq's variables, SQL keywords and the collector's CloudWatch dimension names.
+    "PGUSER",
+    "PGPASSWORD",
     "LISTEN",
     "NOLOGIN",
     "Service",

@@ -23,6 +23,8 @@ SAMPLE_SECRETS = {
     "DATABASE_URL": "postgresql://taskplat@db.example.internal:5432/taskplat",
     "TASKPLAT_WORKER_TOKEN": "w" * 32,
     "TASKPLAT_API_KEYS": f"{'a' * 20},{'b' * 20}",
+    "PGUSER": "taskplat_app",
+    "PGPASSWORD": "p" * 32,
 }
 SAMPLE_PSEUDO = {"AWS::Region": "eu-west-1"}
 EXPORTING_TEMPLATE = {"PlatformStackName": "platform.yaml", "QueueStackName": "task-queue.yaml"}
@@ -80,6 +82,8 @@ def test_every_variable_is_one_the_service_reads(
 ) -> None:
     spec, container = SPECS[name], _by_name(ecs_containers)[name]
     accepted = spec.accepted_env()
+    if "DATABASE_URL" in spec.secrets:
+        accepted |= deploy_model.LIBPQ_CREDENTIALS
     names = [*container.environment, *container.secrets]
     assert len(names) == len(set(names)), f"{name}: a variable is set twice: {names}"
     unknown = {n for n in names if n.upper() not in accepted}
@@ -97,6 +101,7 @@ def test_secrets_reach_only_the_services_that_need_them(
     leaked = deploy_model.SECRET_NAMES & set(container.environment)
     assert not leaked, f"{name}: {sorted(leaked)} must come from Secrets Manager, not Environment"
     for value in container.secrets.values():
+        value = deploy_model.secret_resource(value)
         assert isinstance(value, Mapping) and ("Ref" in value or "Fn::ImportValue" in value)
 
 
@@ -170,7 +175,7 @@ def test_execution_roles_read_exactly_their_secrets(
     for container in ecs_containers:
         role = container.properties["ExecutionRoleArn"]["Fn::GetAtt"][0]
         needed.setdefault((container.template, role), set()).update(
-            str(value) for value in container.secrets.values()
+            str(deploy_model.secret_resource(value)) for value in container.secrets.values()
         )
     for (template_name, role), secrets in needed.items():
         template = cfn_templates[template_name]
