@@ -121,6 +121,18 @@ def roles_trust_only_their_tasks(name: str, template: Template) -> Iterator[Find
                 )
 
 
+def images_come_from_named_repositories(name: str, template: Template) -> Iterator[Finding]:
+    """An execution role pulls from named repositories (`taskplat-*` or one worker repository),
+    never from every repository of the account."""
+    for logical_id, document in _policy_documents(template):
+        for statement in _statements(document):
+            if "ecr:BatchGetImage" not in deploy_model.as_list(statement["Action"]):
+                continue
+            for resource in deploy_model.as_list(statement["Resource"]):
+                if str(resource).rstrip("'}\"").endswith("repository/*"):
+                    yield Finding(name, logical_id, "ecr-scope", "pulls from any repository")
+
+
 def queues_are_encrypted(name: str, template: Template) -> Iterator[Finding]:
     for logical_id, queue in deploy_model.resources_of_type(template, "AWS::SQS::Queue").items():
         props = queue["Properties"]
@@ -229,6 +241,7 @@ RULES: tuple[Rule, ...] = (
     no_wildcard_actions,
     star_resource_only_where_required,
     roles_trust_only_their_tasks,
+    images_come_from_named_repositories,
     queues_are_encrypted,
     log_groups_expire,
     services_are_private_and_roll_back,

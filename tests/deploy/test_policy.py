@@ -65,6 +65,14 @@ def _open_trust(t: Templates) -> None:
     del role["AssumeRolePolicyDocument"]["Statement"][0]["Condition"]
 
 
+def _any_repository(t: Templates) -> None:
+    role = _resources(t, "worker-pool.yaml")["WorkerExecutionRole"]["Properties"]
+    pull = next(p for p in role["Policies"] if p["PolicyName"] == "pull-images")
+    pull["PolicyDocument"]["Statement"][1]["Resource"] = {
+        "Fn::Sub": "arn:${AWS::Partition}:ecr:${AWS::Region}:${AWS::AccountId}:repository/*"
+    }
+
+
 def _unencrypted_queue(t: Templates) -> None:
     del _resources(t, "task-queue.yaml")["TaskQueueSqs"]["Properties"]["SqsManagedSseEnabled"]
 
@@ -129,6 +137,7 @@ BREAKAGES: dict[str, tuple[str, Callable[[Templates], None]]] = {
     "wildcard action": ("no-wildcard-actions", _wildcard_action),
     "star resource": ("star-resource", _star_resource),
     "trust any account": ("trust", _open_trust),
+    "pull from any repository": ("ecr-scope", _any_repository),
     "unencrypted queue": ("queue-encryption", _unencrypted_queue),
     "logs kept forever": ("log-retention", _eternal_logs),
     "public IP": ("private-service", _public_ip),

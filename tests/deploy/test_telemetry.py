@@ -109,6 +109,8 @@ def _collector_configs(cfn_templates: Templates) -> dict[str, dict[str, Any]]:
 
 def test_collector_config_scrapes_and_receives_in_both_modes(cfn_templates: Templates) -> None:
     for mode, config in _collector_configs(cfn_templates).items():
+        # Metric names stay as the services expose them (`_total` included).
+        assert config["receivers"]["prometheus"]["trim_metric_suffixes"] is False
         scrape = config["receivers"]["prometheus"]["config"]["scrape_configs"]
         assert len(scrape) == 1
         (static,) = scrape[0]["static_configs"]
