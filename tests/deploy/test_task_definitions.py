@@ -210,6 +210,8 @@ EXPECTED_TASK_ACTIONS = {
         "sqs:DeleteMessage",
         "sqs:ChangeMessageVisibility",
         "sqs:GetQueueUrl",
+        "ecs:UpdateTaskProtection",  # scale-in protection of its own task while busy
+        "ecs:GetTaskProtection",
     },
 }
 
