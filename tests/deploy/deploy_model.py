@@ -372,10 +372,10 @@ def _unconditional(statement: Any) -> Iterator[Mapping[str, Any]]:
 
 
 def secret_resource(value_from: Any) -> Any:
-    """The secret a `ValueFrom` reads: `{"Ref": P}` also for one JSON key of it
-    (`!Sub "${P}:username::"`), as an IAM statement names it."""
+    """The secret a `ValueFrom` (or an IAM statement's resource) names, as `{"Ref": P}`: also
+    for one JSON key of it (`!Sub "${P}:username::"`) and for `!Sub "${P}"`."""
     if isinstance(value_from, Mapping) and "Fn::Sub" in value_from:
-        match = re.fullmatch(r"\$\{(\w+)\}:\w+::", str(value_from["Fn::Sub"]))
+        match = re.fullmatch(r"\$\{(\w+)\}(:\w+::)?", str(value_from["Fn::Sub"]))
         if match:
             return {"Ref": match.group(1)}
     return value_from

@@ -184,7 +184,10 @@ def test_execution_roles_read_exactly_their_secrets(
             actions = deploy_model.as_list(statement["Action"])
             if any(action.startswith("secretsmanager:") for action in actions):
                 assert actions == ["secretsmanager:GetSecretValue"], actions
-                granted |= {str(item) for item in deploy_model.as_list(statement["Resource"])}
+                granted |= {
+                    str(deploy_model.secret_resource(item))
+                    for item in deploy_model.as_list(statement["Resource"])
+                }
         assert granted == secrets, f"{role} reads {granted}, its tasks need {secrets}"
 
 

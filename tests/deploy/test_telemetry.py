@@ -27,7 +27,7 @@ UPCOMING_METRICS = {"taskplat_sink_buffer_messages": "sink"}
 # Metrics ports of the upcoming services (their settings classes do not exist yet).
 UPCOMING_METRICS_PORTS = {
     "sink": "TASKPLAT_SINK_OPS_PORT",
-    "credential-broker": "TASKPLAT_CREDENTIAL_BROKER_PORT",
+    "credential-broker": "TASKPLAT_BROKER_PORT",
 }
 
 

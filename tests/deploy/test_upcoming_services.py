@@ -63,11 +63,9 @@ def test_sink_consumes_only_the_buffer_queues(cfn_templates: Templates) -> None:
     statements = _statements(cfn_templates, "SinkTaskRole")
     sqs = [s for s in statements if str(s["Action"]).count("sqs:")]
     assert len(sqs) == 1
-    arn = "arn:${AWS::Partition}:sqs:${AWS::Region}:${AWS::AccountId}:${BufferQueuePrefix}*"
+    # <prefix>buffer-<dataset> and its -dlq, as the sink names them; never a task queue.
+    arn = "arn:${AWS::Partition}:sqs:${AWS::Region}:${AWS::AccountId}:${SqsQueuePrefix}buffer-*"
     assert sqs[0]["Resource"] == {"Fn::Sub": arn}
-    assert "sqs:SendMessage" not in sqs[0]["Action"]
-    prefix = _platform(cfn_templates)["Parameters"]["BufferQueuePrefix"]["Default"]
-    assert prefix == "taskplat-buffer-"
 
 
 def test_credential_broker_may_only_assume_the_data_access_role(cfn_templates: Templates) -> None:
@@ -76,7 +74,7 @@ def test_credential_broker_may_only_assume_the_data_access_role(cfn_templates: T
     assert assume["Roles"] == [{"Ref": "CredentialBrokerTaskRole"}]
     (statement,) = assume["PolicyDocument"]["Statement"]
     assert statement["Resource"] == {"Fn::GetAtt": ["DataAccessRole", "Arn"]}
-    assert set(statement["Action"]) == {"sts:AssumeRole", "sts:TagSession"}
+    assert statement["Action"] == "sts:AssumeRole"
     inline = _statements(cfn_templates, "CredentialBrokerTaskRole")
     assert not [s for s in inline if "sts:" in str(s["Action"]) or "s3:" in str(s["Action"])]
     data = resources["DataAccessRole"]["Properties"]
@@ -94,3 +92,22 @@ def test_credential_broker_may_only_assume_the_data_access_role(cfn_templates: T
     assert [rule["SourceSecurityGroupId"] for rule in ingress] == [
         {"Ref": "InternalAlbSecurityGroup"}
     ]
+
+
+def test_credential_broker_reads_only_the_capability_token_keys(cfn_templates: Templates) -> None:
+    resources = _platform(cfn_templates)["Resources"]
+    task = resources["CredentialBrokerTaskDefinition"]["Properties"]
+    (broker,) = [c for c in task["ContainerDefinitions"] if c["Name"] == "credential-broker"]
+    assert broker["Secrets"] == [
+        {
+            "Name": "TASKPLAT_CAPABILITY_TOKEN_KEYS",
+            "ValueFrom": {"Ref": "CapabilityTokenKeysSecretArn"},
+        }
+    ]
+    assert task["ExecutionRoleArn"] == {"Fn::GetAtt": ["CredentialBrokerExecutionRole", "Arn"]}
+    granted = [
+        deploy_model.secret_resource(s["Resource"])
+        for s in _statements(cfn_templates, "CredentialBrokerExecutionRole")
+        if s["Action"] == "secretsmanager:GetSecretValue"
+    ]
+    assert granted == [{"Ref": "CapabilityTokenKeysSecretArn"}]
