@@ -73,6 +73,11 @@ lint: venv ## ruff and mypy --strict
 	@$(RUN) ruff format --check .
 	@$(RUN) mypy libs/common/src tools/devstack/src $(wildcard services/*/src)
 
+.PHONY: deploy-check
+deploy-check: venv ## cfn-lint and the policy check on every CloudFormation template (also in `make test`)
+	@$(RUN) cfn-lint --include-checks I -- deploy/cloudformation/*.yaml
+	@$(RUN) python tests/deploy/deploy_policy.py
+
 .PHONY: fmt
 fmt: venv ## Format the code with ruff
 	@$(RUN) ruff format .

@@ -3,8 +3,14 @@ settings, and readers for the CloudFormation templates, the Dockerfiles and the 
 
 Invariants: everything here is read from the repository as it is (pyproject scripts, settings
 classes, uv.lock); the only hand-written facts are the `SPECS` table (which container runs which
-service) and the short allow-lists of variables read by the runtime rather than by a settings
-class. Nothing needs AWS, Docker or the network.
+service), `UPCOMING` (containers the templates already run for services not yet in services/) and
+the short allow-lists of variables read by the runtime rather than by a settings class. Nothing
+needs AWS, Docker or the network.
+
+`containers()` returns the service containers: not the telemetry collector sidecars
+(`collectors()`), and not the containers of an `UPCOMING` service while its directory does not
+exist. Once `services/<dir>` exists its container counts like any other, so every check (and the
+need for a `SPECS` entry) applies to it at once.
 """
 
 from __future__ import annotations
@@ -33,6 +39,9 @@ DOCS = REPO / "docs" / "deploy.md"
 PYTHON_RUNTIME_ENV = frozenset({"PATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE"})
 BOTO_CREDENTIALS_ENV = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"})
 SECRET_NAMES = frozenset({"DATABASE_URL", "TASKPLAT_WORKER_TOKEN", "TASKPLAT_API_KEYS"})
+# Read by libpq when the URL names no user or password: the database role's rotated credentials,
+# injected from the keys of a JSON secret (DatabaseCredentialsSecretArn) next to DATABASE_URL.
+LIBPQ_CREDENTIALS = frozenset({"PGUSER", "PGPASSWORD"})
 
 
 @dataclass(frozen=True)
@@ -76,6 +85,19 @@ class ServiceSpec:
         return names
 
 
+COLLECTOR = "collector"  # container name of the telemetry sidecar in every service task
+
+# Containers the platform template runs for services whose code lands separately: container name
+# -> services/<dir>. Checked only by tests/deploy/test_upcoming_services.py until the directory
+# exists; from then on they need a SPECS entry like every other service.
+UPCOMING: dict[str, str] = {"sink": "sink", "credential-broker": "credential-broker"}
+
+
+def upcoming_and_absent(container_name: str) -> bool:
+    service_dir = UPCOMING.get(container_name)
+    return service_dir is not None and not (REPO / "services" / service_dir).is_dir()
+
+
 SPECS: dict[str, ServiceSpec] = {
     spec.name: spec
     for spec in (
@@ -86,7 +108,7 @@ SPECS: dict[str, ServiceSpec] = {
             "taskplat-dispatcher",
             "taskplat-dispatcher",
             ("taskplat.dispatcher.settings:DispatcherSettings",),
-            frozenset(SECRET_NAMES),
+            SECRET_NAMES | LIBPQ_CREDENTIALS,
             devstack_module="taskplat.dispatcher",
             health_port_env="TASKPLAT_DISPATCHER_PORT",
         ),
@@ -97,7 +119,7 @@ SPECS: dict[str, ServiceSpec] = {
             "taskplat-outbox-relay",
             "taskplat-outbox-relay",
             ("taskplat.outbox_relay.settings:RelaySettings",),
-            frozenset({"DATABASE_URL"}),
+            frozenset({"DATABASE_URL"}) | LIBPQ_CREDENTIALS,
             uses_sqs=True,
             devstack_module="taskplat.outbox_relay",
             health_port_env="TASKPLAT_RELAY_OPS_PORT",
@@ -109,7 +131,7 @@ SPECS: dict[str, ServiceSpec] = {
             "taskplat-scheduler",
             "taskplat-scheduler",
             ("taskplat.scheduler.settings:SchedulerSettings",),
-            frozenset({"DATABASE_URL"}),
+            frozenset({"DATABASE_URL"}) | LIBPQ_CREDENTIALS,
             devstack_module="taskplat.scheduler",
             health_port_env="TASKPLAT_SCHEDULER_OPS_PORT",
         ),
@@ -120,7 +142,7 @@ SPECS: dict[str, ServiceSpec] = {
             "taskplat-reaper",
             "taskplat-reaper",
             ("taskplat.reaper.settings:ReaperSettings",),
-            frozenset({"DATABASE_URL"}),
+            frozenset({"DATABASE_URL"}) | LIBPQ_CREDENTIALS,
             devstack_module="taskplat.reaper",
             health_port_env="TASKPLAT_REAPER_OPS_PORT",
         ),
@@ -284,10 +306,16 @@ class Container:
 
     @property
     def secrets(self) -> dict[str, Any]:
-        return {item["Name"]: item["ValueFrom"] for item in self.definition.get("Secrets", [])}
+        """Name -> ValueFrom of every secret, those an `Fn::If` may add included."""
+        return {
+            branch["Name"]: branch["ValueFrom"]
+            for item in self.definition.get("Secrets", [])
+            for branch in _unconditional(item)
+        }
 
 
-def containers(all_templates: Mapping[str, Mapping[str, Any]]) -> list[Container]:
+def all_containers(all_templates: Mapping[str, Mapping[str, Any]]) -> list[Container]:
+    """Every container of every task definition, sidecars and upcoming services included."""
     found = []
     for template_name, template in all_templates.items():
         for logical_id, resource in template["Resources"].items():
@@ -298,6 +326,19 @@ def containers(all_templates: Mapping[str, Mapping[str, Any]]) -> list[Container
                     Container(template_name, logical_id, resource["Properties"], definition)
                 )
     return found
+
+
+def containers(all_templates: Mapping[str, Mapping[str, Any]]) -> list[Container]:
+    """The service containers (see the module docstring)."""
+    return [
+        container
+        for container in all_containers(all_templates)
+        if container.name != COLLECTOR and not upcoming_and_absent(container.name)
+    ]
+
+
+def collectors(all_templates: Mapping[str, Mapping[str, Any]]) -> list[Container]:
+    return [c for c in all_containers(all_templates) if c.name == COLLECTOR]
 
 
 def resources_of_type(template: Mapping[str, Any], kind: str) -> dict[str, Mapping[str, Any]]:
@@ -328,6 +369,16 @@ def _unconditional(statement: Any) -> Iterator[Mapping[str, Any]]:
                 yield from _unconditional(branch)
     else:
         yield statement
+
+
+def secret_resource(value_from: Any) -> Any:
+    """The secret a `ValueFrom` (or an IAM statement's resource) names, as `{"Ref": P}`: also
+    for one JSON key of it (`!Sub "${P}:username::"`) and for `!Sub "${P}"`."""
+    if isinstance(value_from, Mapping) and "Fn::Sub" in value_from:
+        match = re.fullmatch(r"\$\{(\w+)\}(:\w+::)?", str(value_from["Fn::Sub"]))
+        if match:
+            return {"Ref": match.group(1)}
+    return value_from
 
 
 def as_list(value: Any) -> list[Any]:

@@ -21,6 +21,14 @@ NOT_TEMPLATE_NAMES = {
     "ChangeMessageVisibility",
     "GetQueueUrl",
     "ResourceInitializationError",
+    "AccessDenied",
+    # libpq's variables, SQL keywords and the collector's CloudWatch dimension names.
+    "PGUSER",
+    "PGPASSWORD",
+    "LISTEN",
+    "NOLOGIN",
+    "Service",
+    "Stack",
 }
 
 

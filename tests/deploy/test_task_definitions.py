@@ -23,6 +23,8 @@ SAMPLE_SECRETS = {
     "DATABASE_URL": "postgresql://taskplat@db.example.internal:5432/taskplat",
     "TASKPLAT_WORKER_TOKEN": "w" * 32,
     "TASKPLAT_API_KEYS": f"{'a' * 20},{'b' * 20}",
+    "PGUSER": "taskplat_app",
+    "PGPASSWORD": "p" * 32,
 }
 SAMPLE_PSEUDO = {"AWS::Region": "eu-west-1"}
 EXPORTING_TEMPLATE = {"PlatformStackName": "platform.yaml", "QueueStackName": "task-queue.yaml"}
@@ -80,6 +82,8 @@ def test_every_variable_is_one_the_service_reads(
 ) -> None:
     spec, container = SPECS[name], _by_name(ecs_containers)[name]
     accepted = spec.accepted_env()
+    if "DATABASE_URL" in spec.secrets:
+        accepted |= deploy_model.LIBPQ_CREDENTIALS
     names = [*container.environment, *container.secrets]
     assert len(names) == len(set(names)), f"{name}: a variable is set twice: {names}"
     unknown = {n for n in names if n.upper() not in accepted}
@@ -97,6 +101,7 @@ def test_secrets_reach_only_the_services_that_need_them(
     leaked = deploy_model.SECRET_NAMES & set(container.environment)
     assert not leaked, f"{name}: {sorted(leaked)} must come from Secrets Manager, not Environment"
     for value in container.secrets.values():
+        value = deploy_model.secret_resource(value)
         assert isinstance(value, Mapping) and ("Ref" in value or "Fn::ImportValue" in value)
 
 
@@ -117,6 +122,8 @@ def _resolve(value: Any, template: Mapping[str, Any], all_templates: Mapping[str
                 == f"${{AWS::StackName}}-{export}"
             ):
                 sample = output["Value"]
+                if isinstance(sample, Mapping) and "Fn::If" in sample:
+                    sample = sample["Fn::If"][1]  # the secure branch (TLS, when configured)
                 if isinstance(sample, Mapping) and "Fn::Sub" in sample:
                     return re.sub(
                         r"\$\{[^}]+\}", "internal-alb.example.internal", sample["Fn::Sub"]
@@ -168,7 +175,7 @@ def test_execution_roles_read_exactly_their_secrets(
     for container in ecs_containers:
         role = container.properties["ExecutionRoleArn"]["Fn::GetAtt"][0]
         needed.setdefault((container.template, role), set()).update(
-            str(value) for value in container.secrets.values()
+            str(deploy_model.secret_resource(value)) for value in container.secrets.values()
         )
     for (template_name, role), secrets in needed.items():
         template = cfn_templates[template_name]
@@ -177,17 +184,37 @@ def test_execution_roles_read_exactly_their_secrets(
             actions = deploy_model.as_list(statement["Action"])
             if any(action.startswith("secretsmanager:") for action in actions):
                 assert actions == ["secretsmanager:GetSecretValue"], actions
-                granted |= {str(item) for item in deploy_model.as_list(statement["Resource"])}
+                granted |= {
+                    str(deploy_model.secret_resource(item))
+                    for item in deploy_model.as_list(statement["Resource"])
+                }
         assert granted == secrets, f"{role} reads {granted}, its tasks need {secrets}"
 
 
+# What every service's collector needs: EMF log events into the metrics log group, X-Ray.
+TELEMETRY_ACTIONS = {
+    "logs:CreateLogStream",
+    "logs:PutLogEvents",
+    "logs:DescribeLogStreams",
+    "xray:PutTraceSegments",
+    "xray:PutTelemetryRecords",
+    "xray:GetSamplingRules",
+    "xray:GetSamplingTargets",
+}
+XRAY_ACTIONS = {action for action in TELEMETRY_ACTIONS if action.startswith("xray:")}
 EXPECTED_TASK_ACTIONS = {
-    "outbox-relay": {"sqs:SendMessage", "sqs:GetQueueUrl"},
-    "worker": {
+    "dispatcher": TELEMETRY_ACTIONS,
+    "scheduler": TELEMETRY_ACTIONS,
+    "reaper": TELEMETRY_ACTIONS,
+    "outbox-relay": TELEMETRY_ACTIONS | {"sqs:SendMessage", "sqs:GetQueueUrl"},
+    "worker": TELEMETRY_ACTIONS
+    | {
         "sqs:ReceiveMessage",
         "sqs:DeleteMessage",
         "sqs:ChangeMessageVisibility",
         "sqs:GetQueueUrl",
+        "ecs:UpdateTaskProtection",  # scale-in protection of its own task while busy
+        "ecs:GetTaskProtection",
     },
 }
 
@@ -204,11 +231,18 @@ def test_task_roles_are_least_privilege(
     statements = deploy_model.role_statements(cfn_templates[container.template], role)
     actions = {a for s in statements for a in deploy_model.as_list(s["Action"])}
     assert actions == EXPECTED_TASK_ACTIONS[name]
-    resources = [r for s in statements for r in deploy_model.as_list(s["Resource"])]
-    assert "*" not in resources
+    for statement in statements:
+        if statement["Resource"] == "*":
+            assert set(deploy_model.as_list(statement["Action"])) <= XRAY_ACTIONS, statement
+    sqs = [
+        r
+        for s in statements
+        if any(str(a).startswith("sqs:") for a in deploy_model.as_list(s["Action"]))
+        for r in deploy_model.as_list(s["Resource"])
+    ]
     if name == "worker":
         # Its own queue only, from the queue's stack.
-        assert resources == [{"Fn::ImportValue": {"Fn::Sub": "${QueueStackName}-QueueArn"}}]
+        assert sqs == [{"Fn::ImportValue": {"Fn::Sub": "${QueueStackName}-QueueArn"}}]
 
 
 def test_no_policy_grants_wildcard_actions(cfn_templates: dict[str, dict[str, Any]]) -> None:
@@ -218,7 +252,10 @@ def test_no_policy_grants_wildcard_actions(cfn_templates: dict[str, dict[str, An
                 for action in deploy_model.as_list(statement["Action"]):
                     assert "*" not in action, f"{template_name} {role}: {action}"
                 if statement["Resource"] == "*":
-                    assert statement["Action"] == "ecr:GetAuthorizationToken", statement
+                    actions = set(deploy_model.as_list(statement["Action"]))
+                    assert actions == {"ecr:GetAuthorizationToken"} or actions <= XRAY_ACTIONS, (
+                        statement
+                    )
 
 
 def test_worker_stop_timeout_covers_the_drain(
@@ -270,7 +307,13 @@ def test_dispatcher_listens_where_the_load_balancers_and_health_check_look(
     assert [m["ContainerPort"] for m in container.definition["PortMappings"]] == [port]
     check = " ".join(container.definition["HealthCheck"]["Command"])
     assert f"http://127.0.0.1:{port}/healthz" in check
-    groups = deploy_model.resources_of_type(template, "AWS::ElasticLoadBalancingV2::TargetGroup")
+    groups = {
+        logical_id: group
+        for logical_id, group in deploy_model.resources_of_type(
+            template, "AWS::ElasticLoadBalancingV2::TargetGroup"
+        ).items()
+        if logical_id in {"PublicTargetGroup", "InternalTargetGroup"}
+    }
     assert len(groups) == 2
     for group in groups.values():
         assert group["Properties"]["Port"] == port
@@ -303,6 +346,17 @@ def test_internal_routes_are_reachable_only_inside_the_vpc(
         ["/tasks", "/tasks/*", "/healthz", "/readyz", "/openapi.json"]
     )
     assert not any(path.startswith("/internal") or "*" in path.split("/")[1] for path in forwarded)
+    # The internal listener forwards only the worker API and the health routes (not /metrics).
+    internal = resources["InternalListener"]["Properties"]
+    assert [action["Type"] for action in internal["DefaultActions"]] == ["fixed-response"]
+    internal_paths = [
+        value
+        for rule in rules.values()
+        if rule["Properties"]["ListenerArn"] == {"Ref": "InternalListener"}
+        for condition in rule["Properties"]["Conditions"]
+        for value in condition["PathPatternConfig"]["Values"]
+    ]
+    assert sorted(internal_paths) == ["/healthz", "/internal/*", "/readyz"]
     # Only the two ALBs may reach the dispatcher's port.
     sources = resources["DispatcherSecurityGroup"]["Properties"]["SecurityGroupIngress"]
     assert {rule["SourceSecurityGroupId"]["Ref"] for rule in sources} == {
@@ -311,16 +365,19 @@ def test_internal_routes_are_reachable_only_inside_the_vpc(
     }
 
 
-def test_workers_never_join_the_database_security_group(
+def test_only_services_with_a_database_url_join_the_database_security_group(
     cfn_templates: dict[str, dict[str, Any]],
 ) -> None:
-    for template in cfn_templates.values():
+    for template_name, template in cfn_templates.items():
         for service_id, service in deploy_model.resources_of_type(
             template, "AWS::ECS::Service"
         ).items():
             groups = str(service["Properties"]["NetworkConfiguration"])
-            is_worker = service_id.startswith("Worker")
-            assert ("DatabaseClientSecurityGroupId" in groups) != is_worker, service_id
+            task_definition = template["Resources"][service["Properties"]["TaskDefinition"]["Ref"]]
+            uses_database = "DATABASE_URL" in str(task_definition["Properties"])
+            assert ("DatabaseClientSecurityGroupId" in groups) == uses_database, service_id
+            if template_name == "worker-pool.yaml":
+                assert not uses_database, "a worker never talks to Postgres"
 
 
 def test_every_service_scales_on_its_own(cfn_templates: dict[str, dict[str, Any]]) -> None:

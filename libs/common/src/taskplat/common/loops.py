@@ -9,7 +9,9 @@ Invariants:
   * An error in a batch is logged and counted, never fatal: the loop backs off and tries again.
   * `stop` (set by SIGTERM/SIGINT) ends the loop after the batch in progress.
   * With a `Telemetry`, every batch records its duration, its counts (one counter per result
-    field) and its errors, labelled by loop name; `LoopHealth` tells liveness from progress.
+    field), whether it was full (`taskplat.loop.batches{loop,full}`, `full` = "true" when
+    `result.more`) and its errors, labelled by loop name; `LoopHealth` tells liveness from
+    progress. The share of full batches is each loop's saturation (its scaling signal on ECS).
 """
 
 from __future__ import annotations
@@ -84,12 +86,17 @@ class LoopMetrics:
             buckets=SIZE_BUCKETS,
             description="Items a batch handled, by kind (a field of the batch result).",
         )
+        self._batches = telemetry.counter(
+            "taskplat.loop.batches",
+            description="Loop batches completed, by full (true: the batch hit its limit).",
+        )
         self._errors = telemetry.counter(
             "taskplat.loop.errors", description="Loop batches that raised an error."
         )
 
-    def batch(self, seconds: float, fields: dict[str, Any]) -> None:
+    def batch(self, seconds: float, fields: dict[str, Any], *, full: bool = False) -> None:
         self._duration.record(seconds, self._attributes)
+        self._batches.add(1, {**self._attributes, "full": "true" if full else "false"})
         for kind, value in fields.items():
             if isinstance(value, int) and not isinstance(value, bool):
                 self._items.record(value, {**self._attributes, "kind": kind})
@@ -153,7 +160,7 @@ def run_loop(
         elapsed = time.monotonic() - started
         fields = _fields(result)
         if metrics is not None:
-            metrics.batch(elapsed, fields)
+            metrics.batch(elapsed, fields, full=bool(result.more))
         if any(value for key, value in fields.items() if key != "more"):
             log.info("loop_batch", duration_ms=round(elapsed * 1000, 1), **fields)
         if result.more:

@@ -4,12 +4,14 @@ ops server -> signals -> run.
 Invariants: only wiring lives here; a bad setting or a bad operators file exits with status 2 and
 one line on stderr, never a traceback; SIGTERM/SIGINT start the drain and a drained wrapper
 exits 0. The process has one `Telemetry`, created here and passed down; `/metrics` and `/healthz`
-are served only when `TASKPLAT_WORKER_OPS_PORT` is set, and spans are flushed before exit.
+are served only when `TASKPLAT_WORKER_OPS_PORT` is set, and spans are flushed before exit. On ECS
+(`ECS_AGENT_URI` set) the task is protected from scale-in while it runs attempts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 from collections.abc import Mapping
@@ -23,6 +25,7 @@ from taskplat.common.telemetry import Telemetry
 from taskplat.worker_wrapper.observability import SERVICE
 from taskplat.worker_wrapper.operators import OperatorsFileError, OperatorSpec, load_operators
 from taskplat.worker_wrapper.settings import WrapperSettings, describe_settings_error
+from taskplat.worker_wrapper.task_protection import TaskProtection
 from taskplat.worker_wrapper.worker import build_wrapper
 
 PROG = "taskplat-worker-wrapper"
@@ -51,9 +54,18 @@ async def serve(
         raise SystemExit(f"{PROG}: cannot serve /metrics on {where}: {exc.strerror}") from None
     if ops is not None:
         get_logger().info("ops_server_started", host=settings.ops_host, port=ops.port)
+    # On ECS, busy tasks are protected from scale-in (task_protection).
+    protection = TaskProtection.from_environ(os.environ)
+    protecting = None
+    if protection is not None:
+        wrapper.executor.telemetry.watch_busy(protection.busy_changed)
+        protecting = asyncio.create_task(protection.run())
     try:
         await wrapper.run(stop)
     finally:
+        if protection is not None and protecting is not None:
+            protection.close()
+            await protecting
         await wrapper.aclose()
         if ops is not None:
             ops.stop()

@@ -17,6 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 from opentelemetry import trace
@@ -40,6 +41,8 @@ class WrapperTelemetry:
     def __init__(self, telemetry: Telemetry | None = None, *, queue: str = "default") -> None:
         self.queue = queue
         self.telemetry = telemetry
+        self._running = 0
+        self._busy_listeners: list[Callable[[int], None]] = []
         self.tracer: trace.Tracer = (
             telemetry.tracer if telemetry is not None else trace.NoOpTracer()
         )
@@ -125,6 +128,13 @@ class WrapperTelemetry:
 
     def busy(self, delta: int) -> None:
         self._busy.add(delta)
+        self._running += delta
+        for listener in self._busy_listeners:
+            listener(self._running)
+
+    def watch_busy(self, listener: Callable[[int], None]) -> None:
+        """Call `listener(running attempts)` after every change (in the caller's thread)."""
+        self._busy_listeners.append(listener)
 
     # ---- operator processes -------------------------------------------------------------
 
