@@ -46,6 +46,7 @@ def test_all_migrations_on_an_empty_database_give_the_committed_schema(
     tables = {row["table_name"] for row in schema["columns"] if row["table_type"] == "BASE TABLE"}
     assert tables == {
         "tasks", "task_attempts", "task_outputs", "task_events", "outbox", "schema_migrations",
+        "queues",
     }  # fmt: skip
     snapshot("db_schema", schema)
     # The tests' template databases are migrated by the same runner: same schema.

@@ -136,6 +136,11 @@ PUBLIC_ROUTES = (
     ("GET", "/tasks/{task_id}"),
     ("PUT", "/tasks/{task_id}/cancel"),
     ("POST", "/tasks/{task_id}/retry"),
+    ("POST", "/tasks/retry"),
+    ("GET", "/queues"),
+    ("PUT", "/queues/{queue}/pause"),
+    ("PUT", "/queues/{queue}/resume"),
+    ("GET", "/stats"),
 )
 INTERNAL_ROUTES = (
     ("POST", "/internal/task-claim"),

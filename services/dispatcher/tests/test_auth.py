@@ -26,8 +26,10 @@ def _valid_request(method: str, path: str, task_id: str, fence: dict[str, Any]) 
         "/internal/heartbeat": fence,
         "/internal/task-complete": {**fence, "status": "Completed"},
         "/internal/events": {**fence, "events": [cursor_event(1)]},
+        "/tasks/retry": {"ids": [task_id]},
     }
-    request: dict[str, Any] = {"method": method, "url": path.format(task_id=task_id)}
+    url = path.format(task_id=task_id, queue="default")
+    request: dict[str, Any] = {"method": method, "url": url}
     if method == "POST" and path in bodies:
         request["json"] = bodies[path]
     if path == "/internal/task-fetch":

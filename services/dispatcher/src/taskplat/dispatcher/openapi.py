@@ -16,6 +16,9 @@ from taskplat.dispatcher.routes import ROUTES, RouteSpec
 
 _REF_TEMPLATE = "#/components/schemas/{model}"
 _UUID_SCHEMA = {"type": "string", "format": "uuid"}
+_PATH_SCHEMAS: dict[str, dict[str, Any]] = {
+    "queue": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$", "maxLength": 64},
+}
 
 
 def _models() -> list[type[BaseModel]]:
@@ -41,7 +44,12 @@ def _ref(model: type[BaseModel]) -> dict[str, str]:
 
 def _parameters(spec: RouteSpec) -> list[dict[str, Any]]:
     parameters: list[dict[str, Any]] = [
-        {"name": name, "in": "path", "required": True, "schema": _UUID_SCHEMA}
+        {
+            "name": name,
+            "in": "path",
+            "required": True,
+            "schema": _PATH_SCHEMAS.get(name, _UUID_SCHEMA),
+        }
         for name in spec.path_params
     ]
     if spec.query is not None:

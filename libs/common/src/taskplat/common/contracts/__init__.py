@@ -34,6 +34,16 @@ from taskplat.common.contracts.internal import (
     RejectReason,
 )
 from taskplat.common.contracts.messages import DeadLetterRecord, WakeUpMessage
+from taskplat.common.contracts.operations import (
+    BulkRetryRequest,
+    BulkRetryResponse,
+    BulkRetrySkipped,
+    QueueList,
+    QueueView,
+    StateCount,
+    Stats,
+    ThroughputBucket,
+)
 from taskplat.common.contracts.public import (
     AttemptOutcome,
     AttemptView,
@@ -52,6 +62,9 @@ from taskplat.common.contracts.public import (
 __all__ = [
     "AttemptOutcome",
     "AttemptView",
+    "BulkRetryRequest",
+    "BulkRetryResponse",
+    "BulkRetrySkipped",
     "ClaimBatchRequest",
     "ClaimBatchResponse",
     "ClaimNextRequest",
@@ -84,10 +97,15 @@ __all__ = [
     "NotClaimedResponse",
     "Output",
     "OutputView",
+    "QueueList",
+    "QueueView",
     "RejectReason",
     "RejectedResponse",
+    "StateCount",
+    "Stats",
     "TaskList",
     "TaskStatus",
     "TaskView",
+    "ThroughputBucket",
     "WakeUpMessage",
 ]

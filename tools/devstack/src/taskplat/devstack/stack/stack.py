@@ -285,6 +285,8 @@ class Stack:
             TASKPLAT_WORKER_DISPATCHER_URL=dispatcher_url,
             TASKPLAT_DISPATCHER_HOST="127.0.0.1",
             TASKPLAT_DISPATCHER_PORT=str(port),
+            # The queue registry: POST /tasks accepts the stack's queues only.
+            TASKPLAT_DISPATCHER_QUEUES=",".join(config.queues),
             PYTHONUNBUFFERED="1",
         )
         env.update(config.env)
