@@ -234,7 +234,7 @@ async function replayAll() {
 
 async function taskView(taskId) {
   const t = await api("GET", `/tasks/${encodeURIComponent(taskId)}`);
-  const fields = [["Status", status(t.status)], ["Attempt", `${t.attempt} of ${t.max_attempts}`],
+  const fields = [["Status", status(t.status)], ["Attempt", `${t.attempt} (max_attempts ${t.max_attempts}, renewed by a replay)`],
     ["Queue", t.queue], ["Operator", t.operator],
     ["Job", t.job ? `${t.job.dag_name} / ${t.job.name}` : "—"], ["Worker", t.worker_id || "—"],
     ["Created", when(t.created_at)], ["Started", when(t.started_at)],
