@@ -66,6 +66,7 @@ class StackInfo:
     def as_env(self) -> dict[str, str]:
         return {
             "DISPATCHER_URL": self.dispatcher_url,
+            "TASKPLAT_URL": self.dispatcher_url,  # the `taskplat` command's setting
             "TASKPLAT_API_KEY": self.api_key,
             "TASKPLAT_WORKER_TOKEN": self.worker_token,
             "DATABASE_URL": self.database_url,
