@@ -51,8 +51,12 @@ demo: venv sqs-deps ## Private stack: 1,000 echo tasks and a three-job pipeline,
 bench: venv sqs-deps ## Benchmark on a private stack: prints the table, writes bench/results/latest.{json,md}
 	@$(RUN) python -m taskplat.devstack bench $(BENCH_ARGS)
 
+.PHONY: browser-deps
+browser-deps: ## Install Debian's chromium and chromium-driver for the dashboard's browser tests (root)
+	@scripts/install_browser.sh || [ "$$CI" != "true" ]
+
 .PHONY: test
-test: venv sqs-deps check-packages ## Run every test (starts its own Postgres and SQS endpoint)
+test: venv sqs-deps check-packages browser-deps ## Run every test (starts its own Postgres, SQS endpoint and a headless Chromium)
 	@$(RUN) pytest $(PYTEST_ARGS)
 
 .PHONY: check-packages
@@ -60,7 +64,7 @@ check-packages: $(UV) ## Import each package with only its declared dependencies
 	@$(PYTHON) scripts/check_packages.py $(UV) .cache/package-envs
 
 .PHONY: test-fast
-test-fast: venv sqs-deps ## Run the unit and integration tests, not the end-to-end suite
+test-fast: venv sqs-deps browser-deps ## Run the unit and integration tests, not the end-to-end suite
 	@$(RUN) pytest -m "not e2e" $(PYTEST_ARGS)
 
 .PHONY: test-e2e
@@ -71,7 +75,7 @@ test-e2e: venv sqs-deps ## Run the end-to-end suite only (every service as a rea
 lint: venv ## ruff and mypy --strict
 	@$(RUN) ruff check .
 	@$(RUN) ruff format --check .
-	@$(RUN) mypy libs/common/src tools/devstack/src $(wildcard services/*/src)
+	@$(RUN) mypy libs/common/src libs/client/src tools/devstack/src $(wildcard services/*/src)
 
 .PHONY: deploy-check
 deploy-check: venv ## cfn-lint and the policy check on every CloudFormation template (also in `make test`)

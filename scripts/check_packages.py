@@ -2,7 +2,8 @@
 
 Invariant: a package that imports something it does not declare fails here, because its private
 environment (`uv sync --locked --package X --no-dev`) holds exactly its declared dependencies.
-The worker wrapper is also checked to hold no database code (no psycopg installed).
+The worker wrapper is also checked to hold no database code (no psycopg installed), and the client
+no server code (no taskplat.common installed).
 Usage: python scripts/check_packages.py <uv> <scratch dir>
 """
 
@@ -21,6 +22,7 @@ PACKAGES = {
     "taskplat-scheduler": ("services/scheduler/src", "taskplat.scheduler", ()),
     "taskplat-reaper": ("services/reaper/src", "taskplat.reaper", ()),
     "taskplat-worker-wrapper": ("services/worker-wrapper/src", "taskplat.worker_wrapper", ()),
+    "taskplat-client": ("libs/client/src", "taskplat.client", ()),
 }
 # Modules of a package that need one of its optional extras.
 EXTRA_MODULES = {
@@ -62,6 +64,10 @@ def check(uv: str, scratch: Path, name: str, module: str, extras: tuple[str, ...
         probe = subprocess.run([python, "-c", "import psycopg"], capture_output=True)
         if probe.returncode == 0:
             return f"{name}: psycopg is installed in the worker's environment"
+    if name == "taskplat-client":
+        probe = subprocess.run([python, "-c", "import taskplat.common"], capture_output=True)
+        if probe.returncode == 0:
+            return f"{name}: server code (taskplat.common) is installed beside the client"
     return None
 
 

@@ -8,6 +8,7 @@ secrets and the data kept across restarts, a clean stop on SIGTERM, no orphan le
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -90,6 +91,22 @@ def _descendants(root: int) -> set[int]:
     return found
 
 
+def _cli_submit_waits(values: dict[str, str], config: dict[str, str]) -> dict[str, object]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("TASKPLAT_")}
+    env.update(TASKPLAT_URL=values["TASKPLAT_URL"], TASKPLAT_API_KEY=values["TASKPLAT_API_KEY"])
+    cli = [sys.executable, "-m", "taskplat.client", "submit", "echo", "--wait", "--json"]
+    result = subprocess.run(
+        [*cli, "--config", json.dumps(config), "--wait-timeout", "30"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    task: dict[str, object] = json.loads(result.stdout)
+    return task
+
+
 def _echo_completes(values: dict[str, str], payload: dict[str, str]) -> dict[str, object]:
     headers = {"Authorization": f"Bearer {values['TASKPLAT_API_KEY']}"}
     url = values["DISPATCHER_URL"]
@@ -123,6 +140,7 @@ def test_up_runs_the_platform_and_survives_a_crash_of_its_supervisor(run_dir: Pa
         assert values["DISPATCHER_URL"] == f"http://127.0.0.1:{port}"
         assert set(values) == {
             "DISPATCHER_URL",
+            "TASKPLAT_URL",
             "TASKPLAT_API_KEY",
             "TASKPLAT_WORKER_TOKEN",
             "DATABASE_URL",
@@ -132,6 +150,8 @@ def test_up_runs_the_platform_and_survives_a_crash_of_its_supervisor(run_dir: Pa
         assert (run_dir / "secrets.env").stat().st_mode & 0o777 == 0o600
         task = _echo_completes(values, {"hello": "world"})
         assert task["result"] == {"hello": "world"}
+        # A new user drives the stack with `taskplat` and the values of stack.env alone.
+        assert _cli_submit_waits(values, {"via": "cli"})["result"] == {"via": "cli"}
         wait_for(
             lambda: "dispatcher |" in first.output() and "worker-1" in first.output(),
             timeout=10,

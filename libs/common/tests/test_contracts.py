@@ -87,6 +87,17 @@ TASK_VIEW = {
     "attempts": [ATTEMPT_VIEW],
 }
 
+QUEUE_VIEW = {
+    "name": "default",
+    "paused": True,
+    "paused_at": T1,
+    "created_at": T1,
+    "depth": 3,
+    "running": 1,
+    "oldest_queued_at": T2,
+    "oldest_queued_age_seconds": 12.5,
+}
+
 # A valid example of every model; each optional UUID or timestamp is set, so each can be broken.
 JOB_SPEC = {
     "operator": "transform",
@@ -317,6 +328,16 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "ResolvedInput": JOB_VIEW["inputs"][0],
     "ResolvedOutput": JOB_VIEW["outputs"][0],
     "Producer": {"task_id": U1, "attempt": 1},
+    # The operators' routes: queues, bulk replay and the dashboard's figures.
+    "QueueView": QUEUE_VIEW,
+    "QueueList": {"queues": [QUEUE_VIEW]},
+    "BulkRetryRequest": {"ids": [U1, U2]},
+    "BulkRetrySkipped": {"task_id": U1, "reason": "NotReplayable"},
+    "BulkRetryResponse": {"replayed": [U1], "skipped": [{"task_id": U2, "reason": "NotFound"}]},
+    "StateCount": {"queue": "default", "status": "Queued", "tasks": 3},
+    "ThroughputBucket": {"minute": T1, "completed": 10, "dead": 1},
+    "Stats": {"generated_at": T1, "counts": [{"queue": "default", "status": "Dead", "tasks": 1}],
+              "throughput": [{"minute": T1, "completed": 10, "dead": 1}]},
 }  # fmt: skip
 
 MODELS: dict[str, type[BaseModel]] = {

@@ -145,6 +145,11 @@ PUBLIC_ROUTES = (
     ("GET", "/datasets/{dataset_uuid}"),
     ("POST", "/datasets/{dataset_uuid}/versions"),
     ("GET", "/datasets/{dataset_uuid}/events"),
+    ("POST", "/tasks/retry"),
+    ("GET", "/queues"),
+    ("PUT", "/queues/{queue}/pause"),
+    ("PUT", "/queues/{queue}/resume"),
+    ("GET", "/stats"),
 )
 INTERNAL_ROUTES = (
     ("POST", "/internal/task-claim"),

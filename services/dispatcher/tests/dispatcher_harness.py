@@ -28,6 +28,8 @@ from taskplat.dispatcher.app import create_app
 from taskplat.dispatcher.settings import DispatcherSettings
 
 API_KEY = "test-api-key-0123456789"
+# The queues the dispatcher tests name (POST /tasks refuses a queue missing from the registry).
+TEST_QUEUES = "default,a,b,c,alpha,beta,gamma,fast-lane,ingest,mine,other,poison,q,q1,q2,q3"
 WORKER_TOKEN = "test-worker-token-0123456789"
 
 
@@ -51,6 +53,7 @@ def make_settings(db_url: str, **overrides: object) -> DispatcherSettings:
         "worker_token": WORKER_TOKEN,
         "db_pool_max_size": 20,
         "metrics_cache_seconds": 0,
+        "queues": TEST_QUEUES,
     }
     values.update(overrides)
     return DispatcherSettings(**values)  # type: ignore[arg-type]

@@ -28,8 +28,9 @@ def _valid_request(method: str, path: str, task_id: str, fence: dict[str, Any]) 
         "/internal/events": {**fence, "events": [cursor_event(1)]},
         "/dags/{dag_name}": {"jobs": {"a": {"operator": "echo"}}},
         "/dags/{dag_name}/jobs/{job}/runs": {},
+        "/tasks/retry": {"ids": [task_id]},
     }
-    url = path.format(task_id=task_id, dag_name="d", job="a", dataset_uuid=task_id)
+    url = path.format(task_id=task_id, dag_name="d", job="a", dataset_uuid=task_id, queue="default")
     request: dict[str, Any] = {"method": method, "url": url}
     if method in ("POST", "PUT") and path in bodies:
         request["json"] = bodies[path]

@@ -12,13 +12,22 @@ from typing import Any
 from uuid import uuid4
 
 import httpx
+import pytest
 from dispatcher_calls import cancel, claimed, complete, create_task
-from dispatcher_harness import Dispatcher
+from dispatcher_harness import TEST_QUEUES, Dispatcher
 from dispatcher_rows import attempt_rows, row_counts, task_row
 
 from taskplat.common.contracts import ClaimBatchResponse, ClaimNextResponse
 
 JsonDict = dict[str, Any]
+
+RACE_REPETITIONS = 12
+
+
+@pytest.fixture
+def dispatcher_overrides() -> dict[str, object]:
+    """The race test's own queues (race0, race1, ...) are registered too."""
+    return {"queues": ",".join([TEST_QUEUES, *(f"race{n}" for n in range(RACE_REPETITIONS))])}
 
 
 def claim_batch(dispatcher: Dispatcher, task_ids: list[str], worker_id: str = "w-1") -> JsonDict:
@@ -239,7 +248,7 @@ def test_concurrent_claim_next_never_claims_a_task_twice(
 def test_concurrent_overlapping_batch_claims_claim_each_task_once_without_deadlock(
     dispatcher: Dispatcher, db_url: str
 ) -> None:
-    threads, repetitions = 5, 12
+    threads, repetitions = 5, RACE_REPETITIONS
     clients = [_own_client(dispatcher) for _ in range(threads)]
     try:
         with ThreadPoolExecutor(max_workers=threads) as pool:

@@ -23,7 +23,7 @@ from dispatcher_calls import (
 from dispatcher_harness import Dispatcher, serve_dispatcher
 from dispatcher_metrics import scrape
 from pydantic import BaseModel
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
 from taskplat.common import contracts
 from taskplat.devstack.testdb import with_database
@@ -41,6 +41,8 @@ def _served_routes(dispatcher: Dispatcher) -> set[tuple[str, str]]:
     assert dispatcher.app is not None
     served: set[tuple[str, str]] = set()
     for route in dispatcher.app.routes:
+        if isinstance(route, Mount) and route.path == "/ui":
+            continue  # the dashboard's static files, not part of the API
         assert isinstance(route, Route), route
         for method in route.methods or ():
             if method != "HEAD":  # Starlette answers HEAD for every GET route
@@ -182,6 +184,7 @@ def _producers(dispatcher: Dispatcher) -> dict[tuple[str, str, str], list[httpx.
         add("POST", path, 422, d.worker.post(path, json={**body, "bogus": 1}))
     _batch_route_responses(d, add, done.fence())
     _dag_route_responses(d, add)
+    _operator_route_responses(d, add)
     # Last: these succeed and end the running attempt.
     for path in ("/internal/heartbeat", "/internal/events", "/internal/task-complete"):
         add("POST", path, 200, d.worker.post(path, json=bodies[path]))
@@ -268,6 +271,26 @@ def _dag_route_responses(d: Dispatcher, add: Callable[..., None]) -> None:
     add("DELETE", dag, 401, anonymous.delete("/dags/p"))
     add("DELETE", dag, 404, d.api.delete("/dags/p"))
     add("DELETE", dag, 422, d.api.delete("/dags/no%20pe"))
+
+
+def _operator_route_responses(d: Dispatcher, add: Callable[..., None]) -> None:
+    """A real response of each documented status of the queue, bulk replay and stats routes."""
+    anonymous = d.anonymous
+    for path in ("/queues", "/stats"):
+        add("GET", path, 200, d.api.get(path))
+        add("GET", path, 401, anonymous.get(path))
+    for action in ("pause", "resume"):
+        path = f"/queues/{{queue}}/{action}"
+        add("PUT", path, 200, d.api.put(f"/queues/default/{action}"))
+        add("PUT", path, 401, anonymous.put(f"/queues/default/{action}"))
+        add("PUT", path, 404, d.api.put(f"/queues/ghost/{action}"))
+        add("PUT", path, 422, d.api.put(f"/queues/bad%20name/{action}"))
+    retry = "/tasks/retry"
+    add("POST", retry, 200, d.api.post(retry, json={"ids": [str(uuid4())]}))
+    add("POST", retry, 400, d.api.post(retry, content=b"[}"))
+    add("POST", retry, 401, anonymous.post(retry, json={}))
+    add("POST", retry, 413, d.api.post(retry, json={"pad": "x" * BODY_CAP}))
+    add("POST", retry, 422, d.api.post(retry, json={"limit": 0}))
 
 
 def test_every_documented_response_schema_validates_a_real_response(

@@ -156,6 +156,9 @@ class LoopRows:
         params = {"outcome": outcome, "finished_at": finished_at}
         return int(self._rows("attempts_closed_with", params)[0]["n"])
 
+    def set_queue_paused(self, queue: str, paused: bool) -> None:
+        self._rows("set_queue_paused", {"queue": queue, "paused": paused})
+
     def task(self, task_id: UUID) -> Row:
         rows = self._rows("task_row", {"task_id": task_id})
         assert rows, f"task {task_id} not found"

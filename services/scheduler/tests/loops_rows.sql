@@ -111,3 +111,9 @@ SELECT (SELECT count(*) FROM tasks) AS tasks,
        (SELECT count(*) FROM task_outputs) AS task_outputs,
        (SELECT count(*) FROM task_events) AS task_events,
        (SELECT count(*) FROM outbox) AS outbox
+
+-- name: set_queue_paused
+-- The registry row of a queue, paused or not (the dispatcher's PUT /queues/{queue}/pause sets it).
+INSERT INTO queues (name, paused, paused_at)
+VALUES (%(queue)s, %(paused)s, CASE WHEN %(paused)s THEN now() END)
+ON CONFLICT (name) DO UPDATE SET paused = EXCLUDED.paused, paused_at = EXCLUDED.paused_at

@@ -139,6 +139,21 @@ def test_unclaimed_queued_task_is_republished_once_per_period(
     assert rows.outbox(expired) == []
 
 
+def test_tasks_of_a_paused_queue_are_not_republished_until_it_resumes(
+    make_scheduler: MakeScheduler, rows: LoopRows, clock: FakeClock
+) -> None:
+    scheduler = make_scheduler(requeue_after_seconds=60)
+    paused = rows.insert_task(clock.now(), "Queued", queue="paused")
+    other = rows.insert_task(clock.now(), "Queued")
+    rows.set_queue_paused("paused", True)
+    clock.advance(600)
+    assert scheduler.run_once().republished == 1
+    assert rows.outbox(paused) == [] and len(rows.outbox(other)) == 1
+    rows.set_queue_paused("paused", False)
+    assert scheduler.run_once().republished == 1
+    assert len(rows.outbox(paused)) == 1
+
+
 def test_batches_are_bounded_and_report_more(
     make_scheduler: MakeScheduler, rows: LoopRows, clock: FakeClock
 ) -> None:

@@ -2,11 +2,13 @@
 
 Invariants: `create_app(settings, *, pool, clock, telemetry)` builds everything from its arguments
 (no module globals); the pool is opened in the lifespan and closed on shutdown, and a pool the app
-makes itself prepares statements as `db_prepare_threshold` says; every route
-comes from `ALL_ROUTES` or the open operational routes; every HTTP request is timed (and traced
-when tracing is on) by `HttpTelemetryMiddleware`. The caller owns `telemetry` (it shuts it
-down); without one the app makes its own from the settings. Buffered spans are exported when
-the app shuts down.
+makes itself prepares statements as `db_prepare_threshold` says; every route comes from
+`ALL_ROUTES`, the open operational routes or the dashboard's static files under `/ui/` (which call
+the public API with the key the person enters; the files themselves are open); the queues of the
+`queues` setting are registered at start-up (or on first use if Postgres was down); every HTTP
+request is timed (and traced when tracing is on) by `HttpTelemetryMiddleware`. The caller owns
+`telemetry` (it shuts it down); without one the app makes its own from the settings. Buffered spans
+are exported when the app shuts down.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
 
 from taskplat.common.clock import Clock, SystemClock
 from taskplat.common.db.pools import make_async_pool
@@ -30,6 +33,7 @@ from taskplat.dispatcher.dags import DagService
 from taskplat.dispatcher.errors import EXCEPTION_HANDLERS
 from taskplat.dispatcher.http_telemetry import HttpTelemetryMiddleware
 from taskplat.dispatcher.openapi import build_openapi
+from taskplat.dispatcher.operations import Operations, QueueRegistry
 from taskplat.dispatcher.recorder import Recorder
 from taskplat.dispatcher.route_table import ALL_ROUTES
 from taskplat.dispatcher.routes import guarded
@@ -59,6 +63,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await pool.open(wait=False)
+        await registry.try_register()
         try:
             yield
         finally:
@@ -72,6 +77,9 @@ def create_app(
         for spec in ALL_ROUTES
     ]
     routes += [
+        Mount(
+            "/ui", app=StaticFiles(packages=[("taskplat.dispatcher", "ui")], html=True), name="ui"
+        ),
         Route("/healthz", operational.healthz, methods=["GET"]),
         Route("/readyz", operational.readyz, methods=["GET"]),
         Route("/metrics", operational.metrics, methods=["GET"]),
@@ -85,12 +93,14 @@ def create_app(
         lifespan=lifespan,
     )
     recorder = Recorder(telemetry)
+    registry = QueueRegistry(pool, clock, settings.queues)
     app.state.settings = settings
     app.state.pool = pool
     app.state.telemetry = telemetry
     app.state.recorder = recorder
-    app.state.service = TaskService(pool, clock, settings, recorder)
-    app.state.dags = DagService(pool, clock, settings, recorder)
+    app.state.service = TaskService(pool, clock, settings, recorder, registry=registry)
+    app.state.operations = Operations(pool, clock, recorder, registry)
+    app.state.dags = DagService(pool, clock, settings, recorder, registry)
     app.state.gauges = StateGauges(
         telemetry, pool, clock, cache_seconds=settings.metrics_cache_seconds
     )

@@ -8,6 +8,8 @@ Invariants:
     batch is claimed at most once (its later occurrences answer NotClaimed AlreadyRunning).
   * claim-next takes only Queued tasks of the named queue that no one else is claiming (SKIP
     LOCKED), oldest first, never more than `max`.
+  * No claim hands out a task of a paused queue: a single or batch claim of one answers NotClaimed
+    `Paused`, claim-next answers no task.
   * Each claim and each NotClaimed answer is recorded after the statement committed.
 """
 
@@ -49,7 +51,11 @@ def _claimed(row: Row) -> ClaimedResponse:
 
 
 def _reason(fence: Row | None) -> NotClaimedReason:
-    return "NotFound" if fence is None else NOT_CLAIMED_REASONS.get(fence["status"], "NotQueued")
+    if fence is None:
+        return "NotFound"
+    if fence["status"] == "Queued" and fence.get("paused"):
+        return "Paused"
+    return NOT_CLAIMED_REASONS.get(fence["status"], "NotQueued")
 
 
 class Claims:

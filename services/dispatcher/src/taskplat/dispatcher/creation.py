@@ -24,6 +24,7 @@ from taskplat.common.clock import Clock
 from taskplat.common.contracts import CreateTaskRequest, TaskView
 from taskplat.common.errors import Conflict, ValidationFailed
 from taskplat.common.telemetry import inject
+from taskplat.dispatcher.operations import QueueRegistry
 from taskplat.dispatcher.recorder import Recorder
 from taskplat.dispatcher.repository import batch
 from taskplat.dispatcher.settings import DispatcherSettings, OperatorDefaults
@@ -103,16 +104,19 @@ class BulkCreate:
         clock: Clock,
         settings: DispatcherSettings,
         recorder: Recorder,
+        registry: QueueRegistry,
     ) -> None:
         self._pool = pool
         self._clock = clock
         self._settings = settings
         self._recorder = recorder
+        self._registry = registry
 
     async def create_many(self, requests: list[CreateTaskRequest]) -> list[tuple[TaskView, bool]]:
         """Create the tasks in one transaction; (view, created) for each, in order."""
         for index, request in enumerate(requests):
             check_times(request, ["body", "tasks", index])
+        await self._registry.require({request.queue for request in requests}, ["body", "tasks"])
         values = [task_values(request, self._settings) for request in requests]
         params: dict[str, Any] = {
             array: [each[column] for each in values] for column, array in _ARRAYS.items()

@@ -5,6 +5,7 @@ Invariants:
   * a document is checked whole (`dag_rules`) before anything is written; applying it replaces the
     DAG's jobs, edges and outputs in one transaction under the DAG's lock, and the same document
     again (same hash) writes nothing;
+  * every job names a registered queue (422 naming the known ones otherwise), like `POST /tasks`;
   * datasets are created on first use and never deleted; an output naming an existing dataset of
     another kind is refused (422) and nothing of the document is stored;
   * a job's retry defaults are resolved at apply time (job field, operator defaults, dispatcher
@@ -49,6 +50,7 @@ from taskplat.common.cron import next_tick
 from taskplat.common.errors import BadRequest, NotFound, ValidationFailed
 from taskplat.common.telemetry import inject
 from taskplat.dispatcher import dag_rules
+from taskplat.dispatcher.operations import QueueRegistry
 from taskplat.dispatcher.recorder import Recorder
 from taskplat.dispatcher.repository import dags as repo
 from taskplat.dispatcher.repository import tasks as task_repo
@@ -87,17 +89,20 @@ class DagService:
         clock: Clock,
         settings: DispatcherSettings,
         recorder: Recorder,
+        registry: QueueRegistry,
     ) -> None:
         self._pool = pool
         self._clock = clock
         self._settings = settings
         self._recorder = recorder
+        self._registry = registry
 
     # ---- DAGs ----------------------------------------------------------------------------
 
     async def apply(self, dag_name: str, doc: DagDocument) -> tuple[DagView, bool]:
         """Apply a checked document; (view, created)."""
         dag_rules.check_document(doc)
+        await self._registry.require({job.queue for job in doc.jobs.values()}, ["body", "jobs"])
         digest = dag_rules.document_hash(doc)
         now = self._clock.sql_now()
         async with self._pool.connection() as conn:

@@ -18,11 +18,11 @@ from taskplat.dispatcher.routes import RouteSpec
 _REF_TEMPLATE = "#/components/schemas/{model}"
 _UUID_SCHEMA = {"type": "string", "format": "uuid"}
 _NAME_SCHEMA = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,100}$"}
-
-
-def _path_schema(name: str) -> dict[str, str]:
-    """Ids are UUIDs; DAG and job names are names."""
-    return _UUID_SCHEMA if name.endswith(("_id", "_uuid")) else _NAME_SCHEMA
+_PATH_SCHEMAS: dict[str, dict[str, Any]] = {
+    "queue": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$", "maxLength": 64},
+    "dag_name": _NAME_SCHEMA,
+    "job": _NAME_SCHEMA,
+}
 
 
 def _models() -> list[type[BaseModel]]:
@@ -48,7 +48,12 @@ def _ref(model: type[BaseModel]) -> dict[str, str]:
 
 def _parameters(spec: RouteSpec) -> list[dict[str, Any]]:
     parameters: list[dict[str, Any]] = [
-        {"name": name, "in": "path", "required": True, "schema": _path_schema(name)}
+        {
+            "name": name,
+            "in": "path",
+            "required": True,
+            "schema": _PATH_SCHEMAS.get(name, _UUID_SCHEMA),
+        }
         for name in spec.path_params
     ]
     if spec.query is not None:

@@ -71,6 +71,12 @@ class Recorder:
         self._dags_applied = counter(
             "taskplat.dags.applied", description="DAG documents applied that changed a DAG."
         )
+        self._queue_pauses = counter(
+            "taskplat.queue.pauses", description="Queues paused or resumed (`action`)."
+        )
+        self._bulk_replays = counter(
+            "taskplat.bulk_replays", description="Bulk replay calls (`by`: ids or filter)."
+        )
         self._schedule_lag = telemetry.histogram(
             "taskplat.task.schedule_lag",
             description="Claim time minus the time the task became Queued.",
@@ -107,6 +113,19 @@ class Recorder:
     def task_replayed(self, row: Row) -> None:
         self._replayed.add(1, {"queue": row["queue"], "operator": row["operator"]})
         get_logger().info("task_replayed", **_task_fields(row))
+
+    def queue_paused(self, queue: str) -> None:
+        self._queue_pauses.add(1, {"queue": queue, "action": "pause"})
+        get_logger().info("queue_paused", queue=queue)
+
+    def queue_resumed(self, queue: str, announced: int) -> None:
+        self._queue_pauses.add(1, {"queue": queue, "action": "resume"})
+        get_logger().info("queue_resumed", queue=queue, announced=announced)
+
+    def bulk_replay(self, replayed: int, *, by: str) -> None:
+        """One bulk replay call (each task it replayed is also counted by `task_replayed`)."""
+        self._bulk_replays.add(1, {"by": by})
+        get_logger().info("bulk_replay", replayed=replayed, by=by)
 
     # ---- internal worker API ---------------------------------------------------------------
 

@@ -7,6 +7,7 @@ request validated.
 
 from __future__ import annotations
 
+import re
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -64,6 +65,18 @@ def parse_uuid(value: str, *, name: str, where: str = "path") -> UUID:
             f"{name} is not a valid UUID",
             detail=[{"loc": [where, name], "msg": "not a valid UUID", "type": "uuid_parsing"}],
         ) from None
+
+
+_QUEUE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def parse_queue_name(value: str) -> str:
+    if not _QUEUE_NAME.match(value):
+        raise ValidationFailed(
+            "queue is not a valid queue name (1-64 of A-Z a-z 0-9 _ -)",
+            detail=[{"loc": ["path", "queue"], "msg": "not a queue name", "type": "pattern"}],
+        )
+    return value
 
 
 def parse_query(request: Request, model: type[ModelT]) -> ModelT:

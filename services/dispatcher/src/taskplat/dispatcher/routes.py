@@ -21,6 +21,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from taskplat.common.contracts import (
+    BulkRetryRequest,
+    BulkRetryResponse,
     ClaimBatchRequest,
     ClaimBatchResponse,
     ClaimedResponse,
@@ -41,7 +43,10 @@ from taskplat.common.contracts import (
     HeartbeatRequest,
     HeartbeatResponse,
     NotClaimedResponse,
+    QueueList,
+    QueueView,
     RejectedResponse,
+    Stats,
     TaskList,
     TaskStatus,
     TaskView,
@@ -51,8 +56,9 @@ from taskplat.common.errors import Rejected, Unauthorized
 from taskplat.common.logging import get_logger
 from taskplat.dispatcher.auth import require_token
 from taskplat.dispatcher.errors import json_response
+from taskplat.dispatcher.operations import Operations
 from taskplat.dispatcher.recorder import Recorder
-from taskplat.dispatcher.requests import parse_body, parse_query, parse_uuid
+from taskplat.dispatcher.requests import parse_body, parse_query, parse_queue_name, parse_uuid
 from taskplat.dispatcher.service import TaskService
 from taskplat.dispatcher.service_rules import ListFilters
 from taskplat.dispatcher.settings import DispatcherSettings
@@ -96,6 +102,11 @@ class RouteSpec:
 def _service(request: Request) -> TaskService:
     service: TaskService = request.app.state.service
     return service
+
+
+def _operations(request: Request) -> Operations:
+    operations: Operations = request.app.state.operations
+    return operations
 
 
 def _recorder(request: Request) -> Recorder:
@@ -172,6 +183,29 @@ async def retry_task(request: Request) -> Response:
     return json_response(await _service(request).replay(task_id))
 
 
+async def retry_tasks(request: Request) -> Response:
+    body = await _body(request, BulkRetryRequest)
+    return json_response(await _operations(request).replay_many(body))
+
+
+async def list_queues(request: Request) -> Response:
+    return json_response(await _operations(request).queues())
+
+
+async def pause_queue(request: Request) -> Response:
+    queue = parse_queue_name(request.path_params["queue"])
+    return json_response(await _operations(request).pause(queue))
+
+
+async def resume_queue(request: Request) -> Response:
+    queue = parse_queue_name(request.path_params["queue"])
+    return json_response(await _operations(request).resume(queue))
+
+
+async def stats(request: Request) -> Response:
+    return json_response(await _operations(request).stats())
+
+
 # ---- internal ----------------------------------------------------------------------------
 
 
@@ -231,6 +265,8 @@ _NOT_FOUND = (404, ("no such task", ErrorResponse))
 _REJECTED = (409, ("stale attempt or lease, not running, or canceled", RejectedResponse))
 _WORKER_NOT_FOUND = (404, ("no such task", RejectedResponse))
 _BODY_ERRORS = dict([_AUTH_FAIL, _BAD_JSON, _INVALID, _TOO_LARGE])
+_AUTH = dict([_AUTH_FAIL])
+_QUEUE_ERRORS = dict([_AUTH_FAIL, _INVALID, (404, ("no such queue", ErrorResponse))])
 
 ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("POST", "/tasks", "create_task", "Create a task", "api_key", create_task,
@@ -261,6 +297,26 @@ ROUTES: tuple[RouteSpec, ...] = (
               responses={200: ("the task, Queued again", TaskView),
                          409: ("the task is not Dead or Canceled", ErrorResponse),
                          **dict([_AUTH_FAIL, _INVALID, _NOT_FOUND])}),
+    RouteSpec("POST", "/tasks/retry", "retry_tasks",
+              "Replay Dead or Canceled tasks named by `ids` or chosen by a filter (Dead unless "
+              "`status` says Canceled; at most `limit`, default 100, per call)", "api_key",
+              retry_tasks, body=BulkRetryRequest,
+              responses={200: ("the tasks replayed and the ids skipped", BulkRetryResponse),
+                         **_BODY_ERRORS}),
+    RouteSpec("GET", "/queues", "list_queues",
+              "The registered queues: depth, running tasks, oldest Queued age, paused", "api_key",
+              list_queues, responses={200: ("every registered queue", QueueList), **_AUTH}),
+    RouteSpec("PUT", "/queues/{queue}/pause", "pause_queue",
+              "Pause a queue: claims of its tasks answer NotClaimed Paused", "api_key",
+              pause_queue, path_params=("queue",),
+              responses={200: ("the queue, paused", QueueView), **_QUEUE_ERRORS}),
+    RouteSpec("PUT", "/queues/{queue}/resume", "resume_queue",
+              "Resume a paused queue and re-announce its Queued tasks", "api_key", resume_queue,
+              path_params=("queue",),
+              responses={200: ("the queue, running", QueueView), **_QUEUE_ERRORS}),
+    RouteSpec("GET", "/stats", "stats",
+              "Tasks by queue and state, and finishes per minute over the last hour", "api_key",
+              stats, responses={200: ("the figures of the dashboard's overview", Stats), **_AUTH}),
     RouteSpec("POST", "/internal/task-claim", "task_claim", "Claim a task and obtain a lease",
               "worker_token", task_claim, body=ClaimRequest,
               responses={200: ("Claimed or NotClaimed", [ClaimedResponse, NotClaimedResponse]),

@@ -55,6 +55,7 @@ from taskplat.common.telemetry import inject
 from taskplat.dispatcher.claims import Claims
 from taskplat.dispatcher.completions import Completions
 from taskplat.dispatcher.creation import BulkCreate, check_times, task_values
+from taskplat.dispatcher.operations import QueueRegistry
 from taskplat.dispatcher.recorder import Recorder
 from taskplat.dispatcher.repository import tasks as repo
 from taskplat.dispatcher.service_rules import (
@@ -75,6 +76,8 @@ class TaskService:
         settings: DispatcherSettings,
         recorder: Recorder,
         rand: random.Random | None = None,
+        *,
+        registry: QueueRegistry,
     ) -> None:
         self._pool = pool
         self._clock = clock
@@ -83,13 +86,15 @@ class TaskService:
         self._rand = rand or random.Random()
         self._claims = Claims(pool, clock, settings, recorder)
         self._completions = Completions(pool, clock, settings, recorder, self._rand)
-        self._bulk = BulkCreate(pool, clock, settings, recorder)
+        self._registry = registry
+        self._bulk = BulkCreate(pool, clock, settings, recorder, registry)
 
     # ---- public API ----------------------------------------------------------------------
 
     async def create(self, request: CreateTaskRequest) -> tuple[TaskView, bool]:
         """Create a task; (view, created). A known idempotency key returns the existing task."""
         check_times(request, ["body"])
+        await self._registry.require([request.queue], ["body"])
         now = self._clock.sql_now()
         params = {**task_values(request, self._settings), "now": now}
         async with self._pool.connection() as conn:

@@ -6,6 +6,7 @@ production-sensible value; per-operator defaults override the global task defaul
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
@@ -13,6 +14,8 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 
 from taskplat.common.settings import DatabaseSettings, ServiceSettings, WorkerTokenSettings
 from taskplat.common.telemetry import TelemetrySettings
+
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 class OperatorDefaults(BaseModel):
@@ -59,6 +62,11 @@ class DispatcherSettings(ServiceSettings, DatabaseSettings, WorkerTokenSettings,
         default_factory=dict,
         description='JSON object of per-operator defaults, e.g. {"sleep": {"max_attempts": 5}}.',
     )
+    queues: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["default"],
+        description="Comma-separated task queues registered at start-up (`POST /tasks` naming "
+        "a queue missing from the registry answers 422).",
+    )
     list_max_limit: int = Field(500, ge=1, description="Largest page of `GET /tasks`.")
     db_prepare_threshold: int = Field(
         2,
@@ -86,6 +94,21 @@ class DispatcherSettings(ServiceSettings, DatabaseSettings, WorkerTokenSettings,
         return TelemetrySettings(
             otlp_endpoint=self.otlp_endpoint, trace_sample_ratio=self.trace_sample_ratio
         )
+
+    @field_validator("queues", mode="before")
+    @classmethod
+    def _split_queues(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("queues")
+    @classmethod
+    def _queue_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not QUEUE_NAME.match(name):
+                raise ValueError(f"queue name {name!r} must match {QUEUE_NAME.pattern}")
+        return value
 
     @field_validator("api_keys", mode="before")
     @classmethod

@@ -95,6 +95,8 @@ due AS (
     SELECT t.task_id, t.attempt
     FROM tasks AS t, n
     WHERE t.status = 'Queued'
+      -- A paused queue's tasks wait: they are re-announced when it resumes, not meanwhile.
+      AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.name = t.queue AND q.paused)
       AND (greatest(t.queued_at, t.last_wakeup_at) IS NULL
            OR greatest(t.queued_at, t.last_wakeup_at)
               <= n.now - make_interval(secs => %(requeue_after_seconds)s::double precision))

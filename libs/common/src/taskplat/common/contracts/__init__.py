@@ -62,6 +62,16 @@ from taskplat.common.contracts.internal import (
     RejectReason,
 )
 from taskplat.common.contracts.messages import DeadLetterRecord, WakeUpMessage
+from taskplat.common.contracts.operations import (
+    BulkRetryRequest,
+    BulkRetryResponse,
+    BulkRetrySkipped,
+    QueueList,
+    QueueView,
+    StateCount,
+    Stats,
+    ThroughputBucket,
+)
 from taskplat.common.contracts.public import (
     AttemptOutcome,
     AttemptView,
@@ -80,6 +90,9 @@ from taskplat.common.contracts.public import (
 __all__ = [
     "AttemptOutcome",
     "AttemptView",
+    "BulkRetryRequest",
+    "BulkRetryResponse",
+    "BulkRetrySkipped",
     "ClaimBatchRequest",
     "ClaimBatchResponse",
     "ClaimNextRequest",
@@ -136,12 +149,17 @@ __all__ = [
     "OutputTarget",
     "OutputView",
     "Producer",
+    "QueueList",
+    "QueueView",
     "RejectReason",
     "RejectedResponse",
     "ResolvedInput",
     "ResolvedOutput",
+    "StateCount",
+    "Stats",
     "TaskList",
     "TaskStatus",
     "TaskView",
+    "ThroughputBucket",
     "WakeUpMessage",
 ]

@@ -33,7 +33,9 @@ from taskplat.common.contracts.base import (
 from taskplat.common.contracts.public import ErrorResponse, JobRef, TaskStatus
 
 CompletionStatus = Literal["Completed", "Failed", "Canceled"]
-NotClaimedReason = Literal["AlreadyRunning", "Completed", "Canceled", "NotFound", "NotQueued"]
+NotClaimedReason = Literal[
+    "AlreadyRunning", "Completed", "Canceled", "NotFound", "NotQueued", "Paused"
+]
 RejectReason = Literal["StaleAttempt", "StaleLease", "NotRunning", "Canceled", "NotFound"]
 
 MAX_BATCH = 10  # items of one batch call (the SQS batch size)

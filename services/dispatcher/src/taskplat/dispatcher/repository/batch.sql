@@ -24,6 +24,7 @@ locked AS MATERIALIZED (
       -- primary key and never by reading the whole Queued index (see top).
       AND (t.status = 'Queued') IS TRUE
       AND (t.expires_at IS NULL OR t.expires_at > n.now)
+      AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.name = t.queue AND q.paused)
     ORDER BY t.task_id
     FOR UPDATE OF t
 ),
@@ -60,6 +61,7 @@ picked AS MATERIALIZED (
     WHERE t.status = 'Queued'
       AND t.queue = %(queue)s
       AND (t.expires_at IS NULL OR t.expires_at > n.now)
+      AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.name = %(queue)s AND q.paused)
     ORDER BY t.queued_at
     LIMIT %(max)s
     FOR UPDATE OF t SKIP LOCKED
@@ -90,9 +92,10 @@ history AS (
 SELECT * FROM claimed ORDER BY queued_at, task_id
 
 -- name: read_fences
-SELECT task_id, status, attempt, lease_token, attempt_outcome
-FROM tasks
-WHERE task_id = ANY(%(task_ids)s::uuid[])
+SELECT t.task_id, t.status, t.attempt, t.lease_token, t.attempt_outcome,
+       EXISTS (SELECT 1 FROM queues AS q WHERE q.name = t.queue AND q.paused) AS paused
+FROM tasks AS t
+WHERE t.task_id = ANY(%(task_ids)s::uuid[])
 
 -- name: insert_tasks
 -- A bulk create: every task of the batch (its idempotency key already taken: skipped), and the

@@ -126,7 +126,8 @@ SELECT v.dataset_version, v.created_at, v.superseded_at,
 FROM dataset_versions AS v
 JOIN datasets AS d ON d.dataset_uuid = v.dataset_uuid
 WHERE v.dataset_uuid = %(dataset_uuid)s
-ORDER BY v.created_at DESC, v.dataset_version
+ORDER BY v.dataset_version = d.current_version DESC, v.created_at DESC,
+         v.superseded_at DESC NULLS FIRST
 
 -- name: lock_dataset
 SELECT dataset_uuid, current_version FROM datasets WHERE dataset_uuid = %(dataset_uuid)s FOR UPDATE

@@ -63,9 +63,11 @@ ORDER BY t.created_at DESC, t.task_id DESC
 LIMIT %(limit)s
 
 -- name: read_fence
-SELECT task_id, status, attempt, lease_token, attempt_outcome
-FROM tasks
-WHERE task_id = %(task_id)s
+-- `paused`: the task's queue is paused (a claim of a Queued task then answers Paused).
+SELECT t.task_id, t.status, t.attempt, t.lease_token, t.attempt_outcome,
+       EXISTS (SELECT 1 FROM queues AS q WHERE q.name = t.queue AND q.paused) AS paused
+FROM tasks AS t
+WHERE t.task_id = %(task_id)s
 
 -- name: read_fence_for_update
 SELECT t.task_id, t.status, t.attempt, t.lease_token, t.attempt_outcome,
@@ -93,6 +95,7 @@ claimed AS (
     WHERE t.task_id = %(task_id)s
       AND t.status = 'Queued'
       AND (t.expires_at IS NULL OR t.expires_at > n.now)
+      AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.name = t.queue AND q.paused)
     RETURNING t.task_id, t.attempt, t.job, t.operator, t.queue, t.config, t.inputs,
               t.timeout_seconds, t.deadline_at, t.lease_token, t.lease_expires_at,
               t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset,

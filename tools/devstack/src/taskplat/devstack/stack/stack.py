@@ -66,6 +66,7 @@ class StackInfo:
     def as_env(self) -> dict[str, str]:
         return {
             "DISPATCHER_URL": self.dispatcher_url,
+            "TASKPLAT_URL": self.dispatcher_url,  # the `taskplat` command's setting
             "TASKPLAT_API_KEY": self.api_key,
             "TASKPLAT_WORKER_TOKEN": self.worker_token,
             "DATABASE_URL": self.database_url,
@@ -285,6 +286,8 @@ class Stack:
             TASKPLAT_WORKER_DISPATCHER_URL=dispatcher_url,
             TASKPLAT_DISPATCHER_HOST="127.0.0.1",
             TASKPLAT_DISPATCHER_PORT=str(port),
+            # The queue registry: POST /tasks accepts the stack's queues only.
+            TASKPLAT_DISPATCHER_QUEUES=",".join(config.queues),
             PYTHONUNBUFFERED="1",
         )
         env.update(config.env)

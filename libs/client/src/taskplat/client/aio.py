@@ -1,0 +1,171 @@
+"""The asynchronous client (the same methods as `Client`, awaited).
+
+Invariants: one `httpx.AsyncClient` per `AsyncClient` (`aclose` it, or use `async with`); every
+method is one call of `calls` except `iter_tasks` (follows `next_cursor` until the last page) and
+`wait` (polls until the task is Completed, Dead or Canceled, or the timeout passes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+from uuid import UUID
+
+import httpx
+
+from taskplat.client import calls, transport
+from taskplat.client.errors import TaskplatError
+from taskplat.client.models import (
+    BulkRetryResponse,
+    CreateTasksResponse,
+    JsonObject,
+    QueueList,
+    QueueView,
+    Stats,
+    TaskList,
+    TaskView,
+)
+
+T = TypeVar("T")
+
+
+class AsyncClient:
+    """`AsyncClient(url, api_key)`; both default to TASKPLAT_URL and TASKPLAT_API_KEY."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        retries: int = 3,
+        transport_: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.url, key = transport.settings(url, api_key)
+        self.retries = retries
+        self._http = httpx.AsyncClient(
+            base_url=self.url,
+            headers=transport.headers(key),
+            timeout=timeout,
+            transport=transport_,
+        )
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def run(self, call: calls.Call[T]) -> T:
+        """Send one call (retrying as its idempotency allows) and parse its answer."""
+        attempt = 0
+        while True:
+            try:
+                response = await self._http.request(
+                    call.method, call.path, **transport.request_args(call)
+                )
+            except httpx.TransportError as exc:
+                if attempt >= self.retries or not transport.retryable(call, exc):
+                    raise transport.unreachable(self.url, exc) from None
+                await asyncio.sleep(transport.delay(attempt))
+                attempt += 1
+                continue
+            return transport.answer(call, response)
+
+    # ---- tasks ---------------------------------------------------------------------------
+
+    async def submit(self, operator: str, **fields: Any) -> TaskView:
+        """`POST /tasks`: config, inputs, queue, max_attempts, idempotency_key... as keywords."""
+        return await self.run(calls.create_task(operator, **fields))
+
+    async def submit_many(self, tasks: list[dict[str, Any]]) -> CreateTasksResponse:
+        return await self.run(calls.create_tasks(tasks))
+
+    async def get(self, task_id: str | UUID) -> TaskView:
+        return await self.run(calls.get_task(task_id))
+
+    async def list_tasks(self, **filters: Any) -> TaskList:
+        """One page: status, queue, operator, dag, job, cursor, limit."""
+        return await self.run(calls.list_tasks(**filters))
+
+    async def iter_tasks(self, **filters: Any) -> AsyncIterator[TaskView]:
+        """Every task matching the filters, newest first, page after page."""
+        cursor = filters.pop("cursor", None)
+        while True:
+            page = await self.list_tasks(cursor=cursor, **filters)
+            for task in page.tasks:
+                yield task
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    async def cancel(self, task_id: str | UUID) -> TaskView:
+        return await self.run(calls.cancel_task(task_id))
+
+    async def retry(self, task_id: str | UUID) -> TaskView:
+        return await self.run(calls.retry_task(task_id))
+
+    async def retry_many(
+        self, ids: list[str | UUID] | None = None, **filters: Any
+    ) -> BulkRetryResponse:
+        """`POST /tasks/retry` by ids, or by filter (status, queue, operator, dag, job, limit)."""
+        return await self.run(calls.retry_tasks(ids, **filters))
+
+    async def wait(
+        self,
+        task_id: str | UUID,
+        *,
+        timeout: float | None = None,
+        poll_seconds: float = 0.5,
+        on_update: Callable[[TaskView], None] | None = None,
+    ) -> TaskView:
+        """Poll the task until it is Completed, Dead or Canceled; TaskplatError on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            task = await self.get(task_id)
+            if on_update is not None:
+                on_update(task)
+            if task.finished:
+                return task
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TaskplatError(f"task {task_id} is still {task.status} after {timeout}s")
+            await asyncio.sleep(poll_seconds)
+
+    # ---- queues and figures ---------------------------------------------------------------
+
+    async def queues(self) -> QueueList:
+        return await self.run(calls.list_queues())
+
+    async def pause(self, queue: str) -> QueueView:
+        return await self.run(calls.pause_queue(queue))
+
+    async def resume(self, queue: str) -> QueueView:
+        return await self.run(calls.resume_queue(queue))
+
+    async def stats(self) -> Stats:
+        return await self.run(calls.stats())
+
+    # ---- DAGs and datasets ----------------------------------------------------------------
+
+    async def apply_dag(self, name: str, document: dict[str, Any]) -> JsonObject:
+        return await self.run(calls.apply_dag(name, document))
+
+    async def dags(self) -> JsonObject:
+        return await self.run(calls.list_dags())
+
+    async def dag(self, name: str) -> JsonObject:
+        return await self.run(calls.get_dag(name))
+
+    async def datasets(self) -> JsonObject:
+        return await self.run(calls.list_datasets())
+
+    async def dataset(self, dataset_uuid: str | UUID) -> JsonObject:
+        return await self.run(calls.get_dataset(dataset_uuid))
+
+    async def dataset_events(self, dataset_uuid: str | UUID, **query: Any) -> JsonObject:
+        return await self.run(calls.dataset_events(dataset_uuid, **query))

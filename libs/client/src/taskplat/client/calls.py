@@ -1,0 +1,166 @@
+"""Every call of the client, described once (method, path, query, body, answer model) and sent by
+the sync `Client` and the async `AsyncClient` alike.
+
+Invariants: a call is idempotent when repeating it cannot do anything twice (GET, PUT, and a
+`POST /tasks` that carries an `idempotency_key`); only idempotent calls are retried after a
+transport error, other calls only when the connection was never made. Query parameters that are
+None are left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+from urllib.parse import quote
+from uuid import UUID
+
+from taskplat.client import models
+
+T = TypeVar("T")
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    method: str
+    path: str
+    parse: Callable[[Any], T]
+    params: Mapping[str, Any] = field(default_factory=dict)
+    body: Any = None
+    idempotent: bool = False
+
+    def query(self) -> dict[str, str]:
+        return {key: str(value) for key, value in self.params.items() if value is not None}
+
+
+def _seg(value: str | UUID) -> str:
+    return quote(str(value), safe="")
+
+
+def _time(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def create_task(operator: str, **fields: Any) -> Call[models.TaskView]:
+    body: dict[str, Any] = {"operator": operator}
+    for key, value in fields.items():
+        if value is None:
+            continue
+        body[key] = _time(value) if isinstance(value, datetime) else value
+    return Call(
+        "POST",
+        "/tasks",
+        models.TaskView.model_validate,
+        body=body,
+        idempotent="idempotency_key" in body,
+    )
+
+
+def create_tasks(tasks: list[dict[str, Any]]) -> Call[models.CreateTasksResponse]:
+    keyed = all(task.get("idempotency_key") for task in tasks)
+    return Call(
+        "POST",
+        "/tasks/batch",
+        models.CreateTasksResponse.model_validate,
+        body={"tasks": tasks},
+        idempotent=keyed,
+    )
+
+
+def get_task(task_id: str | UUID) -> Call[models.TaskView]:
+    return Call("GET", f"/tasks/{_seg(task_id)}", models.TaskView.model_validate, idempotent=True)
+
+
+def list_tasks(
+    *,
+    status: str | None = None,
+    queue: str | None = None,
+    operator: str | None = None,
+    dag: str | None = None,
+    job: str | None = None,
+    cursor: str | None = None,
+    limit: int | None = None,
+) -> Call[models.TaskList]:
+    params = {
+        "status": status,
+        "queue": queue,
+        "operator": operator,
+        "dag": dag,
+        "job": job,
+        "cursor": cursor,
+        "limit": limit,
+    }
+    return Call("GET", "/tasks", models.TaskList.model_validate, params=params, idempotent=True)
+
+
+def cancel_task(task_id: str | UUID) -> Call[models.TaskView]:
+    return Call(
+        "PUT", f"/tasks/{_seg(task_id)}/cancel", models.TaskView.model_validate, idempotent=True
+    )
+
+
+def retry_task(task_id: str | UUID) -> Call[models.TaskView]:
+    return Call("POST", f"/tasks/{_seg(task_id)}/retry", models.TaskView.model_validate)
+
+
+def retry_tasks(
+    ids: list[str | UUID] | None = None, **filters: Any
+) -> Call[models.BulkRetryResponse]:
+    body: dict[str, Any] = {key: value for key, value in filters.items() if value is not None}
+    if ids is not None:
+        body["ids"] = [str(task_id) for task_id in ids]
+    return Call("POST", "/tasks/retry", models.BulkRetryResponse.model_validate, body=body)
+
+
+def list_queues() -> Call[models.QueueList]:
+    return Call("GET", "/queues", models.QueueList.model_validate, idempotent=True)
+
+
+def pause_queue(queue: str) -> Call[models.QueueView]:
+    return Call(
+        "PUT", f"/queues/{_seg(queue)}/pause", models.QueueView.model_validate, idempotent=True
+    )
+
+
+def resume_queue(queue: str) -> Call[models.QueueView]:
+    return Call(
+        "PUT", f"/queues/{_seg(queue)}/resume", models.QueueView.model_validate, idempotent=True
+    )
+
+
+def stats() -> Call[models.Stats]:
+    return Call("GET", "/stats", models.Stats.model_validate, idempotent=True)
+
+
+def apply_dag(name: str, document: dict[str, Any]) -> Call[models.JsonObject]:
+    return Call("PUT", f"/dags/{_seg(name)}", _identity, body=document, idempotent=True)
+
+
+def list_dags() -> Call[models.JsonObject]:
+    return Call("GET", "/dags", _identity, idempotent=True)
+
+
+def get_dag(name: str) -> Call[models.JsonObject]:
+    return Call("GET", f"/dags/{_seg(name)}", _identity, idempotent=True)
+
+
+def list_datasets() -> Call[models.JsonObject]:
+    return Call("GET", "/datasets", _identity, idempotent=True)
+
+
+def get_dataset(dataset_uuid: str | UUID) -> Call[models.JsonObject]:
+    return Call("GET", f"/datasets/{_seg(dataset_uuid)}", _identity, idempotent=True)
+
+
+def dataset_events(
+    dataset_uuid: str | UUID, *, dataset_version: str | None = None, cursor: str | None = None
+) -> Call[models.JsonObject]:
+    params = {"dataset_version": dataset_version, "cursor": cursor}
+    return Call(
+        "GET", f"/datasets/{_seg(dataset_uuid)}/events", _identity, params=params, idempotent=True
+    )

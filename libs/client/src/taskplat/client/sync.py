@@ -1,0 +1,167 @@
+"""The synchronous client.
+
+Invariants: one `httpx.Client` per `Client` (close it, or use `with`); every method is one call of
+`calls` except `iter_tasks` (follows `next_cursor` until the last page) and `wait` (polls until
+the task is Completed, Dead or Canceled, or the timeout passes).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+from uuid import UUID
+
+import httpx
+
+from taskplat.client import calls, transport
+from taskplat.client.errors import TaskplatError
+from taskplat.client.models import (
+    BulkRetryResponse,
+    CreateTasksResponse,
+    JsonObject,
+    QueueList,
+    QueueView,
+    Stats,
+    TaskList,
+    TaskView,
+)
+
+T = TypeVar("T")
+
+
+class Client:
+    """`Client(url, api_key)`; both default to TASKPLAT_URL and TASKPLAT_API_KEY."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        retries: int = 3,
+        transport_: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url, key = transport.settings(url, api_key)
+        self.retries = retries
+        self._http = httpx.Client(
+            base_url=self.url,
+            headers=transport.headers(key),
+            timeout=timeout,
+            transport=transport_,
+        )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def run(self, call: calls.Call[T]) -> T:
+        """Send one call (retrying as its idempotency allows) and parse its answer."""
+        attempt = 0
+        while True:
+            try:
+                response = self._http.request(
+                    call.method, call.path, **transport.request_args(call)
+                )
+            except httpx.TransportError as exc:
+                if attempt >= self.retries or not transport.retryable(call, exc):
+                    raise transport.unreachable(self.url, exc) from None
+                time.sleep(transport.delay(attempt))
+                attempt += 1
+                continue
+            return transport.answer(call, response)
+
+    # ---- tasks ---------------------------------------------------------------------------
+
+    def submit(self, operator: str, **fields: Any) -> TaskView:
+        """`POST /tasks`: config, inputs, queue, max_attempts, idempotency_key... as keywords."""
+        return self.run(calls.create_task(operator, **fields))
+
+    def submit_many(self, tasks: list[dict[str, Any]]) -> CreateTasksResponse:
+        return self.run(calls.create_tasks(tasks))
+
+    def get(self, task_id: str | UUID) -> TaskView:
+        return self.run(calls.get_task(task_id))
+
+    def list_tasks(self, **filters: Any) -> TaskList:
+        """One page: status, queue, operator, dag, job, cursor, limit."""
+        return self.run(calls.list_tasks(**filters))
+
+    def iter_tasks(self, **filters: Any) -> Iterator[TaskView]:
+        """Every task matching the filters, newest first, page after page."""
+        cursor = filters.pop("cursor", None)
+        while True:
+            page = self.list_tasks(cursor=cursor, **filters)
+            yield from page.tasks
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def cancel(self, task_id: str | UUID) -> TaskView:
+        return self.run(calls.cancel_task(task_id))
+
+    def retry(self, task_id: str | UUID) -> TaskView:
+        return self.run(calls.retry_task(task_id))
+
+    def retry_many(self, ids: list[str | UUID] | None = None, **filters: Any) -> BulkRetryResponse:
+        """`POST /tasks/retry` by ids, or by filter (status, queue, operator, dag, job, limit)."""
+        return self.run(calls.retry_tasks(ids, **filters))
+
+    def wait(
+        self,
+        task_id: str | UUID,
+        *,
+        timeout: float | None = None,
+        poll_seconds: float = 0.5,
+        on_update: Callable[[TaskView], None] | None = None,
+    ) -> TaskView:
+        """Poll the task until it is Completed, Dead or Canceled; TaskplatError on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            task = self.get(task_id)
+            if on_update is not None:
+                on_update(task)
+            if task.finished:
+                return task
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TaskplatError(f"task {task_id} is still {task.status} after {timeout}s")
+            time.sleep(poll_seconds)
+
+    # ---- queues and figures ---------------------------------------------------------------
+
+    def queues(self) -> QueueList:
+        return self.run(calls.list_queues())
+
+    def pause(self, queue: str) -> QueueView:
+        return self.run(calls.pause_queue(queue))
+
+    def resume(self, queue: str) -> QueueView:
+        return self.run(calls.resume_queue(queue))
+
+    def stats(self) -> Stats:
+        return self.run(calls.stats())
+
+    # ---- DAGs and datasets ----------------------------------------------------------------
+
+    def apply_dag(self, name: str, document: dict[str, Any]) -> JsonObject:
+        return self.run(calls.apply_dag(name, document))
+
+    def dags(self) -> JsonObject:
+        return self.run(calls.list_dags())
+
+    def dag(self, name: str) -> JsonObject:
+        return self.run(calls.get_dag(name))
+
+    def datasets(self) -> JsonObject:
+        return self.run(calls.list_datasets())
+
+    def dataset(self, dataset_uuid: str | UUID) -> JsonObject:
+        return self.run(calls.get_dataset(dataset_uuid))
+
+    def dataset_events(self, dataset_uuid: str | UUID, **query: Any) -> JsonObject:
+        return self.run(calls.dataset_events(dataset_uuid, **query))

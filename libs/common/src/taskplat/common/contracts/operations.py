@@ -1,0 +1,93 @@
+"""Contracts of the operators' routes: the queue registry (`/queues`), bulk replay
+(`POST /tasks/retry`) and the dashboard's figures (`GET /stats`).
+
+Invariants: a bulk replay names either task ids or a filter, never both; a filter replays only
+`Dead` or `Canceled` tasks and at most `limit` (1-1000) of them per call; ages are seconds, never
+negative; throughput buckets are whole minutes of the last hour, oldest first.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+from uuid import UUID
+
+from pydantic import AwareDatetime, Field, model_validator
+
+from taskplat.common.contracts.base import Contract, OperatorName, QueueName, ShortText
+from taskplat.common.contracts.public import TaskStatus
+
+MAX_REPLAY = 1000
+
+
+class QueueView(Contract):
+    name: QueueName
+    paused: bool
+    paused_at: AwareDatetime | None
+    created_at: AwareDatetime
+    depth: int = Field(description="Tasks Queued on this queue.")
+    running: int = Field(description="Tasks Running on this queue.")
+    oldest_queued_at: AwareDatetime | None
+    oldest_queued_age_seconds: float | None = Field(
+        description="Seconds since the oldest Queued task became Queued; null when none is."
+    )
+
+
+class QueueList(Contract):
+    queues: list[QueueView]
+
+
+class BulkRetryRequest(Contract):
+    """`{ids}` or a filter; an empty body replays up to `limit` Dead tasks."""
+
+    ids: Annotated[list[UUID], Field(min_length=1, max_length=MAX_REPLAY)] | None = None
+    status: Literal["Dead", "Canceled"] | None = None
+    queue: QueueName | None = None
+    operator: OperatorName | None = None
+    dag: ShortText | None = None
+    job: ShortText | None = None
+    limit: Annotated[int, Field(ge=1, le=MAX_REPLAY)] | None = None
+
+    @model_validator(mode="after")
+    def _ids_or_filter(self) -> BulkRetryRequest:
+        filters = (self.status, self.queue, self.operator, self.dag, self.job, self.limit)
+        if self.ids is not None and any(value is not None for value in filters):
+            raise ValueError(
+                "give either `ids` or a filter (status, queue, operator, dag, job, limit)"
+            )
+        return self
+
+
+class BulkRetrySkipped(Contract):
+    task_id: UUID
+    reason: Literal["NotFound", "NotReplayable"]
+
+
+class BulkRetryResponse(Contract):
+    replayed: list[UUID] = Field(description="The tasks Queued again, each as a new attempt.")
+    skipped: list[BulkRetrySkipped] = Field(
+        description="Ids given that were not replayed (unknown, or not Dead or Canceled)."
+    )
+
+
+class StateCount(Contract):
+    queue: str
+    status: TaskStatus
+    tasks: int
+
+
+class ThroughputBucket(Contract):
+    minute: AwareDatetime
+    completed: int
+    dead: int = Field(description="Tasks that became Dead in this minute.")
+
+
+class Stats(Contract):
+    """`GET /stats`: unfinished tasks by queue and state, finished ones of the last hour, and
+    the finishes per minute over the last hour."""
+
+    generated_at: AwareDatetime
+    counts: list[StateCount] = Field(
+        description="Scheduled, Queued, Running and Failed tasks now; Completed, Dead and "
+        "Canceled tasks finished in the last hour."
+    )
+    throughput: list[ThroughputBucket]

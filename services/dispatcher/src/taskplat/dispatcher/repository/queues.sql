@@ -1,0 +1,157 @@
+-- The queue registry, bulk replay and the dashboard's figures.
+--
+-- Pause and resume are guarded single-row updates of `queues`. A resume re-announces the queue's
+-- Queued tasks (their wake-ups were answered NotClaimed `Paused` and deleted meanwhile) in the same
+-- transaction, at most %(limit)s of them; the scheduler's re-publication covers any beyond. A
+-- bulk replay is one statement: the rows it takes are locked (SKIP LOCKED) as Dead or Canceled,
+-- replayed as a new attempt with a fresh budget, and get their enqueue_task outbox rows.
+
+-- name: register_queues
+INSERT INTO queues (name, created_at, updated_at)
+SELECT q, coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now())
+FROM unnest(%(names)s::text[]) AS q
+ON CONFLICT (name) DO NOTHING
+
+-- name: known_queues
+SELECT name FROM queues ORDER BY name
+
+-- name: list_queues
+-- Depth and the oldest Queued task of each queue come from tasks_queued_idx (queue, queued_at).
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
+SELECT q.name, q.paused, q.paused_at, q.created_at,
+       (SELECT count(*) FROM tasks AS t WHERE t.status = 'Queued' AND t.queue = q.name) AS depth,
+       (SELECT count(*) FROM tasks AS t WHERE t.status = 'Running' AND t.queue = q.name)
+           AS running,
+       o.oldest AS oldest_queued_at,
+       CASE WHEN o.oldest IS NOT NULL
+            THEN greatest(extract(epoch FROM n.now - o.oldest), 0)::double precision
+       END AS oldest_queued_age_seconds
+FROM queues AS q
+CROSS JOIN n
+LEFT JOIN LATERAL (
+    SELECT min(t.queued_at) AS oldest FROM tasks AS t
+    WHERE t.status = 'Queued' AND t.queue = q.name
+) AS o ON true
+ORDER BY q.name
+
+-- name: pause_queue
+UPDATE queues AS q
+SET paused = true,
+    paused_at = coalesce(q.paused_at, coalesce(%(now)s::timestamptz, now())),
+    updated_at = coalesce(%(now)s::timestamptz, now())
+FROM (SELECT name, paused FROM queues WHERE name = %(name)s FOR UPDATE) AS before
+WHERE q.name = before.name
+RETURNING q.name, before.paused AS was_paused
+
+-- name: resume_queue
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+resumed AS (
+    UPDATE queues AS q
+    SET paused = false, paused_at = NULL, updated_at = n.now
+    FROM n
+    WHERE q.name = %(name)s AND q.paused
+    RETURNING q.name
+),
+due AS (
+    SELECT t.task_id
+    FROM tasks AS t, resumed AS r
+    WHERE t.status = 'Queued' AND t.queue = r.name
+    ORDER BY t.queued_at
+    LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
+),
+announced AS (
+    UPDATE tasks AS t
+    SET last_wakeup_at = n.now, updated_at = n.now
+    FROM n
+    WHERE t.task_id = ANY(ARRAY(SELECT task_id FROM due))
+    RETURNING t.task_id, t.queue
+),
+ob AS (
+    INSERT INTO outbox (kind, task_id, queue, payload, created_at, available_at)
+    SELECT 'enqueue_task', a.task_id, a.queue, jsonb_build_object('task_id', a.task_id::text),
+           n.now, n.now
+    FROM announced AS a, n
+)
+SELECT (SELECT count(*) FROM resumed) AS resumed, (SELECT count(*) FROM announced) AS announced
+
+-- name: queue_exists
+SELECT name, paused FROM queues WHERE name = %(name)s
+
+-- name: replay_tasks
+-- Replay Dead or Canceled tasks named by ids, or chosen by a filter (newest finished first).
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+picked AS MATERIALIZED (
+    SELECT t.task_id
+    FROM tasks AS t
+    WHERE t.status IN ('Dead', 'Canceled')
+      AND (%(ids)s::uuid[] IS NULL OR t.task_id = ANY(%(ids)s::uuid[]))
+      AND (%(status)s::text IS NULL OR t.status = %(status)s::text)
+      AND (%(queue)s::text IS NULL OR t.queue = %(queue)s::text)
+      AND (%(operator)s::text IS NULL OR t.operator = %(operator)s::text)
+      AND (%(dag)s::text IS NULL OR t.job ->> 'dag_name' = %(dag)s::text)
+      AND (%(job)s::text IS NULL OR t.job ->> 'name' = %(job)s::text)
+    ORDER BY t.finished_at DESC NULLS LAST, t.task_id
+    LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
+),
+replayed AS (
+    UPDATE tasks AS t
+    SET status = 'Queued',
+        attempt = t.attempt + 1,
+        replay_offset = t.attempt,
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        deadline_at = NULL,
+        worker_id = NULL,
+        started_at = NULL,
+        finished_at = NULL,
+        next_retry_at = NULL,
+        expires_at = NULL,
+        attempt_outcome = NULL,
+        dead_reason = NULL,
+        result = NULL,
+        queued_at = n.now,
+        updated_at = n.now
+    FROM n
+    WHERE t.task_id = ANY(ARRAY(SELECT task_id FROM picked))  -- locked as Dead or Canceled
+    RETURNING t.task_id, t.queue, t.operator, t.attempt
+),
+ob AS (
+    INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at)
+    SELECT 'enqueue_task', r.task_id, r.queue, jsonb_build_object('task_id', r.task_id::text),
+           %(trace_context)s, n.now, n.now
+    FROM replayed AS r, n
+)
+SELECT task_id, queue, operator, attempt FROM replayed
+
+-- name: existing_tasks
+SELECT task_id FROM tasks WHERE task_id = ANY(%(ids)s::uuid[])
+
+-- name: notify_outbox
+SELECT pg_notify('taskplat_outbox', q) FROM unnest(%(queues)s::text[]) AS q
+
+-- name: state_counts
+-- Unfinished tasks by queue and state (each branch on its status's partial index), and tasks that
+-- finished in the last hour (tasks_finished_idx serves the range).
+SELECT queue, status, count(*) AS tasks
+FROM tasks
+WHERE status IN ('Scheduled', 'Queued', 'Running', 'Failed')
+GROUP BY queue, status
+UNION ALL
+SELECT queue, status, count(*)
+FROM tasks
+WHERE status IN ('Completed', 'Dead', 'Canceled')
+  AND finished_at > coalesce(%(now)s::timestamptz, now()) - interval '1 hour'
+GROUP BY queue, status
+ORDER BY 1, 2
+
+-- name: throughput
+-- Tasks that finished in each minute of the last hour (tasks_finished_at_idx serves the range).
+SELECT date_trunc('minute', finished_at) AS minute,
+       count(*) FILTER (WHERE status = 'Completed') AS completed,
+       count(*) FILTER (WHERE status = 'Dead') AS dead
+FROM tasks
+WHERE finished_at > coalesce(%(now)s::timestamptz, now()) - interval '1 hour'
+GROUP BY 1
+ORDER BY 1

@@ -1,0 +1,453 @@
+// Taskplat dashboard: one static page, vanilla JS, no build step. It calls the dispatcher's public
+// API with the API key the person enters, kept in sessionStorage only (gone when the tab closes).
+// Every value from the API is inserted as text (textContent), never as HTML.
+"use strict";
+
+const KEY = "taskplat.apiKey";
+const STATES = ["Scheduled", "Queued", "Running", "Failed", "Completed", "Dead", "Canceled"];
+const main = document.getElementById("main");
+
+class ApiError extends Error {
+  constructor(status, body) {
+    super((body && body.message) || `HTTP ${status}`);
+    this.status = status;
+    this.body = body;
+  }
+}
+
+async function api(method, path, body) {
+  const headers = { Authorization: `Bearer ${sessionStorage.getItem(KEY) || ""}` };
+  const init = { method, headers };
+  if (body !== undefined) {
+    headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  const response = await fetch(path, init);
+  const text = await response.text();
+  let data = null;
+  try { data = text ? JSON.parse(text) : null; } catch (_) { data = { message: text }; }
+  if (!response.ok) throw new ApiError(response.status, data);
+  return data;
+}
+
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (name.startsWith("on")) el.addEventListener(name.slice(2), value);
+    else if (name === "dataset") Object.assign(el.dataset, value);
+    else el.setAttribute(name, value === true ? "" : value);
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return el;
+}
+
+function svg(tag, attrs, ...children) {
+  const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [name, value] of Object.entries(attrs || {})) el.setAttribute(name, value);
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return el;
+}
+
+function render(...nodes) {
+  main.replaceChildren(...nodes.flat().filter((n) => n !== null && n !== undefined && n !== false));
+}
+function status(value) { return h("span", { class: `status ${value}` }, value); }
+function when(value) { return value ? new Date(value).toLocaleString() : ""; }
+function age(seconds) {
+  if (seconds === null || seconds === undefined) return "—";
+  if (seconds < 120) return `${Math.round(seconds)} s`;
+  if (seconds < 7200) return `${Math.round(seconds / 60)} min`;
+  return `${(seconds / 3600).toFixed(1)} h`;
+}
+function toast(text) {
+  const el = document.getElementById("toast");
+  el.textContent = text;
+  el.hidden = false;
+  clearTimeout(toast.timer);
+  toast.timer = setTimeout(() => { el.hidden = true; }, 3000);
+}
+function table(columns, rows, empty) {
+  if (!rows.length) return h("div", { class: "empty" }, empty || "Nothing here.");
+  return h("table", {},
+    h("thead", {}, h("tr", {}, columns.map((c) => h("th", {}, c)))),
+    h("tbody", {}, rows.map((cells) => h("tr", {}, cells.map((c) => h("td", {}, c))))));
+}
+function taskLink(id) { return h("a", { class: "mono", href: `#/task/${id}` }, id); }
+function unavailable(what, error) {
+  if (error instanceof ApiError && (error.status === 404 || error.status === 405)) {
+    return h("div", { class: "empty", id: "unavailable" },
+      `${what} are not available on this dispatcher yet.`);
+  }
+  throw error;
+}
+
+// ---- login ---------------------------------------------------------------------------------
+
+function loginView(message) {
+  document.getElementById("nav").hidden = true;
+  const input = h("input", { type: "password", id: "api-key", autocomplete: "off",
+                             placeholder: "API key", required: true });
+  const form = h("form", { class: "login", id: "login",
+    onsubmit: async (event) => {
+      event.preventDefault();
+      sessionStorage.setItem(KEY, input.value.trim());
+      try {
+        await api("GET", "/queues");
+        location.hash = "#/";
+        route();
+      } catch (error) {
+        sessionStorage.removeItem(KEY);
+        loginView(error.status === 401 ? "That API key was refused." : error.message);
+      }
+    } },
+    h("h1", {}, "Log in"),
+    h("label", {}, "API key", input),
+    message ? h("div", { class: "error", id: "login-error" }, message) : null,
+    h("button", { class: "primary", type: "submit" }, "Log in"),
+    h("div", { class: "muted" }, "The key stays in this browser tab only."));
+  render(form);
+  input.focus();
+}
+
+// ---- overview ------------------------------------------------------------------------------
+
+async function overviewView() {
+  const [stats, queues] = await Promise.all([api("GET", "/stats"), api("GET", "/queues")]);
+  const byState = Object.fromEntries(STATES.map((s) => [s, 0]));
+  const byQueue = {};
+  for (const row of stats.counts) {
+    byState[row.status] += row.tasks;
+    (byQueue[row.queue] = byQueue[row.queue] || {})[row.status] = row.tasks;
+  }
+  const cards = h("div", { class: "cards" }, STATES.map((s) =>
+    h("div", { class: "card", dataset: { state: s } },
+      h("div", { class: "n" }, byState[s]),
+      h("div", { class: "l" }, ["Completed", "Dead", "Canceled"].includes(s) ? `${s} (1 h)` : s))));
+  const queueRows = Object.keys(byQueue).sort().map((q) =>
+    [q, ...STATES.map((s) => byQueue[q][s] || 0)]);
+  render(
+    h("h1", {}, "Overview"), cards,
+    h("h2", {}, "Throughput, last hour (tasks finished per minute)"), throughputChart(stats),
+    h("h2", {}, "Tasks by queue and state"),
+    table(["Queue", ...STATES], queueRows, "No tasks yet."),
+    h("h2", {}, "Queues"),
+    table(["Queue", "Depth", "Running", "Oldest queued", "State"], queues.queues.map((q) => [
+      q.name, q.depth, q.running, age(q.oldest_queued_age_seconds),
+      q.paused ? status("paused") : "running"])));
+}
+
+function throughputChart(stats) {
+  const width = 720, height = 120, end = new Date(stats.generated_at).getTime();
+  const buckets = new Map(stats.throughput.map((b) => [new Date(b.minute).getTime(), b]));
+  const start = Math.floor(end / 60000) * 60000 - 59 * 60000;
+  const max = Math.max(1, ...stats.throughput.map((b) => b.completed + b.dead));
+  const bars = [];
+  for (let i = 0; i < 60; i++) {
+    const b = buckets.get(start + i * 60000) || { completed: 0, dead: 0 };
+    const x = i * (width / 60), w = width / 60 - 2;
+    const hc = (b.completed / max) * (height - 20), hd = (b.dead / max) * (height - 20);
+    bars.push(svg("rect", { x, y: height - 14 - hc, width: w, height: hc, fill: "#1f8a4c" },
+      svg("title", {}, `${b.completed} completed`)));
+    bars.push(svg("rect", { x, y: height - 14 - hc - hd, width: w, height: hd, fill: "#c0392b" },
+      svg("title", {}, `${b.dead} dead`)));
+  }
+  const total = stats.throughput.reduce((n, b) => n + b.completed, 0);
+  return h("div", { id: "throughput" }, svg("svg", { width, height, role: "img" }, bars,
+    svg("text", { x: 0, y: height - 2 }, "−60 min"),
+    svg("text", { x: width - 30, y: height - 2 }, "now")),
+    h("div", { class: "muted" }, `${total} completed in the last hour`));
+}
+
+// ---- tasks ---------------------------------------------------------------------------------
+
+async function tasksView(params, title, fixedStatus) {
+  const filters = { status: fixedStatus || params.get("status") || "",
+                    queue: params.get("queue") || "", operator: params.get("operator") || "" };
+  const cursor = params.get("cursor") || "";
+  const query = new URLSearchParams({ limit: "25" });
+  for (const [k, v] of Object.entries(filters)) if (v) query.set(k, v);
+  if (cursor) query.set("cursor", cursor);
+  const page = await api("GET", `/tasks?${query}`);
+  const base = fixedStatus ? "#/dead" : "#/tasks";
+  const go = (extra) => {
+    const next = new URLSearchParams();
+    for (const [k, v] of Object.entries({ ...filters, ...extra })) {
+      if (v && !(fixedStatus && k === "status")) next.set(k, v);
+    }
+    location.hash = `${base}?${next}`;
+  };
+  const statusSelect = h("select", { name: "status" }, h("option", { value: "" }, "any"),
+    STATES.map((s) => h("option", { value: s, selected: s === filters.status }, s)));
+  const queueInput = h("input", { name: "queue", value: filters.queue, size: 12 });
+  const operatorInput = h("input", { name: "operator", value: filters.operator, size: 12 });
+  const form = h("form", { class: "filters", onsubmit: (event) => {
+      event.preventDefault();
+      go({ status: statusSelect.value, queue: queueInput.value.trim(),
+           operator: operatorInput.value.trim(), cursor: "" });
+    } },
+    fixedStatus ? null : h("label", {}, "Status", statusSelect),
+    h("label", {}, "Queue", queueInput), h("label", {}, "Operator", operatorInput),
+    h("button", { type: "submit" }, "Filter"));
+  const columns = ["Task", "Status", "Attempt", "Queue", "Operator", "Created", "Last error"];
+  if (fixedStatus) columns.push("");
+  const rows = page.tasks.map((t) => {
+    const cells = [taskLink(t.task_id), status(t.status), `${t.attempt}/${t.max_attempts}`,
+      t.queue, t.operator, when(t.created_at), (t.last_error || "").split("\n")[0].slice(0, 80)];
+    if (fixedStatus) cells.push(h("button", { class: "replay", dataset: { task: t.task_id },
+      onclick: () => replay([t.task_id]) }, "Replay"));
+    return cells;
+  });
+  const pager = h("div", { class: "pager" },
+    cursor ? h("button", { onclick: () => history.back() }, "← Newer") : null,
+    page.next_cursor ? h("button", { id: "older",
+      onclick: () => go({ cursor: page.next_cursor }) }, "Older →") : null);
+  render(h("h1", {}, title),
+    fixedStatus ? h("div", { class: "actions" }, h("button", { class: "primary", id: "replay-all",
+      onclick: replayAll }, "Replay all dead tasks")) : null,
+    form, table(columns, rows, fixedStatus ? "No dead tasks." : "No tasks match."), pager);
+}
+
+async function replay(ids) {
+  const answer = await api("POST", "/tasks/retry", { ids });
+  toast(`Replayed ${answer.replayed.length} task(s)`);
+  route();
+}
+
+async function replayAll() {
+  if (!confirm("Replay every Dead task?")) return;
+  let total = 0;
+  for (;;) {
+    const answer = await api("POST", "/tasks/retry", { status: "Dead", limit: 1000 });
+    total += answer.replayed.length;
+    if (answer.replayed.length < 1000) break;
+  }
+  toast(`Replayed ${total} task(s)`);
+  route();
+}
+
+async function taskView(taskId) {
+  const t = await api("GET", `/tasks/${encodeURIComponent(taskId)}`);
+  const fields = [["Status", status(t.status)], ["Attempt", `${t.attempt} (max_attempts ${t.max_attempts}, renewed by a replay)`],
+    ["Queue", t.queue], ["Operator", t.operator],
+    ["Job", t.job ? `${t.job.dag_name} / ${t.job.name}` : "—"], ["Worker", t.worker_id || "—"],
+    ["Created", when(t.created_at)], ["Started", when(t.started_at)],
+    ["Finished", when(t.finished_at)], ["Next retry", when(t.next_retry_at)],
+    ["Dead reason", t.dead_reason || "—"], ["Idempotency key", t.idempotency_key || "—"]];
+  const terminal = ["Completed", "Dead", "Canceled"].includes(t.status);
+  const actions = h("div", { class: "actions" },
+    ["Dead", "Canceled"].includes(t.status) ? h("button", { class: "primary", id: "replay",
+      onclick: async () => { await api("POST", `/tasks/${t.task_id}/retry`);
+                             toast("Replayed"); route(); } }, "Replay") : null,
+    terminal ? null : h("button", { class: "danger", id: "cancel",
+      onclick: async () => { await api("PUT", `/tasks/${t.task_id}/cancel`);
+                             toast("Canceled"); route(); } }, "Cancel"));
+  render(h("h1", {}, "Task ", h("span", { class: "mono", id: "task-id" }, t.task_id)), actions,
+    h("dl", { class: "kv" }, fields.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
+    h("h2", {}, "Attempts"), attemptsTimeline(t),
+    table(["#", "Worker", "Started", "Finished", "Outcome", "Error"], t.attempts.map((a) => [
+      a.attempt, a.worker_id, when(a.started_at), when(a.finished_at),
+      a.outcome ? status(a.outcome) : "running", (a.error || "").slice(0, 200)]), "Not started."),
+    t.last_error ? [h("h2", {}, "Last error"), h("pre", { id: "last-error" }, t.last_error)] : null,
+    h("h2", {}, "Result"), h("pre", {}, t.result ? JSON.stringify(t.result, null, 2) : "—"),
+    h("h2", {}, "Config"), h("pre", {}, JSON.stringify(t.config, null, 2)),
+    h("h2", {}, "Events that started it (inputs)"),
+    h("pre", {}, t.inputs.length ? JSON.stringify(t.inputs, null, 2) : "—"),
+    h("h2", {}, "Outputs"),
+    table(["Index", "Dataset", "Version", "Location", "Cursor", "Rows"], t.outputs.map((o) => [
+      o.output_index, o.dataset_uuid, o.dataset_version, o.location || "", o.cursor ?? "",
+      o.row_count ?? ""]), "No outputs."));
+}
+
+function attemptsTimeline(t) {
+  if (!t.attempts.length) return null;
+  const now = Date.now();
+  const times = t.attempts.flatMap((a) => [new Date(a.started_at).getTime(),
+    a.finished_at ? new Date(a.finished_at).getTime() : now]);
+  const start = Math.min(...times), span = Math.max(1, Math.max(...times) - start);
+  const width = 720, row = 22, colors = { Completed: "#1f8a4c", Failed: "#c0392b",
+    LeaseExpired: "#b7791f", DeadlineExceeded: "#b7791f", Canceled: "#9aa0a6" };
+  const bars = t.attempts.map((a, i) => {
+    const s = new Date(a.started_at).getTime();
+    const e = a.finished_at ? new Date(a.finished_at).getTime() : now;
+    const x = 90 + ((s - start) / span) * (width - 100);
+    const w = Math.max(3, ((e - s) / span) * (width - 100));
+    return svg("g", {}, svg("text", { x: 0, y: i * row + 15 }, `#${a.attempt}`),
+      svg("rect", { x, y: i * row + 4, width: w, height: 14, rx: 3,
+                    fill: colors[a.outcome] || "#2f5fd0" },
+        svg("title", {}, `${a.outcome || "running"} on ${a.worker_id}`)));
+  });
+  return h("div", { id: "timeline" },
+    svg("svg", { width, height: t.attempts.length * row + 6, role: "img" }, bars));
+}
+
+// ---- queues --------------------------------------------------------------------------------
+
+async function queuesView() {
+  const { queues } = await api("GET", "/queues");
+  const toggle = (q) => h("button", { class: q.paused ? "primary" : "danger",
+    dataset: { queue: q.name, action: q.paused ? "resume" : "pause" },
+    onclick: async () => {
+      await api("PUT", `/queues/${encodeURIComponent(q.name)}/${q.paused ? "resume" : "pause"}`);
+      toast(`${q.name} ${q.paused ? "resumed" : "paused"}`);
+      route();
+    } }, q.paused ? "Resume" : "Pause");
+  render(h("h1", {}, "Queues"), table(
+    ["Queue", "State", "Depth", "Running", "Oldest queued", "Paused since", ""],
+    queues.map((q) => [q.name, q.paused ? status("paused") : "running", q.depth, q.running,
+      age(q.oldest_queued_age_seconds), when(q.paused_at), toggle(q)]), "No queues."));
+}
+
+// ---- DAGs and datasets ---------------------------------------------------------------------
+
+function listOf(answer, key) {
+  if (Array.isArray(answer)) return answer;
+  return (answer && Array.isArray(answer[key])) ? answer[key] : [];
+}
+
+function jobsOf(dag) {
+  const jobs = dag.jobs || {};
+  if (Array.isArray(jobs)) return jobs.map((j) => [j.name || j.job, j]);
+  return Object.entries(jobs);
+}
+
+async function dagsView() {
+  let answer;
+  try { answer = await api("GET", "/dags"); } catch (e) { return render(h("h1", {}, "DAGs"), unavailable("DAGs", e)); }
+  const dags = listOf(answer, "dags");
+  render(h("h1", {}, "DAGs"), table(["DAG", "Jobs"], dags.map((d) => {
+    const name = d.dag_name || d.name;
+    return [h("a", { href: `#/dag/${encodeURIComponent(name)}` }, name),
+      Array.isArray(d.jobs) || (d.jobs && typeof d.jobs === "object") ? jobsOf(d).length : (d.jobs ?? "")];
+  }), "No DAGs applied yet."));
+}
+
+async function dagView(name) {
+  let dag;
+  try { dag = await api("GET", `/dags/${encodeURIComponent(name)}`); }
+  catch (e) { return render(h("h1", {}, `DAG ${name}`), unavailable("DAGs", e)); }
+  render(h("h1", {}, `DAG ${name}`), dagGraph(dag),
+    h("h2", {}, "Jobs"), table(["Job", "Operator", "Queue", "Schedule", "Outputs"],
+      jobsOf(dag).map(([job, spec]) => [job, spec.operator || "", spec.queue || "",
+        spec.schedule || "", (spec.outputs || []).map((o) => o.dataset || o.dataset_uuid).join(", ")])));
+}
+
+function dagGraph(dag) {
+  const jobs = jobsOf(dag);
+  const producers = {};
+  for (const [job, spec] of jobs) {
+    for (const out of spec.outputs || []) {
+      if (out.dataset) producers[out.dataset] = job;
+      if (out.dataset_uuid) producers[out.dataset_uuid] = job;
+    }
+  }
+  const edges = [];
+  for (const [job, spec] of jobs) {
+    for (const input of spec.inputs || []) {
+      const from = input.from || input;
+      const upstream = from.job || producers[from.dataset] || producers[from.dataset_uuid];
+      if (upstream && upstream !== job) edges.push([upstream, job]);
+    }
+  }
+  const level = Object.fromEntries(jobs.map(([job]) => [job, 0]));
+  for (let i = 0; i < jobs.length; i++) {
+    for (const [a, b] of edges) level[b] = Math.max(level[b], level[a] + 1);
+  }
+  const columns = {};
+  for (const [job] of jobs) (columns[level[job]] = columns[level[job]] || []).push(job);
+  const pos = {};
+  const boxW = 150, boxH = 34, gapX = 60, gapY = 20;
+  for (const [col, names] of Object.entries(columns)) {
+    names.forEach((job, i) => { pos[job] = { x: 10 + col * (boxW + gapX), y: 10 + i * (boxH + gapY) }; });
+  }
+  const width = 20 + (Object.keys(columns).length) * (boxW + gapX);
+  const height = 20 + Math.max(1, ...Object.values(columns).map((c) => c.length)) * (boxH + gapY);
+  const lines = edges.map(([a, b]) => svg("line", { x1: pos[a].x + boxW, y1: pos[a].y + boxH / 2,
+    x2: pos[b].x, y2: pos[b].y + boxH / 2, stroke: "#6b7280", "marker-end": "url(#arrow)" }));
+  const boxes = jobs.map(([job]) => svg("g", {},
+    svg("rect", { x: pos[job].x, y: pos[job].y, width: boxW, height: boxH, rx: 5,
+                  fill: "#fff", stroke: "#2f5fd0" }),
+    svg("text", { x: pos[job].x + 8, y: pos[job].y + 21 }, job.slice(0, 22))));
+  return h("div", { id: "dag-graph" }, svg("svg", { width, height, role: "img" },
+    svg("defs", {}, svg("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 10, refY: 5,
+      markerWidth: 6, markerHeight: 6, orient: "auto-start-reverse" },
+      svg("path", { d: "M 0 0 L 10 5 L 0 10 z", fill: "#6b7280" }))), lines, boxes));
+}
+
+async function datasetsView() {
+  let answer;
+  try { answer = await api("GET", "/datasets"); }
+  catch (e) { return render(h("h1", {}, "Datasets"), unavailable("Datasets", e)); }
+  render(h("h1", {}, "Datasets"), table(["Dataset", "Kind", "Current version", "UUID"],
+    listOf(answer, "datasets").map((d) => [
+      h("a", { href: `#/dataset/${d.dataset_uuid}` }, d.name || d.dataset_uuid), d.kind || "",
+      h("span", { class: "mono" }, d.dataset_version || d.current_version || ""),
+      h("span", { class: "mono" }, d.dataset_uuid)]), "No datasets yet."));
+}
+
+async function datasetView(uuid) {
+  let dataset, events;
+  try {
+    [dataset, events] = await Promise.all([api("GET", `/datasets/${encodeURIComponent(uuid)}`),
+      api("GET", `/datasets/${encodeURIComponent(uuid)}/events`)]);
+  } catch (e) { return render(h("h1", {}, "Dataset"), unavailable("Datasets", e)); }
+  const versions = listOf(dataset, "versions");
+  render(h("h1", {}, `Dataset ${dataset.name || uuid}`),
+    h("dl", { class: "kv" }, [["UUID", dataset.dataset_uuid], ["Kind", dataset.kind],
+      ["Location", dataset.location], ["Current version", dataset.dataset_version || dataset.current_version],
+      ["Latest cursor", dataset.latest_cursor]].flatMap(([k, v]) =>
+      [h("dt", {}, k), h("dd", { class: "mono" }, v ?? "—")])),
+    h("h2", {}, "Versions"), table(["Version", "Created"], versions.map((v) =>
+      typeof v === "string" ? [v, ""] : [v.dataset_version || "", when(v.created_at)]), "—"),
+    h("h2", {}, "Events"), table(["Cursor / partition", "Version", "Producer", "Routed", "Tasks"],
+      listOf(events, "events").map((e) => [e.cursor ?? e.partition_key ?? "",
+        h("span", { class: "mono" }, e.dataset_version), e.producer ? taskLink(e.producer.task_id) : "",
+        e.routed ? "yes" : `no${e.reason ? ` (${e.reason})` : ""}`,
+        h("span", {}, (e.tasks || []).map((id) => taskLink(id)))]), "No events yet."));
+}
+
+// ---- routing -------------------------------------------------------------------------------
+
+async function route() {
+  if (!sessionStorage.getItem(KEY)) return loginView();
+  document.getElementById("nav").hidden = false;
+  const [path, query] = (location.hash.slice(1) || "/").split("?");
+  const params = new URLSearchParams(query || "");
+  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  for (const link of document.querySelectorAll("nav a")) {
+    const target = link.getAttribute("href").slice(2);
+    link.classList.toggle("active", target === (parts[0] || ""));
+  }
+  try {
+    if (!parts.length) await overviewView();
+    else if (parts[0] === "tasks") await tasksView(params, "Tasks");
+    else if (parts[0] === "task") await taskView(parts[1]);
+    else if (parts[0] === "dead") await tasksView(params, "Dead tasks", "Dead");
+    else if (parts[0] === "queues") await queuesView();
+    else if (parts[0] === "dags") await dagsView();
+    else if (parts[0] === "dag") await dagView(parts[1]);
+    else if (parts[0] === "datasets") await datasetsView();
+    else if (parts[0] === "dataset") await datasetView(parts[1]);
+    else render(h("div", { class: "empty" }, "No such page."));
+  } catch (error) {
+    if (error instanceof ApiError && error.status === 401) {
+      sessionStorage.removeItem(KEY);
+      return loginView("The API key was refused; log in again.");
+    }
+    render(h("div", { class: "error", id: "page-error" }, `Error: ${error.message}`));
+  }
+}
+
+document.getElementById("logout").addEventListener("click", () => {
+  sessionStorage.removeItem(KEY);
+  location.hash = "#/";
+  loginView();
+});
+window.addEventListener("hashchange", route);
+route();

@@ -1,0 +1,140 @@
+"""The dashboard at `/ui/` in headless Chromium against a real dispatcher: log in with the key,
+see tasks, open a dead task and replay it, replay all, pause and resume a queue, and the
+DAG and dataset views' clear state when the dispatcher has no such routes; no console errors."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from dispatcher_calls import claimed, complete, create_task
+from dispatcher_harness import API_KEY, Dispatcher
+from selenium import webdriver
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support import expected_conditions as ec
+from selenium.webdriver.support.wait import WebDriverWait
+from ui_browser import Console
+
+ROOT = Path(__file__).resolve().parents[2]
+README_SCREENSHOT = ROOT / "docs" / "images" / "dashboard.png"
+
+
+def _wait(driver: webdriver.Chrome, css: str, text: str | None = None) -> WebElement:
+    wait = WebDriverWait(driver, 15)
+    if text is not None:
+        wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, css), text))
+    element: WebElement = wait.until(ec.visibility_of_element_located((By.CSS_SELECTOR, css)))
+    return element
+
+
+def _dead(dispatcher: Dispatcher, **fields: object) -> str:
+    task = create_task(dispatcher, max_attempts=1, **fields)
+    lease = claimed(dispatcher, task["task_id"])
+    failed = complete(dispatcher, lease, "Failed", error_message="ValueError: bad block 42")
+    assert failed.status_code == 200, failed.text
+    return str(task["task_id"])
+
+
+def _seed(dispatcher: Dispatcher) -> dict[str, str]:
+    done = create_task(dispatcher, operator="block_follower", config={"chain": "monad"})
+    lease = claimed(dispatcher, done["task_id"])
+    assert complete(dispatcher, lease, result={"blocks": 120}).status_code == 200
+    for _ in range(3):
+        create_task(dispatcher, queue="alpha", operator="transform")
+    claimed(dispatcher, create_task(dispatcher, queue="beta", operator="index")["task_id"])
+    return {
+        "completed": str(done["task_id"]),
+        "dead": _dead(dispatcher, operator="transform", queue="alpha"),
+        "other_dead": _dead(dispatcher, operator="index", queue="beta"),
+    }
+
+
+def _log_in(browser: webdriver.Chrome, dispatcher: Dispatcher) -> None:
+    browser.get(f"{dispatcher.base_url}/ui/")
+    key = _wait(browser, "#api-key")
+    key.send_keys(API_KEY)
+    browser.find_element(By.CSS_SELECTOR, "#login button[type=submit]").click()
+    _wait(browser, "#throughput")
+
+
+def test_log_in_see_tasks_replay_a_dead_task_and_pause_a_queue(
+    browser: webdriver.Chrome, console: Console, dispatcher: Dispatcher, artifacts: Path
+) -> None:
+    tasks = _seed(dispatcher)
+    _log_in(browser, dispatcher)
+    assert browser.execute_script("return sessionStorage.getItem('taskplat.apiKey')") == API_KEY
+    queued = browser.find_element(By.CSS_SELECTOR, ".card[data-state=Queued] .n").text
+    assert queued == "3"
+    assert browser.find_element(By.CSS_SELECTOR, ".card[data-state=Dead] .n").text == "2"
+    browser.save_screenshot(str(artifacts / "overview.png"))
+    if os.environ.get("TASKPLAT_UPDATE_SNAPSHOTS") == "1":
+        README_SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(artifacts / "overview.png", README_SCREENSHOT)
+
+    browser.get(f"{dispatcher.base_url}/ui/#/tasks")
+    _wait(browser, "main table", tasks["completed"])
+    rows = browser.find_elements(By.CSS_SELECTOR, "main tbody tr")
+    assert len(rows) == 7
+    browser.save_screenshot(str(artifacts / "tasks.png"))
+
+    browser.get(f"{dispatcher.base_url}/ui/#/dead")
+    _wait(browser, "main table", tasks["dead"])
+    browser.find_element(By.LINK_TEXT, tasks["dead"]).click()
+    _wait(browser, "#task-id", tasks["dead"])
+    browser.save_screenshot(str(artifacts / "dead-task.png"))
+    assert "ValueError: bad block 42" in _wait(browser, "#last-error").text
+    _wait(browser, "#timeline")
+    browser.save_screenshot(str(artifacts / "dead-task.png"))
+    browser.find_element(By.ID, "replay").click()
+    _wait(browser, "dl.kv", "Queued")
+    assert dispatcher.api.get(f"/tasks/{tasks['dead']}").json()["status"] == "Queued"
+    browser.save_screenshot(str(artifacts / "replayed-task.png"))
+
+    browser.get(f"{dispatcher.base_url}/ui/#/queues")
+    pause = _wait(browser, "button[data-queue=alpha][data-action=pause]")
+    pause.click()
+    _wait(browser, "button[data-queue=alpha][data-action=resume]")
+    queues = {q["name"]: q for q in dispatcher.api.get("/queues").json()["queues"]}
+    assert queues["alpha"]["paused"] is True and queues["beta"]["paused"] is False
+    browser.save_screenshot(str(artifacts / "queues.png"))
+    browser.find_element(By.CSS_SELECTOR, "button[data-queue=alpha][data-action=resume]").click()
+    _wait(browser, "button[data-queue=alpha][data-action=pause]")
+    assert not dispatcher.api.get("/queues").json()["queues"][0]["paused"]
+
+    assert console.errors() == []
+
+
+def test_replay_all_and_the_views_of_routes_not_served(
+    browser: webdriver.Chrome, console: Console, dispatcher: Dispatcher, artifacts: Path
+) -> None:
+    dead = [_dead(dispatcher) for _ in range(3)]
+    _log_in(browser, dispatcher)
+    browser.get(f"{dispatcher.base_url}/ui/#/dead")
+    _wait(browser, "main table", dead[0])
+    browser.find_element(By.ID, "replay-all").click()
+    WebDriverWait(browser, 15).until(ec.alert_is_present()).accept()
+    _wait(browser, ".empty", "No dead tasks.")
+    statuses = {dispatcher.api.get(f"/tasks/{t}").json()["status"] for t in dead}
+    assert statuses == {"Queued"}
+    assert console.errors() == []
+
+    # A dispatcher without the DAG and dataset routes: a clear state, not a broken page.
+    for view in ("dags", "datasets"):
+        browser.get(f"{dispatcher.base_url}/ui/#/{view}")
+        _wait(browser, "#unavailable", "not available on this dispatcher")
+    browser.save_screenshot(str(artifacts / "dags-unavailable.png"))
+    missing = ("/dags - Failed to load resource", "/datasets - Failed to load resource")
+    assert console.errors(allowed=missing) == []
+
+
+def test_a_wrong_key_is_refused_and_nothing_is_kept(
+    browser: webdriver.Chrome, console: Console, dispatcher: Dispatcher
+) -> None:
+    browser.get(f"{dispatcher.base_url}/ui/")
+    _wait(browser, "#api-key").send_keys("not-the-key-0123456789")
+    browser.find_element(By.CSS_SELECTOR, "#login button[type=submit]").click()
+    _wait(browser, "#login-error", "refused")
+    assert browser.execute_script("return sessionStorage.getItem('taskplat.apiKey')") is None
+    assert console.errors(allowed=("/queues - Failed to load resource",)) == []
