@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {
-    "taskplat-common": ("libs/common/src", "taskplat.common", ("db", "sqs")),
+    "taskplat-common": ("libs/common/src", "taskplat.common", ("db", "sqs", "tokens")),
     "taskplat-dispatcher": ("services/dispatcher/src", "taskplat.dispatcher", ()),
     "taskplat-outbox-relay": ("services/outbox-relay/src", "taskplat.outbox_relay", ()),
     "taskplat-scheduler": ("services/scheduler/src", "taskplat.scheduler", ()),
@@ -23,7 +23,11 @@ PACKAGES = {
     "taskplat-worker-wrapper": ("services/worker-wrapper/src", "taskplat.worker_wrapper", ()),
 }
 # Modules of a package that need one of its optional extras.
-EXTRA_MODULES = {"taskplat.common.db": "db", "taskplat.common.sqs": "sqs"}
+EXTRA_MODULES = {
+    "taskplat.common.db": "db",
+    "taskplat.common.sqs": "sqs",
+    "taskplat.common.tokens": "tokens",
+}
 
 IMPORT_ALL = """
 import importlib, pkgutil, sys

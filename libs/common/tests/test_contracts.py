@@ -89,6 +89,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "lease_token": U2,
         "lease_expires_at": T1,
         "task": CLAIM_TASK,
+        "attempt_token": "header.claims.signature",
     },
     "CompleteRequest": {
         "task_id": U1,
@@ -147,7 +148,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "ClaimBatchResponse": {
         "claimed": [
             {"status": "Claimed", "attempt": 1, "lease_token": U2, "lease_expires_at": T1,
-             "task": CLAIM_TASK},
+             "task": CLAIM_TASK, "attempt_token": "h.c.s"},
         ],
         "not_claimed": [{"task_id": U2, "reason": "AlreadyRunning"}],
     },
@@ -155,7 +156,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "ClaimNextResponse": {
         "claimed": [
             {"status": "Claimed", "attempt": 1, "lease_token": U2, "lease_expires_at": T1,
-             "task": CLAIM_TASK}
+             "task": CLAIM_TASK, "attempt_token": "h.c.s"}
         ]
     },
     "CompleteBatchRequest": {
