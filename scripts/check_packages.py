@@ -17,6 +17,11 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {
     "taskplat-common": ("libs/common/src", "taskplat.common", ("db", "sqs", "tokens")),
     "taskplat-dispatcher": ("services/dispatcher/src", "taskplat.dispatcher", ()),
+    "taskplat-credential-broker": (
+        "services/credential-broker/src",
+        "taskplat.credential_broker",
+        (),
+    ),
     "taskplat-outbox-relay": ("services/outbox-relay/src", "taskplat.outbox_relay", ()),
     "taskplat-scheduler": ("services/scheduler/src", "taskplat.scheduler", ()),
     "taskplat-reaper": ("services/reaper/src", "taskplat.reaper", ()),

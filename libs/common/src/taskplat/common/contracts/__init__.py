@@ -6,6 +6,7 @@ change shows in review.
 """
 
 from taskplat.common.contracts.base import Contract
+from taskplat.common.contracts.broker import CredentialsRequest, CredentialsResponse
 from taskplat.common.contracts.internal import (
     ClaimBatchRequest,
     ClaimBatchResponse,
@@ -70,6 +71,8 @@ __all__ = [
     "CreateTasksRequest",
     "CreateTasksResponse",
     "CreatedTask",
+    "CredentialsRequest",
+    "CredentialsResponse",
     "DeadLetterRecord",
     "ErrorResponse",
     "Event",
