@@ -32,7 +32,14 @@ DOCS = REPO / "docs" / "deploy.md"
 # Read by the interpreter or boto3, not by a settings class.
 PYTHON_RUNTIME_ENV = frozenset({"PATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE"})
 BOTO_CREDENTIALS_ENV = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"})
-SECRET_NAMES = frozenset({"DATABASE_URL", "TASKPLAT_WORKER_TOKEN", "TASKPLAT_API_KEYS"})
+SECRET_NAMES = frozenset(
+    {
+        "DATABASE_URL",
+        "TASKPLAT_WORKER_TOKEN",
+        "TASKPLAT_API_KEYS",
+        "TASKPLAT_CAPABILITY_TOKEN_KEYS",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -86,7 +93,7 @@ SPECS: dict[str, ServiceSpec] = {
             "taskplat-dispatcher",
             "taskplat-dispatcher",
             ("taskplat.dispatcher.settings:DispatcherSettings",),
-            frozenset(SECRET_NAMES),
+            frozenset({"DATABASE_URL", "TASKPLAT_WORKER_TOKEN", "TASKPLAT_API_KEYS"}),
             devstack_module="taskplat.dispatcher",
             health_port_env="TASKPLAT_DISPATCHER_PORT",
         ),
@@ -123,6 +130,18 @@ SPECS: dict[str, ServiceSpec] = {
             frozenset({"DATABASE_URL"}),
             devstack_module="taskplat.reaper",
             health_port_env="TASKPLAT_REAPER_OPS_PORT",
+        ),
+        ServiceSpec(
+            "credential-broker",
+            "credential-broker",
+            "taskplat-credential-broker",
+            "taskplat-credential-broker",
+            "taskplat-credential-broker",
+            ("taskplat.credential_broker.settings:BrokerSettings",),
+            frozenset({"TASKPLAT_CAPABILITY_TOKEN_KEYS"}),
+            uses_sqs=True,  # boto3 (STS) with LocalStack's dummy credentials under compose
+            devstack_module=None,  # not part of `make up` yet
+            health_port_env="TASKPLAT_BROKER_PORT",
         ),
         ServiceSpec(
             "worker",

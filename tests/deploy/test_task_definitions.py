@@ -23,6 +23,7 @@ SAMPLE_SECRETS = {
     "DATABASE_URL": "postgresql://taskplat@db.example.internal:5432/taskplat",
     "TASKPLAT_WORKER_TOKEN": "w" * 32,
     "TASKPLAT_API_KEYS": f"{'a' * 20},{'b' * 20}",
+    "TASKPLAT_CAPABILITY_TOKEN_KEYS": '{"k1": "' + "c" * 32 + '"}',
 }
 SAMPLE_PSEUDO = {"AWS::Region": "eu-west-1"}
 EXPORTING_TEMPLATE = {"PlatformStackName": "platform.yaml", "QueueStackName": "task-queue.yaml"}
@@ -108,6 +109,8 @@ def _resolve(value: Any, template: Mapping[str, Any], all_templates: Mapping[str
         if ref in SAMPLE_PSEUDO:
             return SAMPLE_PSEUDO[ref]
         return str(template["Parameters"][ref]["Default"])
+    if "Fn::GetAtt" in value and value["Fn::GetAtt"][1] == "Arn":  # a role of the template
+        return f"arn:aws:iam::123456789012:role/{value['Fn::GetAtt'][0]}"
     if "Fn::ImportValue" in value:
         stack_param, export = value["Fn::ImportValue"]["Fn::Sub"].split("}-", 1)
         exporter = all_templates[EXPORTING_TEMPLATE[stack_param.lstrip("${")]]
@@ -182,6 +185,7 @@ def test_execution_roles_read_exactly_their_secrets(
 
 
 EXPECTED_TASK_ACTIONS = {
+    "credential-broker": {"sts:AssumeRole"},
     "outbox-relay": {"sqs:SendMessage", "sqs:GetQueueUrl"},
     "worker": {
         "sqs:ReceiveMessage",
@@ -311,7 +315,7 @@ def test_internal_routes_are_reachable_only_inside_the_vpc(
     }
 
 
-def test_workers_never_join_the_database_security_group(
+def test_only_database_users_join_the_database_security_group(
     cfn_templates: dict[str, dict[str, Any]],
 ) -> None:
     for template in cfn_templates.values():
@@ -319,8 +323,9 @@ def test_workers_never_join_the_database_security_group(
             template, "AWS::ECS::Service"
         ).items():
             groups = str(service["Properties"]["NetworkConfiguration"])
-            is_worker = service_id.startswith("Worker")
-            assert ("DatabaseClientSecurityGroupId" in groups) != is_worker, service_id
+            # Workers and the credential broker hold no database credentials.
+            no_database = service_id.startswith(("Worker", "Broker"))
+            assert ("DatabaseClientSecurityGroupId" in groups) != no_database, service_id
 
 
 def test_every_service_scales_on_its_own(cfn_templates: dict[str, dict[str, Any]]) -> None:
