@@ -30,14 +30,19 @@ import sys
 import sysconfig
 import tempfile
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from wrapper_harness import WORKER_TOKEN, Dispatcher, Queue, spawn, wrapper_env
+from pydantic import SecretStr
+from wrapper_harness import WORKER_TOKEN, Dispatcher, Queue, run_dispatcher, spawn, wrapper_env
 
+from taskplat.common.tokens.capability import capability_key_ring, verify_capability_token
+from taskplat.common.tokens.keys import TokenKeySettings
 from taskplat.devstack.users import RunAs, traversable_by
 from taskplat.devstack.venvs import find_uv
+from taskplat.worker_wrapper.isolation import aws_session
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
 
@@ -47,6 +52,19 @@ OPERATOR_USER = "taskplat-operator-test"
 AWS_SECRET = "wrapper-aws-secret-key-9f8e7d6c5b4a"
 AWS_KEY_ID = "AKIAWRAPPERTEST12345"
 CONTAINER_URI = "/v2/credentials/wrapper-relative-uri-5a4b3c2d"
+CAPABILITY_KEY = "isolation-capability-key-0123456789ab"
+
+
+@pytest.fixture
+def dispatcher(db_url: str, tmp_path: Path) -> Iterator[Dispatcher]:
+    """A dispatcher that treats `snoop` tasks as untrusted and signs capability tokens."""
+    extra = {
+        "TASKPLAT_DISPATCHER_UNTRUSTED_OPERATORS": "snoop",
+        "TASKPLAT_CAPABILITY_TOKEN_KEYS": json.dumps({"c1": CAPABILITY_KEY}),
+        "TASKPLAT_CAPABILITY_TOKEN_ACTIVE_KID": "c1",
+    }
+    with run_dispatcher(db_url, tmp_path, extra) as served:
+        yield served
 
 
 def ensure_user(name: str) -> RunAs:
@@ -175,6 +193,12 @@ def run_snoop(
         assert done["status"] == "Completed", (done.get("last_error"), child.tail())
         result: dict[str, Any] = done["result"]
         assert not any(scratch.iterdir()), "the scratch directory was not removed"
+        # The operator got its claim's capability token, naming its own task.
+        ring = capability_key_ring(
+            TokenKeySettings(keys={"c1": SecretStr(CAPABILITY_KEY)}, active_kid="c1")
+        )
+        verified = verify_capability_token(ring, result["capability_token"], now=datetime.now(UTC))
+        assert str(verified.capability.task_id) == task["task_id"]
         return result
     finally:
         child.stop_group(timeout=10)
@@ -188,7 +212,6 @@ def assert_nothing_found(result: dict[str, Any]) -> None:
         assert result["places"][place] in ("denied", "error 13"), (place, result)
     assert result["places"]["parent_cmdline"] == "read"  # readable, and holds no secret
     assert result["places"]["own_environ"] == "read"
-    assert result["capability_token"] is None  # trusted claim: no capability token
 
 
 def test_an_operator_of_an_unprivileged_wrapper_finds_no_secret(
@@ -220,3 +243,29 @@ def test_a_root_wrapper_runs_an_untrusted_operator_as_its_own_user(
     assert result["scratch_owner"] == operator.uid and result["scratch_mode"] == "0o700"
     assert result["home"] == result["cwd"] == result["tmpdir"]
     assert json.dumps(result).count(WORKER_TOKEN) == 0
+
+
+def test_take_secrets_blanks_them_in_the_initial_environment_block(tmp_path: Path) -> None:
+    """In a fresh process: the values are gone from os.environ and overwritten in the block
+    `/proc/self/environ` reads; other variables are untouched."""
+    code = (
+        "import os, sys; from taskplat.worker_wrapper.isolation import take_secrets; "
+        "held = take_secrets(); "
+        "block = open('/proc/self/environ', 'rb').read(); "
+        "sys.exit(0 if held['TASKPLAT_WORKER_TOKEN'] == sys.argv[1] "
+        "and sys.argv[1].encode() not in block and b'KEEP=me' in block "
+        "and 'TASKPLAT_WORKER_TOKEN' not in os.environ else 1)"
+    )
+    env = {"TASKPLAT_WORKER_TOKEN": WORKER_TOKEN, "KEEP": "me", "AWS_SECRET_ACCESS_KEY": "x" * 20}
+    result = subprocess.run([sys.executable, "-c", code, WORKER_TOKEN], env=env, check=False)
+    assert result.returncode == 0
+
+
+def test_the_aws_session_uses_the_held_credentials_not_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "FROM-THE-ENVIRONMENT")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "from-the-environment")
+    held = {"AWS_ACCESS_KEY_ID": "HELDKEY", "AWS_SECRET_ACCESS_KEY": "held-secret"}
+    credentials = aws_session(held, "us-east-1").get_credentials()
+    assert (credentials.access_key, credentials.secret_key) == ("HELDKEY", "held-secret")
