@@ -16,8 +16,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {
-    "taskplat-common": ("libs/common/src", "taskplat.common", ("db", "sqs", "cron")),
+    "taskplat-common": ("libs/common/src", "taskplat.common", ("db", "sqs", "cron", "tokens")),
     "taskplat-dispatcher": ("services/dispatcher/src", "taskplat.dispatcher", ()),
+    "taskplat-credential-broker": (
+        "services/credential-broker/src",
+        "taskplat.credential_broker",
+        (),
+    ),
     "taskplat-outbox-relay": ("services/outbox-relay/src", "taskplat.outbox_relay", ()),
     "taskplat-scheduler": ("services/scheduler/src", "taskplat.scheduler", ()),
     "taskplat-reaper": ("services/reaper/src", "taskplat.reaper", ()),
@@ -29,6 +34,7 @@ EXTRA_MODULES = {
     "taskplat.common.db": "db",
     "taskplat.common.sqs": "sqs",
     "taskplat.common.cron": "cron",
+    "taskplat.common.tokens": "tokens",
 }
 
 IMPORT_ALL = """

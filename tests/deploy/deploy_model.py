@@ -38,7 +38,14 @@ DOCS = REPO / "docs" / "deploy.md"
 # Read by the interpreter or boto3, not by a settings class.
 PYTHON_RUNTIME_ENV = frozenset({"PATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE"})
 BOTO_CREDENTIALS_ENV = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"})
-SECRET_NAMES = frozenset({"DATABASE_URL", "TASKPLAT_WORKER_TOKEN", "TASKPLAT_API_KEYS"})
+SECRET_NAMES = frozenset(
+    {
+        "DATABASE_URL",
+        "TASKPLAT_WORKER_TOKEN",
+        "TASKPLAT_API_KEYS",
+        "TASKPLAT_CAPABILITY_TOKEN_KEYS",
+    }
+)
 # Read by libpq when the URL names no user or password: the database role's rotated credentials,
 # injected from the keys of a JSON secret (DatabaseCredentialsSecretArn) next to DATABASE_URL.
 LIBPQ_CREDENTIALS = frozenset({"PGUSER", "PGPASSWORD"})
@@ -108,7 +115,8 @@ SPECS: dict[str, ServiceSpec] = {
             "taskplat-dispatcher",
             "taskplat-dispatcher",
             ("taskplat.dispatcher.settings:DispatcherSettings",),
-            SECRET_NAMES | LIBPQ_CREDENTIALS,
+            frozenset({"DATABASE_URL", "TASKPLAT_WORKER_TOKEN", "TASKPLAT_API_KEYS"})
+            | LIBPQ_CREDENTIALS,
             devstack_module="taskplat.dispatcher",
             health_port_env="TASKPLAT_DISPATCHER_PORT",
         ),
@@ -145,6 +153,18 @@ SPECS: dict[str, ServiceSpec] = {
             frozenset({"DATABASE_URL"}) | LIBPQ_CREDENTIALS,
             devstack_module="taskplat.reaper",
             health_port_env="TASKPLAT_REAPER_OPS_PORT",
+        ),
+        ServiceSpec(
+            "credential-broker",
+            "credential-broker",
+            "taskplat-credential-broker",
+            "taskplat-credential-broker",
+            "taskplat-credential-broker",
+            ("taskplat.credential_broker.settings:BrokerSettings",),
+            frozenset({"TASKPLAT_CAPABILITY_TOKEN_KEYS"}),
+            uses_sqs=True,  # boto3 (STS) with LocalStack's dummy credentials under compose
+            devstack_module=None,  # not part of `make up` yet
+            health_port_env="TASKPLAT_BROKER_PORT",
         ),
         ServiceSpec(
             "worker",

@@ -25,6 +25,7 @@ SAMPLE_SECRETS = {
     "TASKPLAT_API_KEYS": f"{'a' * 20},{'b' * 20}",
     "PGUSER": "taskplat_app",
     "PGPASSWORD": "p" * 32,
+    "TASKPLAT_CAPABILITY_TOKEN_KEYS": '{"k1": "' + "c" * 32 + '"}',
 }
 SAMPLE_PSEUDO = {"AWS::Region": "eu-west-1"}
 EXPORTING_TEMPLATE = {"PlatformStackName": "platform.yaml", "QueueStackName": "task-queue.yaml"}
@@ -113,6 +114,8 @@ def _resolve(value: Any, template: Mapping[str, Any], all_templates: Mapping[str
         if ref in SAMPLE_PSEUDO:
             return SAMPLE_PSEUDO[ref]
         return str(template["Parameters"][ref]["Default"])
+    if "Fn::GetAtt" in value and value["Fn::GetAtt"][1] == "Arn":  # a role of the template
+        return f"arn:aws:iam::123456789012:role/{value['Fn::GetAtt'][0]}"
     if "Fn::ImportValue" in value:
         stack_param, export = value["Fn::ImportValue"]["Fn::Sub"].split("}-", 1)
         exporter = all_templates[EXPORTING_TEMPLATE[stack_param.lstrip("${")]]
@@ -207,6 +210,8 @@ EXPECTED_TASK_ACTIONS = {
     "scheduler": TELEMETRY_ACTIONS,
     "reaper": TELEMETRY_ACTIONS,
     "outbox-relay": TELEMETRY_ACTIONS | {"sqs:SendMessage", "sqs:GetQueueUrl"},
+    # Its sts:AssumeRole on the data access role is a policy of its own (CredentialBrokerAssumePolicy).
+    "credential-broker": TELEMETRY_ACTIONS,
     "worker": TELEMETRY_ACTIONS
     | {
         "sqs:ReceiveMessage",

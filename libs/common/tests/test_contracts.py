@@ -202,6 +202,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "lease_token": U2,
         "lease_expires_at": T1,
         "task": CLAIM_TASK,
+        "attempt_token": "header.claims.signature",
     },
     "CompleteRequest": {
         "task_id": U1,
@@ -249,6 +250,19 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "HeartbeatResponse": {"status": "Ok", "lease_expires_at": T1},
     "JobRef": JOB,
     "NotClaimedResponse": {"status": "NotClaimed", "reason": "AlreadyRunning"},
+    "CredentialsRequest": {},
+    "CredentialsResponse": {
+        "access_key_id": "ASIA",
+        "secret_access_key": "s",
+        "session_token": "t",
+        "expiration": T1,
+        "usable_until": T1,
+        "task_id": U1,
+        "attempt": 1,
+        "read_prefixes": ["s3://lake/dataset/a/version/b/"],
+        "write_prefixes": ["s3://lake/scratch/t/1/"],
+        "policy": {"Version": "2012-10-17", "Statement": []},
+    },
     "Output": OUTPUT,
     "OutputView": OUTPUT_VIEW,
     "RejectedResponse": {"status": "Rejected", "reason": "StaleLease", "message": "m"},
@@ -260,7 +274,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "ClaimBatchResponse": {
         "claimed": [
             {"status": "Claimed", "attempt": 1, "lease_token": U2, "lease_expires_at": T1,
-             "task": CLAIM_TASK},
+             "task": CLAIM_TASK, "attempt_token": "h.c.s"},
         ],
         "not_claimed": [{"task_id": U2, "reason": "AlreadyRunning"}],
     },
@@ -268,7 +282,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "ClaimNextResponse": {
         "claimed": [
             {"status": "Claimed", "attempt": 1, "lease_token": U2, "lease_expires_at": T1,
-             "task": CLAIM_TASK}
+             "task": CLAIM_TASK, "attempt_token": "h.c.s"}
         ]
     },
     "CompleteBatchRequest": {

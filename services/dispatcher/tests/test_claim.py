@@ -30,6 +30,9 @@ from taskplat.common.contracts import ClaimedResponse, NotClaimedResponse
 
 # Seed 004's Claimed response and its task payload.
 SEED_CLAIMED_FIELDS = {"status", "attempt", "lease_token", "lease_expires_at", "task"}
+# DESIGN "Runtimes and trust": every claim also carries its attempt token (and, untrusted, a
+# capability token).
+TOKEN_FIELDS = {"attempt_token", "capability_token"}
 SEED_TASK_FIELDS = {"task_id", "attempt", "job", "operator", "config", "inputs"}
 
 
@@ -56,7 +59,7 @@ def test_claim_answers_the_seed_004_payload_and_starts_the_attempt(
     assert response.status_code == 200, response.text
     body = response.json()
     ClaimedResponse.model_validate_json(response.text)
-    assert set(body) == SEED_CLAIMED_FIELDS
+    assert set(body) == SEED_CLAIMED_FIELDS | TOKEN_FIELDS
     assert SEED_TASK_FIELDS <= set(body["task"])
     assert body["status"] == "Claimed"
     assert body["attempt"] == 1 and body["task"]["attempt"] == 1
@@ -74,6 +77,7 @@ def test_claim_answers_the_seed_004_payload_and_starts_the_attempt(
         "timeout_seconds": 600,
         "deadline_at": body["task"]["deadline_at"],
         "outputs": [],
+        "trust": "trusted",
     }
     assert ts(body["task"]["deadline_at"]) == now + timedelta(seconds=600)
 

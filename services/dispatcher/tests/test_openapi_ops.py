@@ -65,7 +65,9 @@ def test_openapi_lists_exactly_the_served_routes(dispatcher: Dispatcher) -> None
     for method, path in PUBLIC_ROUTES:
         assert document["paths"][path][method.lower()]["security"] == [{"api_key": []}]
     for method, path in INTERNAL_ROUTES:
-        assert document["paths"][path][method.lower()]["security"] == [{"worker_token": []}]
+        security = document["paths"][path][method.lower()]["security"]
+        attempt_routes = {"/internal/heartbeat", "/internal/events", "/internal/task-complete"}
+        assert security == [{"attempt" if path in attempt_routes else "worker_token": []}]
     for method, path in OPEN_ROUTES:
         assert "security" not in document["paths"][path][method.lower()]
 
@@ -185,6 +187,20 @@ def _producers(dispatcher: Dispatcher) -> dict[tuple[str, str, str], list[httpx.
     _batch_route_responses(d, add, done.fence())
     _dag_route_responses(d, add)
     _operator_route_responses(d, add)
+    # An attempt token (of another task's attempt) is refused on every authenticated route.
+    token = claim(d, create_task(d)["task_id"]).json()["attempt_token"]
+    with httpx.Client(base_url=d.base_url, headers={"Authorization": f"Bearer {token}"}) as other:
+        for method, template in PUBLIC_ROUTES + INTERNAL_ROUTES:
+            path = template.format(
+                task_id=running.task_id,
+                dag_name="d",
+                job="a",
+                dataset_uuid=running.task_id,
+                queue="default",
+            )
+            body = bodies.get(template) if method != "GET" else None
+            params = {"task_id": running.task_id} if template == fetch else None
+            add(method, template, 403, other.request(method, path, json=body, params=params))
     # Last: these succeed and end the running attempt.
     for path in ("/internal/heartbeat", "/internal/events", "/internal/task-complete"):
         add("POST", path, 200, d.worker.post(path, json=bodies[path]))

@@ -94,6 +94,7 @@ def claimed(deadline_at: datetime | None, timeout_seconds: int | None) -> Claime
         attempt=1,
         lease_token=uuid.uuid4(),
         lease_expires_at=NOW + timedelta(seconds=30),
+        attempt_token="header.claims.signature",
         task=ClaimTask(
             task_id=task_id,
             attempt=1,

@@ -123,7 +123,10 @@ class Dispatcher:
 
 
 @contextmanager
-def run_dispatcher(db_url: str, log_dir: Path) -> Iterator[Dispatcher]:
+def run_dispatcher(
+    db_url: str, log_dir: Path, extra_env: Mapping[str, str] | None = None
+) -> Iterator[Dispatcher]:
+    """A dispatcher process; `extra_env` adds or overrides its settings."""
     port = free_port()
     env = {
         "DATABASE_URL": db_url,
@@ -133,6 +136,7 @@ def run_dispatcher(db_url: str, log_dir: Path) -> Iterator[Dispatcher]:
         "TASKPLAT_DISPATCHER_LEASE_TTL_SECONDS": str(LEASE_TTL_SECONDS),
         "TASKPLAT_DB_POOL_MIN_SIZE": "1",
         "TASKPLAT_LOG_LEVEL": "WARNING",
+        **(extra_env or {}),
     }
     child = spawn(
         "dispatcher",

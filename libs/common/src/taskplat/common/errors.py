@@ -40,6 +40,13 @@ class Unauthorized(TaskplatError):
     code = "unauthorized"
 
 
+class Forbidden(TaskplatError):
+    """A valid credential that does not authorize this call (e.g. an attempt token used for another
+    attempt or another route)."""
+
+    code = "forbidden"
+
+
 class NotFound(TaskplatError):
     code = "not_found"
 

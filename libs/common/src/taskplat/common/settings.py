@@ -10,9 +10,10 @@ Secrets are `SecretStr`, so they never print.
 
 from __future__ import annotations
 
+import json
 from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 LogFormat = Literal["json", "console"]
@@ -104,4 +105,69 @@ class WorkerTokenSettings(BaseSettings):
         validation_alias=_alias("TASKPLAT_WORKER_TOKEN"),
         min_length=16,
         description="Bearer token of the internal worker API (at least 16 characters).",
+    )
+
+
+def _json_object(value: object) -> object:
+    """A JSON text given as a value (not through the environment) is parsed, like the env's."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            raise ValueError('must be a JSON object {"<kid>": "<secret>"}') from None
+    return value
+
+
+class AttemptTokenSettings(BaseSettings):
+    """Signing keys of attempt tokens (dispatcher). Unset: one key derived from the worker token
+    (kid `worker-token`), which adds no secret beyond the one the dispatcher already holds."""
+
+    model_config = _FRAGMENT_CONFIG
+
+    attempt_token_keys: dict[str, SecretStr] | None = Field(
+        None,
+        validation_alias=_alias("TASKPLAT_ATTEMPT_TOKEN_KEYS"),
+        description='JSON object `{"<kid>": "<secret of 32+ bytes>"}` of the keys that verify '
+        "attempt tokens (two during a rotation); unset: a key derived from the worker token.",
+    )
+    attempt_token_active_kid: str | None = Field(
+        None,
+        validation_alias=_alias("TASKPLAT_ATTEMPT_TOKEN_ACTIVE_KID"),
+        description="Key id of `TASKPLAT_ATTEMPT_TOKEN_KEYS` that signs new attempt tokens.",
+    )
+
+    @field_validator("attempt_token_keys", mode="before")
+    @classmethod
+    def _json_attempt_keys(cls, value: object) -> object:
+        return _json_object(value)
+
+
+class CapabilityTokenSettings(BaseSettings):
+    """Keys of capability tokens (the dispatcher signs, the credential broker verifies)."""
+
+    model_config = _FRAGMENT_CONFIG
+
+    capability_token_keys: dict[str, SecretStr] | None = Field(
+        None,
+        validation_alias=_alias("TASKPLAT_CAPABILITY_TOKEN_KEYS"),
+        description='JSON object `{"<kid>": "<secret of 32+ bytes>"}` of the keys that verify '
+        "capability tokens (two during a rotation).",
+    )
+    capability_token_active_kid: str | None = Field(
+        None,
+        validation_alias=_alias("TASKPLAT_CAPABILITY_TOKEN_ACTIVE_KID"),
+        description="Key id of `TASKPLAT_CAPABILITY_TOKEN_KEYS` that signs new capability tokens.",
+    )
+
+    @field_validator("capability_token_keys", mode="before")
+    @classmethod
+    def _json_capability_keys(cls, value: object) -> object:
+        return _json_object(value)
+
+    data_bucket: str = Field(
+        "taskplat-data",
+        validation_alias=_alias("TASKPLAT_DATA_BUCKET"),
+        pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$",
+        description="S3 bucket of datasets (`dataset/{uuid}/version/{version}/`) and scratch "
+        "space (`scratch/{task_id}/{attempt}/`).",
     )

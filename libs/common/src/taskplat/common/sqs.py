@@ -32,10 +32,13 @@ def sqs_client(
     max_attempts: int = 5,
     connect_timeout: float = 5,
     read_timeout: float = 30,
+    session: boto3.session.Session | None = None,
 ) -> SQSClient:
     """A boto3 SQS client for the configured endpoint, with retries for throttling and 5xx.
 
-    `read_timeout` must exceed the long-poll wait of a receiving client.
+    `read_timeout` must exceed the long-poll wait of a receiving client. `session` (default: a
+    new one) supplies the credentials, e.g. ones held in memory rather than read from the
+    environment.
     """
     config = Config(
         retries={"max_attempts": max_attempts, "mode": "standard"},
@@ -49,7 +52,7 @@ def sqs_client(
         if _is_local(settings.sqs_endpoint_url):
             kwargs["aws_access_key_id"] = "test"
             kwargs["aws_secret_access_key"] = "test"
-    client: SQSClient = boto3.session.Session().client("sqs", **kwargs)
+    client: SQSClient = (session or boto3.session.Session()).client("sqs", **kwargs)
     return client
 
 

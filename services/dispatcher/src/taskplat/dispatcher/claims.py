@@ -11,6 +11,8 @@ Invariants:
   * No claim hands out a task of a paused queue: a single or batch claim of one answers NotClaimed
     `Paused`, claim-next answers no task.
   * Each claim and each NotClaimed answer is recorded after the statement committed.
+  * Every Claimed answer carries the attempt token of the attempt it claimed (and, for an
+    untrusted task, its capability token), issued from the committed row.
 """
 
 from __future__ import annotations
@@ -34,20 +36,12 @@ from taskplat.dispatcher.repository import batch
 from taskplat.dispatcher.repository import tasks as repo
 from taskplat.dispatcher.service_rules import NOT_CLAIMED_REASONS
 from taskplat.dispatcher.settings import DispatcherSettings
+from taskplat.dispatcher.tokens import TokenIssuer
 from taskplat.dispatcher.views import claim_task_payload
 
 Conn = AsyncConnection[DictRow]
 Row = dict[str, Any]
 ClaimAnswer = ClaimedResponse | NotClaimedResponse
-
-
-def _claimed(row: Row) -> ClaimedResponse:
-    return ClaimedResponse(
-        attempt=row["attempt"],
-        lease_token=row["lease_token"],
-        lease_expires_at=row["lease_expires_at"],
-        task=claim_task_payload(row),
-    )
 
 
 def _reason(fence: Row | None) -> NotClaimedReason:
@@ -65,11 +59,23 @@ class Claims:
         clock: Clock,
         settings: DispatcherSettings,
         recorder: Recorder,
+        tokens: TokenIssuer,
     ) -> None:
         self._pool = pool
         self._clock = clock
         self._settings = settings
         self._recorder = recorder
+        self._tokens = tokens
+
+    def _claimed(self, row: Row) -> ClaimedResponse:
+        return ClaimedResponse(
+            attempt=row["attempt"],
+            lease_token=row["lease_token"],
+            lease_expires_at=row["lease_expires_at"],
+            task=claim_task_payload(row, trust=self._tokens.trust(row)),
+            attempt_token=self._tokens.attempt_token(row),
+            capability_token=self._tokens.capability_token(row),
+        )
 
     def _params(self, worker_id: str) -> dict[str, Any]:
         return {
@@ -85,7 +91,7 @@ class Claims:
             row = await repo.claim_task(conn, params)  # one statement: committed on return
             if row is not None:
                 self._recorder.task_claimed(row)
-                return _claimed(row)
+                return self._claimed(row)
             fence = await repo.read_fence(conn, task_id)
         reason = _reason(fence)
         self._recorder.claim_not_claimed(task_id, worker_id, reason)
@@ -104,7 +110,7 @@ class Claims:
         answered: set[UUID] = set()
         for task_id in task_ids:
             if task_id in claimed and task_id not in answered:
-                answers.append(_claimed(claimed[task_id]))
+                answers.append(self._claimed(claimed[task_id]))
             else:
                 reason = "AlreadyRunning" if task_id in claimed else _reason(fences.get(task_id))
                 self._recorder.claim_not_claimed(task_id, worker_id, reason)
@@ -118,4 +124,4 @@ class Claims:
             rows = await batch.claim_next(conn, params)  # one statement: committed on return
         for row in rows:
             self._recorder.task_claimed(row)
-        return [_claimed(row) for row in rows]
+        return [self._claimed(row) for row in rows]

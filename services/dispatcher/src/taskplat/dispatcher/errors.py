@@ -20,6 +20,7 @@ from taskplat.common.contracts import ErrorResponse, RejectedResponse
 from taskplat.common.errors import (
     BadRequest,
     Conflict,
+    Forbidden,
     NotFound,
     PayloadTooLarge,
     Rejected,
@@ -32,6 +33,7 @@ from taskplat.common.logging import get_logger
 STATUS_BY_ERROR: dict[type[TaskplatError], int] = {
     BadRequest: 400,
     Unauthorized: 401,
+    Forbidden: 403,
     NotFound: 404,
     Conflict: 409,
     Rejected: 409,

@@ -78,8 +78,11 @@ def _operation(spec: RouteSpec) -> dict[str, Any]:
             "required": True,
             "content": {media: {"schema": _ref(spec.body)} for media in spec.body_media_types},
         }
+    documented = dict(spec.responses)
+    if spec.auth != "none":  # every authenticated route refuses a misused attempt token
+        documented[403] = ("an attempt token used outside its own attempt's calls", ErrorResponse)
     responses: dict[str, Any] = {}
-    for status, (description, model) in sorted(spec.responses.items()):
+    for status, (description, model) in sorted(documented.items()):
         response: dict[str, Any] = {"description": description}
         if isinstance(model, list):
             schema: dict[str, Any] = {"oneOf": [_ref(each) for each in model]}
@@ -127,6 +130,12 @@ def build_openapi() -> dict[str, Any]:
             "securitySchemes": {
                 "api_key": {"type": "http", "scheme": "bearer", "description": "API key"},
                 "worker_token": {"type": "http", "scheme": "bearer", "description": "Worker token"},
+                "attempt": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "Worker token, or the attempt token of the (task_id, attempt) "
+                    "the body names",
+                },
             },
         },
     }

@@ -2,8 +2,12 @@
 both built from `ROUTES`.
 
 Invariants: public routes need an API key and internal routes the worker token (checked before the
-body is read); health, readiness, metrics and the OpenAPI document are open. A handler validates the
-whole request before it calls the service, so invalid input never writes. A handler binds the
+body is read); the routes of a running attempt (`auth="attempt"`: heartbeat, events, completion)
+also take that attempt's own attempt token, checked against the body's `(task_id, attempt)` as it
+is parsed, and any other use of an attempt token answers 403 (adding an attempt's route, such as
+steps, is one `RouteSpec` with `auth="attempt"` whose body names `task_id` and `attempt`).
+Health, readiness, metrics and the OpenAPI document are open. A handler validates the whole
+request before it calls the service, so invalid input never writes. A handler binds the
 task it acts on (`task_id`, `attempt`, `worker_id`) to the request's log context; a refused worker
 call is counted and logged (`worker_call_rejected`) and a refused token logged
 (`request_unauthorized`, never the token itself).
@@ -54,7 +58,7 @@ from taskplat.common.contracts import (
 from taskplat.common.contracts.base import Contract, OperatorName, QueueName
 from taskplat.common.errors import Rejected, Unauthorized
 from taskplat.common.logging import get_logger
-from taskplat.dispatcher.auth import require_token
+from taskplat.dispatcher.auth import authorize, check_attempt_scope
 from taskplat.dispatcher.errors import json_response
 from taskplat.dispatcher.operations import Operations
 from taskplat.dispatcher.recorder import Recorder
@@ -65,7 +69,8 @@ from taskplat.dispatcher.settings import DispatcherSettings
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 Handler = Callable[[Request], Awaitable[Response]]
-Auth = Literal["api_key", "worker_token", "none"]
+# `attempt`: the worker token, or the attempt token of the very (task_id, attempt) the body names.
+Auth = Literal["api_key", "worker_token", "attempt", "none"]
 
 
 class ListTasksQuery(Contract):
@@ -133,13 +138,22 @@ bind_log_fields = _bind
 def _authorize(request: Request, auth: Auth) -> None:
     settings = _settings(request)
     if auth == "api_key":
-        require_token(request, settings.api_keys, what="API key")
-    elif auth == "worker_token":
-        require_token(request, [settings.worker_token], what="worker token")
+        authorize(request, settings.api_keys, what="API key", attempts=_service(request).tokens)
+    elif auth in ("worker_token", "attempt"):
+        scope = authorize(
+            request,
+            [settings.worker_token],
+            what="worker token",
+            attempts=_service(request).tokens,
+            attempt_scoped=auth == "attempt",
+        )
+        request.state.attempt_scope = scope
 
 
 async def _body(request: Request, model: type[ModelT]) -> ModelT:
-    return await parse_body(request, model, _settings(request).max_body_bytes)
+    body = await parse_body(request, model, _settings(request).max_body_bytes)
+    check_attempt_scope(getattr(request.state, "attempt_scope", None), body)
+    return body
 
 
 # ---- public ------------------------------------------------------------------------------
@@ -336,15 +350,15 @@ ROUTES: tuple[RouteSpec, ...] = (
               responses={200: ("the task payload", FetchResponse),
                          **dict([_AUTH_FAIL, _INVALID, _NOT_FOUND])}),
     RouteSpec("POST", "/internal/heartbeat", "heartbeat", "Extend the lease of the current attempt",
-              "worker_token", heartbeat, body=HeartbeatRequest,
+              "attempt", heartbeat, body=HeartbeatRequest,
               responses={200: ("lease extended", HeartbeatResponse), **_BODY_ERRORS,
                          **dict([_REJECTED, _WORKER_NOT_FOUND])}),
     RouteSpec("POST", "/internal/events", "events", "Emit upstream events of the current attempt",
-              "worker_token", events, body=EventsRequest,
+              "attempt", events, body=EventsRequest,
               responses={200: ("events stored (repeats acknowledged)", EventsAcceptedResponse),
                          **_BODY_ERRORS, **dict([_REJECTED, _WORKER_NOT_FOUND])}),
     RouteSpec("POST", "/internal/task-complete", "task_complete",
-              "Report the outcome of the current attempt", "worker_token", task_complete,
+              "Report the outcome of the current attempt", "attempt", task_complete,
               body=CompleteRequest,
               responses={200: ("completion accepted (or an exact repeat)", CompleteResponse),
                          **_BODY_ERRORS, **dict([_REJECTED, _WORKER_NOT_FOUND])}),

@@ -65,6 +65,7 @@ from taskplat.dispatcher.service_rules import (
     encode_cursor,
 )
 from taskplat.dispatcher.settings import DispatcherSettings
+from taskplat.dispatcher.tokens import TokenIssuer
 from taskplat.dispatcher.views import claim_task_payload, task_view
 
 
@@ -84,7 +85,8 @@ class TaskService:
         self._settings = settings
         self._recorder = recorder
         self._rand = rand or random.Random()
-        self._claims = Claims(pool, clock, settings, recorder)
+        self.tokens = TokenIssuer(settings, clock)
+        self._claims = Claims(pool, clock, settings, recorder, self.tokens)
         self._completions = Completions(pool, clock, settings, recorder, self._rand)
         self._registry = registry
         self._bulk = BulkCreate(pool, clock, settings, recorder, registry)
@@ -216,7 +218,9 @@ class TaskService:
             row = await repo.fetch_task(conn, task_id)
         if row is None:
             raise NotFound(f"task {task_id} not found")
-        return FetchResponse(status=row["status"], task=claim_task_payload(row))
+        return FetchResponse(
+            status=row["status"], task=claim_task_payload(row, trust=self.tokens.trust(row))
+        )
 
     async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:
         params = {

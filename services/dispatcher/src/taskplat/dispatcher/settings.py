@@ -9,11 +9,18 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
-from taskplat.common.settings import DatabaseSettings, ServiceSettings, WorkerTokenSettings
+from taskplat.common.settings import (
+    AttemptTokenSettings,
+    CapabilityTokenSettings,
+    DatabaseSettings,
+    ServiceSettings,
+    WorkerTokenSettings,
+)
 from taskplat.common.telemetry import TelemetrySettings
+from taskplat.common.tokens.keys import TokenKeySettings, derived_key_settings, key_settings
 
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -29,7 +36,14 @@ class OperatorDefaults(BaseModel):
     timeout_seconds: Annotated[int, Field(ge=1)] | None = None
 
 
-class DispatcherSettings(ServiceSettings, DatabaseSettings, WorkerTokenSettings, TelemetrySettings):
+class DispatcherSettings(
+    ServiceSettings,
+    DatabaseSettings,
+    WorkerTokenSettings,
+    TelemetrySettings,
+    AttemptTokenSettings,
+    CapabilityTokenSettings,
+):
     model_config = SettingsConfigDict(
         env_prefix="TASKPLAT_DISPATCHER_",
         extra="ignore",
@@ -89,15 +103,38 @@ class DispatcherSettings(ServiceSettings, DatabaseSettings, WorkerTokenSettings,
         description="How long `/metrics` reuses its Postgres-derived gauges before querying again.",
     )
 
+    untrusted_operators: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated operators whose tasks run as untrusted (their claims carry "
+        "a capability token) until their job says `trust` itself.",
+    )
+
+    def attempt_token_key_settings(self) -> TokenKeySettings:
+        """The attempt-token keys; unset, one key derived from the worker token."""
+        configured = key_settings(
+            self.attempt_token_keys, self.attempt_token_active_kid, what="attempt token keys"
+        )
+        return configured or derived_key_settings(
+            self.worker_token, kid="worker-token", purpose="taskplat-attempt-token"
+        )
+
+    def capability_token_key_settings(self) -> TokenKeySettings | None:
+        """The capability-token keys; None when unset (untrusted claims then carry none)."""
+        return key_settings(
+            self.capability_token_keys,
+            self.capability_token_active_kid,
+            what="capability token keys",
+        )
+
     def telemetry_settings(self) -> TelemetrySettings:
         """The trace export fragment of these settings (for `Telemetry("dispatcher", ...)`)."""
         return TelemetrySettings(
             otlp_endpoint=self.otlp_endpoint, trace_sample_ratio=self.trace_sample_ratio
         )
 
-    @field_validator("queues", mode="before")
+    @field_validator("queues", "untrusted_operators", mode="before")
     @classmethod
-    def _split_queues(cls, value: object) -> object:
+    def _split_names(cls, value: object) -> object:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
@@ -109,6 +146,12 @@ class DispatcherSettings(ServiceSettings, DatabaseSettings, WorkerTokenSettings,
             if not QUEUE_NAME.match(name):
                 raise ValueError(f"queue name {name!r} must match {QUEUE_NAME.pattern}")
         return value
+
+    @model_validator(mode="after")
+    def _token_keys_valid(self) -> DispatcherSettings:
+        self.attempt_token_key_settings()
+        self.capability_token_key_settings()
+        return self
 
     @field_validator("api_keys", mode="before")
     @classmethod

@@ -18,5 +18,8 @@ def task_view(row: dict[str, Any]) -> TaskView:
     return TaskView.model_validate({field: row[field] for field in _TASK_VIEW_FIELDS})
 
 
-def claim_task_payload(row: dict[str, Any]) -> ClaimTask:
-    return ClaimTask.model_validate({field: row[field] for field in _CLAIM_TASK_FIELDS})
+def claim_task_payload(row: dict[str, Any], *, trust: str | None = None) -> ClaimTask:
+    fields = {field: row[field] for field in _CLAIM_TASK_FIELDS if field in row}
+    if trust is not None:
+        fields["trust"] = trust
+    return ClaimTask.model_validate(fields)

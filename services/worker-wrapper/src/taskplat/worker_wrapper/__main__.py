@@ -1,7 +1,9 @@
-"""`python -m taskplat.worker_wrapper`: settings -> operators -> logging -> telemetry -> wrapper ->
-ops server -> signals -> run.
+"""`python -m taskplat.worker_wrapper`: non-dumpable -> settings -> secrets out of the environment
+-> operators -> logging -> telemetry -> wrapper -> ops server -> signals -> run.
 
-Invariants: only wiring lives here; a bad setting or a bad operators file exits with status 2 and
+Invariants: only wiring lives here; the process is made non-dumpable before it reads anything,
+and the secret variables leave its environment as soon as the settings hold them (see
+`isolation`); a bad setting or a bad operators file exits with status 2 and
 one line on stderr, never a traceback; SIGTERM/SIGINT start the drain and a drained wrapper
 exits 0. The process has one `Telemetry`, created here and passed down; `/metrics` and `/healthz`
 are served only when `TASKPLAT_WORKER_OPS_PORT` is set, and spans are flushed before exit. On ECS
@@ -15,6 +17,7 @@ import os
 import signal
 import sys
 from collections.abc import Mapping
+from typing import Any
 
 import structlog
 from pydantic import ValidationError
@@ -22,6 +25,7 @@ from pydantic import ValidationError
 from taskplat.common.logging import configure_logging, get_logger
 from taskplat.common.ops_server import start_ops_server
 from taskplat.common.telemetry import Telemetry
+from taskplat.worker_wrapper.isolation import aws_session, make_non_dumpable, take_secrets
 from taskplat.worker_wrapper.observability import SERVICE
 from taskplat.worker_wrapper.operators import OperatorsFileError, OperatorSpec, load_operators
 from taskplat.worker_wrapper.settings import WrapperSettings, describe_settings_error
@@ -32,7 +36,10 @@ PROG = "taskplat-worker-wrapper"
 
 
 async def serve(
-    settings: WrapperSettings, specs: Mapping[str, OperatorSpec], telemetry: Telemetry
+    settings: WrapperSettings,
+    specs: Mapping[str, OperatorSpec],
+    telemetry: Telemetry,
+    session: Any = None,
 ) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -43,7 +50,7 @@ async def serve(
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, request_stop, sig)
-    wrapper = build_wrapper(settings, specs, telemetry=telemetry)
+    wrapper = build_wrapper(settings, specs, telemetry=telemetry, aws=session)
     try:
         ops = start_ops_server(
             settings, telemetry, lambda: wrapper.health.check(settings.stall_seconds)
@@ -72,11 +79,13 @@ async def serve(
 
 
 def main() -> int:
+    make_non_dumpable()
     try:
         settings = WrapperSettings()
     except ValidationError as exc:
         print(f"{PROG}: invalid settings: {describe_settings_error(exc)}", file=sys.stderr)
         return 2
+    held = take_secrets()
     try:
         specs = load_operators(settings.operators_file)
     except OperatorsFileError as exc:
@@ -87,7 +96,7 @@ def main() -> int:
     get_logger().info("operators_loaded", operators=sorted(specs))
     telemetry = Telemetry(SERVICE, settings)
     try:
-        asyncio.run(serve(settings, specs, telemetry))
+        asyncio.run(serve(settings, specs, telemetry, aws_session(held, settings.aws_region)))
     finally:
         telemetry.shutdown()
     return 0

@@ -135,6 +135,9 @@ class RunningTask:
             )
         spec = self.x.specs.get(task.operator)
         mode = spec.mode if spec is not None else "per-task"
+        untrusted = task.trust == "untrusted" or (spec is not None and spec.untrusted)
+        if untrusted and mode == "pooled":
+            return failure(f"task is untrusted and operator {task.operator!r} is pooled")
         deadline = effective_deadline(self.claimed, spec, datetime.now(UTC))
         document = task.model_dump(mode="json")
         document["lease_token"] = str(self.claimed.lease_token)
@@ -145,6 +148,9 @@ class RunningTask:
             "TASKPLAT_LEASE_TOKEN": str(self.claimed.lease_token),
             "TASKPLAT_DEADLINE_AT": deadline.isoformat() if deadline is not None else "",
         }
+        if untrusted and self.claimed.capability_token is not None:
+            env["TASKPLAT_CAPABILITY_TOKEN"] = self.claimed.capability_token
+            env["TRACE_TASK_CAPABILITY_TOKEN"] = self.claimed.capability_token
         with self.x.telemetry.tracer.start_as_current_span(
             "operator.run",
             attributes={"taskplat.operator": task.operator, "taskplat.operator.mode": mode},
@@ -157,7 +163,7 @@ class RunningTask:
             loop = asyncio.get_running_loop()
             started = loop.time()
             outcome = await runner.run(
-                TaskInput(document, env),
+                TaskInput(document, env, untrusted=untrusted),
                 deadline=loop_time_of(deadline) if deadline is not None else None,
                 forward=self._forward,
                 abort=self.abort,

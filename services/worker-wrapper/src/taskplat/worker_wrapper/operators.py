@@ -6,7 +6,8 @@ Invariants:
   * An operator's environment holds only the variables its `env` allow-list names (plus the
     per-task `TASKPLAT_*` and `TRACEPARENT`/`TRACESTATE` variables the wrapper sets, which the
     allow-list cannot name); the allow-list can never name the worker token nor any other
-    `TASKPLAT_WORKER_*` setting, so operator code never sees the wrapper's dispatcher credentials.
+    `TASKPLAT_WORKER_*` setting nor an AWS credential variable, so operator code never sees the
+    wrapper's dispatcher or AWS credentials.
   * `{python}` in a command stands for the wrapper's own interpreter (`sys.executable`).
 """
 
@@ -23,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from taskplat.common.contracts.base import OperatorName
 from taskplat.common.errors import ConfigurationError
+from taskplat.worker_wrapper.isolation import SECRET_ENV_VARS
 
 OperatorMode = Literal["per-task", "pooled"]
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)]
@@ -38,6 +40,9 @@ TASK_ENV_VARS = frozenset(
         "TASKPLAT_OPERATOR_MODE",
         "TRACEPARENT",
         "TRACESTATE",
+        "TASKPLAT_CAPABILITY_TOKEN",
+        "TRACE_TASK_CAPABILITY_TOKEN",
+        "TASKPLAT_SCRATCH_DIR",
     }
 )
 _FORBIDDEN_PREFIX = "TASKPLAT_WORKER_"
@@ -72,6 +77,12 @@ class OperatorSpec(BaseModel):
     pool_size: Annotated[int, Field(ge=1, le=256)] | None = Field(
         None, description="Processes of a pooled operator (default 1)."
     )
+    untrusted: bool = Field(
+        False,
+        description="Untrusted code: each task runs in a fresh process (per-task mode only) with "
+        "its own scratch directory, as the operator user where the wrapper can switch users, and "
+        "gets the claim's capability token.",
+    )
 
     @field_validator("env")
     @classmethod
@@ -82,12 +93,16 @@ class OperatorSpec(BaseModel):
                 raise ValueError(f"{name} is a wrapper setting and is never passed to an operator")
             if upper in TASK_ENV_VARS:
                 raise ValueError(f"{name} is set by the wrapper for each task")
+            if upper in SECRET_ENV_VARS:
+                raise ValueError(f"{name} holds the wrapper's credentials")
         return names
 
     @model_validator(mode="after")
     def _pool_size_only_pooled(self) -> Self:
         if self.pool_size is not None and self.mode != "pooled":
             raise ValueError("pool_size applies to pooled operators only")
+        if self.untrusted and self.mode != "per-task":
+            raise ValueError("untrusted operators run in per-task mode only")
         return self
 
     @property

@@ -94,6 +94,7 @@ class TaskInput:
 
     document: Mapping[str, Any]
     env: Mapping[str, str] = field(default_factory=dict)
+    untrusted: bool = False  # the claim said `trust: untrusted` (its job's trust)
 
     def line(self) -> bytes:
         return (json.dumps(self.document, separators=(",", ":")) + "\n").encode()

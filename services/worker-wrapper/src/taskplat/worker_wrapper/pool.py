@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from taskplat.common.logging import get_logger
+from taskplat.worker_wrapper.isolation import Isolation
 from taskplat.worker_wrapper.observability import WrapperTelemetry
 from taskplat.worker_wrapper.operators import OperatorSpec
 from taskplat.worker_wrapper.outcomes import (
@@ -223,12 +224,14 @@ def build_runners(
     limits: RunnerLimits,
     environ: Mapping[str, str],
     telemetry: WrapperTelemetry | None = None,
+    isolation: Isolation | None = None,
 ) -> dict[str, OperatorRunner]:
-    """One runner per configured operator: per-task or pooled, as its spec says."""
+    """One runner per configured operator: per-task or pooled, as its spec says (`isolation`:
+    how per-task runners separate untrusted tasks)."""
     runners: dict[str, OperatorRunner] = {}
     for name, spec in specs.items():
         if spec.mode == "pooled":
             runners[name] = PooledRunner(name, spec, limits, environ, telemetry)
         else:
-            runners[name] = PerTaskRunner(name, spec, limits, environ, telemetry)
+            runners[name] = PerTaskRunner(name, spec, limits, environ, telemetry, isolation)
     return runners

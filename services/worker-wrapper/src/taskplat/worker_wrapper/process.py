@@ -8,7 +8,8 @@ Invariants:
   * A kill is SIGTERM to the group, then SIGKILL to the group after the grace period, always: the
     SIGKILL also ends stragglers that outlived the leader.
   * The environment of an operator is built from its allow-list only; the wrapper's own settings
-    (the worker token above all) never reach it.
+    (the worker token above all) never reach it. It inherits no file descriptor but its three
+    pipes (`close_fds`), and an untrusted one runs as the operator user when one is given.
   * An operator's stderr is always drained (a full pipe would block the child); only its last
     `cap` bytes are kept, for error messages.
   * Every process is disposed of (`dispose`): its pipes are read to the end or closed, so no
@@ -25,7 +26,9 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
+from taskplat.worker_wrapper.isolation import OperatorIdentity
 from taskplat.worker_wrapper.operators import OperatorSpec
 
 _PR_SET_PDEATHSIG = 1
@@ -51,18 +54,28 @@ def _death_signal_preexec() -> Callable[[], None] | None:
 
 
 async def spawn_operator(
-    argv: Sequence[str], env: Mapping[str, str], *, line_limit: int
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    line_limit: int,
+    identity: OperatorIdentity | None = None,
+    cwd: Path | None = None,
 ) -> Process:
-    """Start an operator with pipes on stdin, stdout (lines up to `line_limit`) and stderr."""
+    """Start an operator with pipes on stdin, stdout (lines up to `line_limit`) and stderr, and no
+    other file descriptor of the wrapper; as `identity`'s user when given."""
     return await asyncio.create_subprocess_exec(
         *argv,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=dict(env),
+        cwd=cwd,
+        close_fds=True,
+        pass_fds=(),
         start_new_session=True,
         preexec_fn=_death_signal_preexec(),
         limit=line_limit,
+        **(identity.popen_kwargs() if identity is not None else {}),
     )
 
 

@@ -11,6 +11,9 @@ Invariants:
     whatever happens, including cancellation of `run`, the group gets SIGKILL before `run` returns.
   * Success needs a `succeeded` envelope and exit code 0; anything else is a failure naming the
     reason, with the tail of stderr.
+  * An untrusted task (its operator says `untrusted: true`, or its claim `trust: untrusted`) runs
+    in a scratch directory of its own (its cwd, HOME and TMPDIR; removed afterwards) and, where
+    the wrapper can switch users, as the operator user.
   * Each process started is counted and logged (`operator_started`); each kill is counted and
     logged with its reason (`operator_killed`: deadline, a stop reason, or a protocol error);
     an exit without an envelope or a non-zero exit is counted as a crash.
@@ -23,8 +26,15 @@ import math
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from taskplat.common.logging import get_logger
+from taskplat.worker_wrapper.isolation import (
+    Isolation,
+    OperatorIdentity,
+    make_scratch_dir,
+    remove_scratch_dir,
+)
 from taskplat.worker_wrapper.observability import KillReason, WrapperTelemetry
 from taskplat.worker_wrapper.operators import OperatorSpec
 from taskplat.worker_wrapper.outcomes import (
@@ -111,15 +121,38 @@ class PerTaskRunner:
         limits: RunnerLimits,
         environ: Mapping[str, str],
         telemetry: WrapperTelemetry | None = None,
+        isolation: Isolation | None = None,
     ) -> None:
         self._name = name
         self._spec = spec
         self._limits = limits
         self._environ = environ
         self._telemetry = telemetry or WrapperTelemetry()
+        self._isolation = isolation or Isolation()
 
     async def run(
         self, task: TaskInput, *, deadline: float | None, forward: EventSink, abort: Abort
+    ) -> RunOutcome:
+        if not (self._spec.untrusted or task.untrusted):
+            return await self._run(task, deadline, forward, abort, None, None)
+        identity = self._isolation.identity
+        try:
+            scratch = make_scratch_dir(self._isolation.scratch_base, identity)
+        except OSError as exc:
+            return failure(f"cannot prepare the scratch directory of an untrusted task: {exc}")
+        try:
+            return await self._run(task, deadline, forward, abort, identity, scratch)
+        finally:
+            remove_scratch_dir(scratch)
+
+    async def _run(
+        self,
+        task: TaskInput,
+        deadline: float | None,
+        forward: EventSink,
+        abort: Abort,
+        identity: OperatorIdentity | None,
+        scratch: Path | None,
     ) -> RunOutcome:
         loop = asyncio.get_running_loop()
         if abort.is_set:
@@ -127,10 +160,16 @@ class PerTaskRunner:
         if deadline is not None and deadline <= loop.time():
             return failure("deadline passed before the operator started")
         env = operator_env(self._name, self._spec, self._environ, task.env)
+        if scratch is not None:
+            env.update(HOME=str(scratch), TMPDIR=str(scratch), TASKPLAT_SCRATCH_DIR=str(scratch))
         started = loop.time()
         try:
             proc = await spawn_operator(
-                self._spec.argv(), env, line_limit=self._limits.stdout.line_max_bytes
+                self._spec.argv(),
+                env,
+                line_limit=self._limits.stdout.line_max_bytes,
+                identity=identity,
+                cwd=scratch,
             )
         except OSError as exc:
             return failure(f"cannot start operator {self._name!r}: {exc}")

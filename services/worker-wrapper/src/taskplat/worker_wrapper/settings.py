@@ -143,6 +143,17 @@ class WrapperSettings(
         "least this long.",
     )
 
+    operator_user: str | None = Field(
+        "taskplat-operator",
+        description="Unprivileged user that untrusted operators run as, when the wrapper can "
+        "switch users (root, or CAP_SETUID, CAP_SETGID, CAP_KILL and CAP_CHOWN); empty: never "
+        "switch.",
+    )
+    scratch_dir: Path = Field(
+        Path("/tmp/taskplat-scratch"),
+        description="Where each untrusted task gets its own scratch directory (mode 0700, owned "
+        "by the operator user, removed when the task ends; the operator's HOME, TMPDIR and cwd).",
+    )
     claim_ahead: bool = Field(
         True,
         description="Under a backlog (a receive came back full), claim further Queued tasks of "

@@ -31,6 +31,7 @@ import asyncio
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from taskplat.common.backoff import full_jitter_delay
@@ -47,6 +48,7 @@ from taskplat.worker_wrapper.dispatcher_client import (
 )
 from taskplat.worker_wrapper.execution import ExecutionSettings, TaskExecutor
 from taskplat.worker_wrapper.intake import Delivery, SqsIntake
+from taskplat.worker_wrapper.isolation import Isolation, OperatorIdentity
 from taskplat.worker_wrapper.observability import IntakeHealth, WrapperTelemetry
 from taskplat.worker_wrapper.operators import OperatorSpec
 from taskplat.worker_wrapper.outcomes import Abort, OperatorRunner
@@ -275,17 +277,28 @@ def build_wrapper(
     specs: Mapping[str, OperatorSpec],
     environ: Mapping[str, str] | None = None,
     telemetry: Telemetry | None = None,
+    aws: Any = None,
 ) -> WorkerWrapper:
     """Wire a wrapper from its settings and operator specs (`environ` feeds the allow-lists);
-    it records into `telemetry` (None: records and traces nothing)."""
+    it records into `telemetry` (None: records and traces nothing); `aws` is the boto3 session of
+    its SQS client (None: a default one)."""
     instruments = WrapperTelemetry(telemetry, queue=settings.queue)
     limits = RunnerLimits(
         stdout=StdoutLimits(settings.stdout_line_max_bytes, settings.stdout_max_bytes),
         stderr_tail_bytes=settings.stderr_tail_bytes,
         kill_grace_seconds=settings.kill_grace_seconds,
     )
+    isolation = Isolation(
+        OperatorIdentity.detect(settings.operator_user), Path(settings.scratch_dir)
+    )
+    if isolation.identity is None and any(spec.untrusted for spec in specs.values()):
+        get_logger().warning(
+            "untrusted_operators_run_as_wrapper_user",
+            reason="the wrapper cannot switch to the operator user",
+            operator_user=settings.operator_user,
+        )
     runners = build_runners(
-        specs, limits, dict(os.environ if environ is None else environ), instruments
+        specs, limits, dict(os.environ if environ is None else environ), instruments, isolation
     )
     client = DispatcherClient(
         settings.dispatcher_url,
@@ -297,7 +310,7 @@ def build_wrapper(
         telemetry=instruments,
     )
     intake = SqsIntake(
-        sqs_client(settings, max_pool_connections=settings.concurrency + 4),
+        sqs_client(settings, max_pool_connections=settings.concurrency + 4, session=aws),
         sqs_queue_name(settings, settings.queue),
         wait_time_seconds=settings.wait_time_seconds,
         visibility_timeout_seconds=settings.visibility_timeout_seconds,

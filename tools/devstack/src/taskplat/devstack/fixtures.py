@@ -104,6 +104,6 @@ def testcontainers_localstack_url() -> Iterator[str]:
     """An SQS endpoint URL from a testcontainers LocalStack; skipped without Docker."""
     module = _testcontainers_module("localstack")
     container = module.LocalStackContainer(image=TESTCONTAINERS_LOCALSTACK_IMAGE)
-    with container.with_services("sqs") as started:
+    with container.with_services("sqs", "sts", "s3", "iam") as started:
         url: str = started.get_url()
         yield url

@@ -1,4 +1,5 @@
-"""A local SQS endpoint: LocalStack (SQS only) in its own venv, or moto's server as a fallback.
+"""A local AWS endpoint: LocalStack (SQS, and STS, S3 and IAM for the credential broker) in its own
+venv, or moto's server (which serves all of them too) as a fallback.
 
 Invariants:
 - The server listens on 127.0.0.1:<port> only; the endpoint URL is ``http://127.0.0.1:<port>``
@@ -167,7 +168,9 @@ class LocalSqs:
         env.update(
             GATEWAY_LISTEN=f"127.0.0.1:{port}",
             LOCALSTACK_HOST=f"127.0.0.1:{port}",
-            SERVICES="sqs",
+            # SQS for the stack; STS, S3 and IAM for the credential broker (LocalStack does not
+            # enforce IAM: tests assert the session policy documents themselves).
+            SERVICES="sqs,sts,s3,iam",
             EAGER_SERVICE_LOADING="1",
             SQS_ENDPOINT_STRATEGY="off",  # queue URLs http://127.0.0.1:<port>/<account>/<name>
             DNS_ADDRESS="0",

@@ -6,6 +6,7 @@ change shows in review.
 """
 
 from taskplat.common.contracts.base import Contract
+from taskplat.common.contracts.broker import CredentialsRequest, CredentialsResponse
 from taskplat.common.contracts.dags import (
     ColumnSpec,
     DagDocument,
@@ -112,6 +113,8 @@ __all__ = [
     "CreateTasksRequest",
     "CreateTasksResponse",
     "CreatedTask",
+    "CredentialsRequest",
+    "CredentialsResponse",
     "DagDocument",
     "DagList",
     "DagSummary",

@@ -36,6 +36,7 @@ CompletionStatus = Literal["Completed", "Failed", "Canceled"]
 NotClaimedReason = Literal[
     "AlreadyRunning", "Completed", "Canceled", "NotFound", "NotQueued", "Paused"
 ]
+Trust = Literal["trusted", "untrusted"]
 RejectReason = Literal["StaleAttempt", "StaleLease", "NotRunning", "Canceled", "NotFound"]
 
 MAX_BATCH = 10  # items of one batch call (the SQS batch size)
@@ -78,6 +79,11 @@ class ClaimTask(Contract):
         description="The job's outputs at their datasets' current versions (empty for a task of "
         "no job).",
     )
+    trust: Trust = Field(
+        "trusted",
+        description="`untrusted`: the operator runs as a separate unprivileged user and gets the "
+        "claim's capability token (its job's `trust`).",
+    )
 
 
 class ClaimedResponse(Contract):
@@ -86,6 +92,16 @@ class ClaimedResponse(Contract):
     lease_token: UUID
     lease_expires_at: AwareDatetime
     task: ClaimTask
+    attempt_token: str = Field(
+        description="Signed token scoped to this (task_id, attempt): accepted instead of the "
+        "worker token on this attempt's heartbeat, events, steps and completion only; it expires "
+        "one lease after the attempt's deadline."
+    )
+    capability_token: str | None = Field(
+        None,
+        description="For untrusted tasks: signed statement of the input dataset versions the "
+        "attempt may read, its output prefixes and its scratch prefix (for the credential broker).",
+    )
 
 
 class NotClaimedResponse(Contract):

@@ -1,0 +1,1 @@
+"""Taskplat credential broker: capability token in, S3-scoped STS credentials out."""

@@ -1,0 +1,46 @@
+"""`python -m taskplat.credential_broker`: settings -> logging -> telemetry -> app -> uvicorn.
+
+Invariant: only wiring lives here; a settings error exits with status 2 and a message, not a
+traceback; the process's one `Telemetry` is shut down when the server stops.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import uvicorn
+from pydantic import ValidationError
+
+from taskplat.common.logging import configure_logging, get_logger
+from taskplat.common.telemetry import Telemetry
+from taskplat.credential_broker.app import create_app
+from taskplat.credential_broker.settings import BrokerSettings
+
+SERVICE = "credential-broker"
+
+
+def main() -> int:
+    try:
+        settings = BrokerSettings()
+    except ValidationError as exc:
+        print(f"taskplat-credential-broker: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    configure_logging(SERVICE, level=settings.log_level, fmt=settings.log_format)
+    telemetry = Telemetry(SERVICE, settings.telemetry_settings())
+    get_logger().info("credential_broker_starting", host=settings.host, port=settings.port)
+    try:
+        uvicorn.run(
+            create_app(settings, telemetry=telemetry),
+            host=settings.host,
+            port=settings.port,
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=10,
+        )
+    finally:
+        telemetry.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""The dispatcher's signed tokens: the attempt token of every claim, the capability token of an
+untrusted claim, and the check of an attempt token presented on an internal route.
+
+Invariants:
+  * Both tokens of a claim are issued from the claimed row alone (committed values): issued at the
+    claim's `started_at`, expiring one lease after the attempt's `deadline_at`.
+  * A task is untrusted when its row says `trust = 'untrusted'` (a job's trust) or its operator is
+    one of the `untrusted_operators` setting; only untrusted claims carry a capability token, and
+    only when capability keys are configured.
+  * Attempt and capability tokens have their own key rings and audiences: neither passes for the
+    other, and the credential broker, which holds the capability keys, cannot mint attempt tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from taskplat.common.clock import Clock
+from taskplat.common.contracts.internal import Trust
+from taskplat.common.tokens.attempt import (
+    AttemptScope,
+    attempt_key_ring,
+    issue_attempt_token,
+    verify_attempt_token,
+)
+from taskplat.common.tokens.capability import (
+    StorageLayout,
+    build_capability,
+    capability_key_ring,
+    issue_capability_token,
+)
+from taskplat.dispatcher.settings import DispatcherSettings
+
+Row = Mapping[str, Any]
+
+
+class TokenIssuer:
+    def __init__(self, settings: DispatcherSettings, clock: Clock) -> None:
+        self._attempts = attempt_key_ring(settings.attempt_token_key_settings())
+        capability_keys = settings.capability_token_key_settings()
+        self._capabilities = capability_key_ring(capability_keys) if capability_keys else None
+        self._layout = StorageLayout(settings.data_bucket)
+        self._lease = timedelta(seconds=settings.lease_ttl_seconds)
+        self._untrusted = frozenset(settings.untrusted_operators)
+        self._clock = clock
+
+    def trust(self, row: Row) -> Trust:
+        if row.get("trust") == "untrusted" or row["operator"] in self._untrusted:
+            return "untrusted"
+        return "trusted"
+
+    def _expiry(self, row: Row) -> datetime:
+        lease_end: datetime = row["lease_expires_at"]
+        deadline: datetime | None = row["deadline_at"]
+        return max(deadline or lease_end, lease_end) + self._lease
+
+    def attempt_token(self, row: Row) -> str:
+        return issue_attempt_token(
+            self._attempts,
+            row["task_id"],
+            row["attempt"],
+            now=row["started_at"],
+            expires_at=self._expiry(row),
+        )
+
+    def capability_token(self, row: Row) -> str | None:
+        if self._capabilities is None or self.trust(row) != "untrusted":
+            return None
+        capability = build_capability(
+            row["task_id"],
+            row["attempt"],
+            row.get("inputs") or [],
+            row.get("outputs") or [],
+            layout=self._layout,
+        )
+        return issue_capability_token(
+            self._capabilities, capability, now=row["started_at"], expires_at=self._expiry(row)
+        )
+
+    def verify_attempt(self, token: str) -> AttemptScope:
+        """The scope of a valid attempt token, else `InvalidToken` (401)."""
+        return verify_attempt_token(self._attempts, token, now=self._clock.now())
