@@ -210,7 +210,7 @@ EXPECTED_TASK_ACTIONS = {
     "scheduler": TELEMETRY_ACTIONS,
     "reaper": TELEMETRY_ACTIONS,
     "outbox-relay": TELEMETRY_ACTIONS | {"sqs:SendMessage", "sqs:GetQueueUrl"},
-    # Its sts:AssumeRole on the data access role is a policy of its own (CredentialBrokerAssumePolicy).
+    # Its sts:AssumeRole is a policy of its own (CredentialBrokerAssumePolicy).
     "credential-broker": TELEMETRY_ACTIONS,
     "worker": TELEMETRY_ACTIONS
     | {
