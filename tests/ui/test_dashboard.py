@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from dispatcher_calls import claimed, complete, create_task
+from dispatcher_calls import claimed, complete, create_task, emit_events
 from dispatcher_harness import API_KEY, Dispatcher
 from selenium import webdriver
 from selenium.webdriver.common.by import By
@@ -106,7 +106,7 @@ def test_log_in_see_tasks_replay_a_dead_task_and_pause_a_queue(
     assert console.errors() == []
 
 
-def test_replay_all_and_the_views_of_routes_not_served(
+def test_replay_all(
     browser: webdriver.Chrome, console: Console, dispatcher: Dispatcher, artifacts: Path
 ) -> None:
     dead = [_dead(dispatcher) for _ in range(3)]
@@ -120,13 +120,43 @@ def test_replay_all_and_the_views_of_routes_not_served(
     assert statuses == {"Queued"}
     assert console.errors() == []
 
-    # A dispatcher without the DAG and dataset routes: a clear state, not a broken page.
-    for view in ("dags", "datasets"):
-        browser.get(f"{dispatcher.base_url}/ui/#/{view}")
-        _wait(browser, "#unavailable", "not available on this dispatcher")
-    browser.save_screenshot(str(artifacts / "dags-unavailable.png"))
-    missing = ("/dags - Failed to load resource", "/datasets - Failed to load resource")
-    assert console.errors(allowed=missing) == []
+
+PIPELINE = {
+    "jobs": {
+        "follow": {"operator": "emit", "outputs": [{"index": 0, "dataset": "blocks"}]},
+        "transform": {"operator": "emit",
+                      "inputs": [{"from": {"job": "follow", "output_index": 0}}],
+                      "outputs": [{"index": 0, "dataset": "enriched"}]},
+    }
+}  # fmt: skip
+
+
+def test_dags_as_graphs_and_datasets_with_versions_and_events(
+    browser: webdriver.Chrome, console: Console, dispatcher: Dispatcher, artifacts: Path
+) -> None:
+    d = dispatcher
+    assert d.api.put("/dags/pipe", json=PIPELINE).status_code == 201
+    run = d.api.post("/dags/pipe/jobs/follow/runs", json={}).json()
+    lease = claimed(d, run["task_id"])
+    blocks = next(x for x in d.api.get("/datasets").json()["datasets"] if x["name"] == "blocks")
+    event = {"dataset_uuid": blocks["dataset_uuid"],
+             "dataset_version": blocks["current_version"], "cursor": 77}  # fmt: skip
+    assert emit_events(d, lease, [event]).status_code == 200
+    _log_in(browser, d)
+    browser.get(f"{d.base_url}/ui/#/dags")
+    _wait(browser, "main table", "pipe")
+    browser.get(f"{d.base_url}/ui/#/dag/pipe")
+    graph = _wait(browser, "#dag-graph svg")
+    assert "follow" in graph.text and "transform" in graph.text
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#dag-graph line")) == 1
+    browser.save_screenshot(str(artifacts / "dag.png"))
+    browser.get(f"{d.base_url}/ui/#/datasets")
+    _wait(browser, "main table", "enriched")
+    browser.get(f"{d.base_url}/ui/#/dataset/{blocks['dataset_uuid']}")
+    _wait(browser, "main", "77")
+    _wait(browser, "main", blocks["current_version"])
+    browser.save_screenshot(str(artifacts / "dataset.png"))
+    assert console.errors() == []
 
 
 def test_a_wrong_key_is_refused_and_nothing_is_kept(
