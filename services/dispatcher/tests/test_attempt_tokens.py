@@ -246,3 +246,45 @@ def test_an_untrusted_claim_carries_a_capability_token(db_url: str) -> None:
         assert fetched.json()["task"]["trust"] == "untrusted"
         _, trusted_body = _claim(dispatcher, create_task(dispatcher)["task_id"])
         assert trusted_body["capability_token"] is None
+
+
+def test_an_untrusted_job_grants_its_pinned_inputs_and_its_outputs(db_url: str) -> None:
+    with serve_dispatcher(
+        db_url,
+        capability_token_keys=json.dumps({"c1": CAP_KEY}),
+        capability_token_active_kid="c1",
+        data_bucket="lake",
+    ) as dispatcher:
+        doc = {
+            "jobs": {
+                "udf": {
+                    "operator": "udf",
+                    "trust": "untrusted",
+                    "inputs": [{"from": {"dataset": "raw"}, "where": "x > 1"}],
+                    "outputs": [{"index": 0, "dataset": "curated", "kind": "s3"}],
+                }
+            }
+        }
+        assert dispatcher.api.put("/dags/lake", json=doc).status_code == 201
+        datasets = {d["name"]: d for d in dispatcher.api.get("/datasets").json()["datasets"]}
+        raw, curated = datasets["raw"], datasets["curated"]
+        pin = {"dataset_uuid": raw["dataset_uuid"], "dataset_version": raw["current_version"],
+               "cursor": 9, "where": "x > 1"}  # fmt: skip
+        run = dispatcher.api.post("/dags/lake/jobs/udf/runs", json={"inputs": [pin]}).json()
+        lease, body = _claim(dispatcher, run["task_id"])
+        assert body["task"]["trust"] == "untrusted"
+        ring = capability_key_ring(
+            TokenKeySettings.model_validate({"keys": {"c1": CAP_KEY}, "active_kid": "c1"})
+        )
+        capability = verify_capability_token(
+            ring, body["capability_token"], now=dispatcher.clock.now()
+        ).capability
+        assert [(str(i.dataset_uuid), i.cursor, i.where) for i in capability.inputs] == [
+            (raw["dataset_uuid"], 9, "x > 1")
+        ]
+        assert capability.read_prefixes() == [
+            f"s3://lake/dataset/{raw['dataset_uuid']}/version/{raw['current_version']}/"
+        ]
+        out = f"s3://lake/dataset/{curated['dataset_uuid']}/version/{curated['current_version']}/"
+        assert out in capability.write_prefixes()
+        assert lease.attempt == capability.attempt == 1
