@@ -42,11 +42,10 @@ def test_models_name_the_fields_of_the_servers_schemas(dispatcher: Dispatcher) -
     for model in CHECKED:
         assert model.__name__ in schemas, f"the server has no schema {model.__name__}"
         server = _schema_fields(schemas, model.__name__)
-        assert set(model.model_fields) == server, model.__name__
+        fields = {field.alias or name: field for name, field in model.model_fields.items()}
+        assert set(fields) == server, model.__name__
         required = set(schemas[model.__name__].get("required", []))
-        optional_here = {
-            name for name, field in model.model_fields.items() if not field.is_required()
-        }
+        optional_here = {name for name, field in fields.items() if not field.is_required()}
         # A field the client may default must be nullable or defaulted on the server too.
         for name in required & optional_here:
             prop = schemas[model.__name__]["properties"][name]
@@ -154,3 +153,22 @@ def test_the_async_client(dispatcher: Dispatcher) -> None:
                 await client.cancel(uuid4())
 
     asyncio.run(scenario())
+
+
+def test_dags_datasets_and_events_come_back_typed(client: Client, dispatcher: Dispatcher) -> None:
+    doc = {
+        "jobs": {
+            "source": {"operator": "emit", "outputs": [{"index": 0, "dataset": "blocks"}]},
+            "sink": {"operator": "echo", "inputs": [{"from": {"dataset": "blocks"}}]},
+        }
+    }
+    applied = client.apply_dag("typed", doc)
+    assert applied.changed is True and [job.name for job in applied.jobs] == ["sink", "source"]
+    assert applied.jobs[0].inputs[0].from_ == {"dataset": "blocks"}
+    assert client.dags().dags[0].jobs == 2
+    assert client.dag("typed").document_hash == applied.document_hash
+    blocks = client.datasets().datasets[0]
+    assert blocks.name == "blocks"
+    dataset = client.dataset(blocks.dataset_uuid)
+    assert dataset.versions[0].current and dataset.latest_cursor is None
+    assert client.dataset_events(blocks.dataset_uuid).events == []

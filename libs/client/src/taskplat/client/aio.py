@@ -15,12 +15,11 @@ from uuid import UUID
 
 import httpx
 
-from taskplat.client import calls, transport
+from taskplat.client import calls, models, transport
 from taskplat.client.errors import TaskplatError
 from taskplat.client.models import (
     BulkRetryResponse,
     CreateTasksResponse,
-    JsonObject,
     QueueList,
     QueueView,
     Stats,
@@ -152,20 +151,20 @@ class AsyncClient:
 
     # ---- DAGs and datasets ----------------------------------------------------------------
 
-    async def apply_dag(self, name: str, document: dict[str, Any]) -> JsonObject:
+    async def apply_dag(self, name: str, document: dict[str, Any]) -> models.DagView:
         return await self.run(calls.apply_dag(name, document))
 
-    async def dags(self) -> JsonObject:
+    async def dags(self) -> models.DagList:
         return await self.run(calls.list_dags())
 
-    async def dag(self, name: str) -> JsonObject:
+    async def dag(self, name: str) -> models.DagView:
         return await self.run(calls.get_dag(name))
 
-    async def datasets(self) -> JsonObject:
+    async def datasets(self) -> models.DatasetList:
         return await self.run(calls.list_datasets())
 
-    async def dataset(self, dataset_uuid: str | UUID) -> JsonObject:
+    async def dataset(self, dataset_uuid: str | UUID) -> models.DatasetView:
         return await self.run(calls.get_dataset(dataset_uuid))
 
-    async def dataset_events(self, dataset_uuid: str | UUID, **query: Any) -> JsonObject:
+    async def dataset_events(self, dataset_uuid: str | UUID, **query: Any) -> models.EventList:
         return await self.run(calls.dataset_events(dataset_uuid, **query))

@@ -137,30 +137,38 @@ def stats() -> Call[models.Stats]:
     return Call("GET", "/stats", models.Stats.model_validate, idempotent=True)
 
 
-def apply_dag(name: str, document: dict[str, Any]) -> Call[models.JsonObject]:
-    return Call("PUT", f"/dags/{_seg(name)}", _identity, body=document, idempotent=True)
+def apply_dag(name: str, document: dict[str, Any]) -> Call[models.DagView]:
+    return Call(
+        "PUT", f"/dags/{_seg(name)}", models.DagView.model_validate, body=document, idempotent=True
+    )
 
 
-def list_dags() -> Call[models.JsonObject]:
-    return Call("GET", "/dags", _identity, idempotent=True)
+def list_dags() -> Call[models.DagList]:
+    return Call("GET", "/dags", models.DagList.model_validate, idempotent=True)
 
 
-def get_dag(name: str) -> Call[models.JsonObject]:
-    return Call("GET", f"/dags/{_seg(name)}", _identity, idempotent=True)
+def get_dag(name: str) -> Call[models.DagView]:
+    return Call("GET", f"/dags/{_seg(name)}", models.DagView.model_validate, idempotent=True)
 
 
-def list_datasets() -> Call[models.JsonObject]:
-    return Call("GET", "/datasets", _identity, idempotent=True)
+def list_datasets() -> Call[models.DatasetList]:
+    return Call("GET", "/datasets", models.DatasetList.model_validate, idempotent=True)
 
 
-def get_dataset(dataset_uuid: str | UUID) -> Call[models.JsonObject]:
-    return Call("GET", f"/datasets/{_seg(dataset_uuid)}", _identity, idempotent=True)
+def get_dataset(dataset_uuid: str | UUID) -> Call[models.DatasetView]:
+    return Call(
+        "GET", f"/datasets/{_seg(dataset_uuid)}", models.DatasetView.model_validate, idempotent=True
+    )
 
 
 def dataset_events(
     dataset_uuid: str | UUID, *, dataset_version: str | None = None, cursor: str | None = None
-) -> Call[models.JsonObject]:
+) -> Call[models.EventList]:
     params = {"dataset_version": dataset_version, "cursor": cursor}
     return Call(
-        "GET", f"/datasets/{_seg(dataset_uuid)}/events", _identity, params=params, idempotent=True
+        "GET",
+        f"/datasets/{_seg(dataset_uuid)}/events",
+        models.EventList.model_validate,
+        params=params,
+        idempotent=True,
     )

@@ -82,7 +82,7 @@ ERR = Console(stderr=True, highlight=False)
 def _emit(value: Any, human: Callable[[], None]) -> None:
     if _settings().json:
         if isinstance(value, BaseModel):
-            click.echo(value.model_dump_json(indent=2))
+            click.echo(value.model_dump_json(indent=2, by_alias=True))
         else:
             click.echo(json.dumps(value, indent=2, default=str))
     else:
@@ -367,9 +367,9 @@ def dags_apply(file: Path, name: str | None) -> None:
     _emit(answer, lambda: OUT.print(f"applied DAG {dag_name}"))
 
 
-def _rows_of(answer: Any, key: str) -> list[dict[str, Any]]:
-    rows = answer.get(key, []) if isinstance(answer, dict) else answer
-    return [row for row in rows if isinstance(row, dict)] if isinstance(rows, list) else []
+def _rows_of(answer: BaseModel, key: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = answer.model_dump(mode="json")[key]
+    return rows
 
 
 def _generic_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
@@ -412,7 +412,7 @@ def datasets_list() -> None:
     with _client() as client:
         answer = client.datasets()
     rows = _rows_of(answer, "datasets")
-    columns = ["dataset_uuid", "name", "kind", "dataset_version"]
+    columns = ["dataset_uuid", "name", "kind", "current_version"]
     _emit(answer, lambda: _generic_table(rows, columns))
 
 

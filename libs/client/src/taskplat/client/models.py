@@ -3,8 +3,7 @@
 Invariants: each model names the fields of the server's schema of the same name in
 `/openapi.json` (a test compares them, so a contract change shows on both sides in review);
 unknown fields a newer server adds are ignored, never an error; timestamps are aware datetimes.
-The DAG and dataset answers are kept as plain JSON objects (`JsonObject`) until their schemas are
-part of the OpenAPI document.
+Fields named after a Python keyword (`from`) are read by alias.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 TaskStatus = Literal["Scheduled", "Queued", "Running", "Completed", "Failed", "Dead", "Canceled"]
 TERMINAL = frozenset({"Completed", "Dead", "Canceled"})
@@ -139,6 +138,117 @@ class Stats(Model):
     throughput: list[ThroughputBucket]
 
 
+class ResolvedInput(Model):
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+    from_: JsonObject = Field(alias="from")
+    where: str | None = None
+    dataset: str
+    dataset_uuid: UUID
+
+
+class ResolvedOutput(Model):
+    index: int
+    dataset: str
+    dataset_uuid: UUID
+    kind: str
+
+
+class JobView(Model):
+    name: str
+    operator: str
+    runtime: str
+    queue: str
+    config: JsonObject
+    schedule: str | None = None
+    schedule_next_at: datetime | None = None
+    trust: str
+    max_attempts: int
+    timeout_seconds: int | None = None
+    backoff_base_seconds: float
+    backoff_max_seconds: float
+    inputs: list[ResolvedInput]
+    outputs: list[ResolvedOutput]
+
+
+class DagView(Model):
+    dag_name: str
+    document_hash: str
+    created_at: datetime
+    updated_at: datetime
+    changed: bool | None = None
+    jobs: list[JobView]
+
+
+class DagSummary(Model):
+    dag_name: str
+    jobs: int
+    document_hash: str
+    created_at: datetime
+    updated_at: datetime
+
+
+class DagList(Model):
+    dags: list[DagSummary]
+
+
+class DatasetSummary(Model):
+    dataset_uuid: UUID
+    name: str
+    kind: str
+    location: str
+    current_version: UUID
+    created_at: datetime
+
+
+class DatasetList(Model):
+    datasets: list[DatasetSummary]
+
+
+class DatasetVersionView(Model):
+    dataset_version: UUID
+    created_at: datetime
+    superseded_at: datetime | None = None
+    current: bool
+
+
+class DatasetView(Model):
+    dataset_uuid: UUID
+    name: str
+    kind: str
+    location: str
+    current_version: UUID
+    latest_cursor: int | None = None
+    versions: list[DatasetVersionView]
+    created_at: datetime
+
+
+class Producer(Model):
+    task_id: UUID
+    attempt: int
+
+
+class EventView(Model):
+    event_id: int
+    dataset_uuid: UUID
+    dataset_version: UUID
+    cursor: int | None = None
+    partition_key: str | None = None
+    start: int | None = None
+    end: int | None = None
+    producer: Producer
+    routed: bool
+    reason: str | None = None
+    tasks: list[UUID]
+    created_at: datetime
+    routed_at: datetime | None = None
+
+
+class EventList(Model):
+    events: list[EventView]
+    next_cursor: str | None = None
+
+
 class ErrorResponse(Model):
     error: str
     message: str
@@ -149,5 +259,6 @@ class ErrorResponse(Model):
 CHECKED: tuple[type[Model], ...] = (
     JobRef, AttemptView, OutputView, TaskView, TaskList, CreatedTask, CreateTasksResponse,
     QueueView, QueueList, BulkRetrySkipped, BulkRetryResponse, StateCount, ThroughputBucket,
-    Stats, ErrorResponse,
+    Stats, ErrorResponse, ResolvedInput, ResolvedOutput, JobView, DagView, DagSummary, DagList,
+    DatasetSummary, DatasetList, DatasetVersionView, DatasetView, Producer, EventView, EventList,
 )  # fmt: skip

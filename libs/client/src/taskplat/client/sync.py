@@ -14,12 +14,11 @@ from uuid import UUID
 
 import httpx
 
-from taskplat.client import calls, transport
+from taskplat.client import calls, models, transport
 from taskplat.client.errors import TaskplatError
 from taskplat.client.models import (
     BulkRetryResponse,
     CreateTasksResponse,
-    JsonObject,
     QueueList,
     QueueView,
     Stats,
@@ -148,20 +147,20 @@ class Client:
 
     # ---- DAGs and datasets ----------------------------------------------------------------
 
-    def apply_dag(self, name: str, document: dict[str, Any]) -> JsonObject:
+    def apply_dag(self, name: str, document: dict[str, Any]) -> models.DagView:
         return self.run(calls.apply_dag(name, document))
 
-    def dags(self) -> JsonObject:
+    def dags(self) -> models.DagList:
         return self.run(calls.list_dags())
 
-    def dag(self, name: str) -> JsonObject:
+    def dag(self, name: str) -> models.DagView:
         return self.run(calls.get_dag(name))
 
-    def datasets(self) -> JsonObject:
+    def datasets(self) -> models.DatasetList:
         return self.run(calls.list_datasets())
 
-    def dataset(self, dataset_uuid: str | UUID) -> JsonObject:
+    def dataset(self, dataset_uuid: str | UUID) -> models.DatasetView:
         return self.run(calls.get_dataset(dataset_uuid))
 
-    def dataset_events(self, dataset_uuid: str | UUID, **query: Any) -> JsonObject:
+    def dataset_events(self, dataset_uuid: str | UUID, **query: Any) -> models.EventList:
         return self.run(calls.dataset_events(dataset_uuid, **query))
