@@ -156,6 +156,8 @@ def test_dags_as_graphs_and_datasets_with_versions_and_events(
     _wait(browser, "main", "77")
     _wait(browser, "main", blocks["current_version"])
     browser.save_screenshot(str(artifacts / "dataset.png"))
+    browser.get(f"{d.base_url}/ui/#/task/{run['task_id']}")
+    _wait(browser, "#task-events", "77")
     assert console.errors() == []
 
 

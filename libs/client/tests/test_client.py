@@ -172,3 +172,7 @@ def test_dags_datasets_and_events_come_back_typed(client: Client, dispatcher: Di
     dataset = client.dataset(blocks.dataset_uuid)
     assert dataset.versions[0].current and dataset.latest_cursor is None
     assert client.dataset_events(blocks.dataset_uuid).events == []
+    run = client.run_job("typed", "source", config={"n": 1}, idempotency_key="r1")
+    assert run.job is not None and run.job.name == "source" and run.config == {"n": 1}
+    assert client.run_job("typed", "source", idempotency_key="r1").task_id == run.task_id
+    assert client.task_events(run.task_id).events == []

@@ -145,6 +145,7 @@ PUBLIC_ROUTES = (
     ("GET", "/datasets/{dataset_uuid}"),
     ("POST", "/datasets/{dataset_uuid}/versions"),
     ("GET", "/datasets/{dataset_uuid}/events"),
+    ("GET", "/tasks/{task_id}/events"),
     ("POST", "/tasks/retry"),
     ("GET", "/queues"),
     ("PUT", "/queues/{queue}/pause"),

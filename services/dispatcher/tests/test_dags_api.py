@@ -197,3 +197,6 @@ def test_events_are_listed_with_their_producer_and_routing_state(dispatcher: Dis
     assert d.api.get(f"/datasets/{blocks['dataset_uuid']}").json()["latest_cursor"] == 12
     bad = d.api.get(f"/datasets/{blocks['dataset_uuid']}/events", params={"cursor": "zz"})
     assert bad.status_code == 422
+    emitted = d.api.get(f"/tasks/{run['task_id']}/events").json()
+    assert [each["cursor"] for each in emitted["events"]] == [12, 10]
+    assert emitted["events"][0]["producer"] == {"task_id": run["task_id"], "attempt": 1}

@@ -272,6 +272,12 @@ def _dag_route_responses(d: Dispatcher, add: Callable[..., None]) -> None:
     add("GET", events, 401, anonymous.get(f"/datasets/{dataset}/events"))
     add("GET", events, 404, d.api.get(f"/datasets/{ghost}/events"))
     add("GET", events, 422, d.api.get(f"/datasets/{dataset}/events", params={"limit": 0}))
+    emitted = "/tasks/{task_id}/events"
+    some_task = d.api.get("/tasks").json()["tasks"][0]["task_id"]
+    add("GET", emitted, 200, d.api.get(f"/tasks/{some_task}/events"))
+    add("GET", emitted, 401, anonymous.get(f"/tasks/{some_task}/events"))
+    add("GET", emitted, 404, d.api.get(f"/tasks/{ghost}/events"))
+    add("GET", emitted, 422, d.api.get("/tasks/nope/events"))
     versions = "/datasets/{dataset_uuid}/versions"
     add("POST", versions, 201, d.api.post(f"/datasets/{dataset}/versions", json={}))
     add("POST", versions, 401, anonymous.post(f"/datasets/{dataset}/versions", json={}))

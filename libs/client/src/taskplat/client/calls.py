@@ -172,3 +172,33 @@ def dataset_events(
         params=params,
         idempotent=True,
     )
+
+
+def task_events(task_id: str | UUID, *, cursor: str | None = None) -> Call[models.EventList]:
+    return Call(
+        "GET",
+        f"/tasks/{_seg(task_id)}/events",
+        models.EventList.model_validate,
+        params={"cursor": cursor},
+        idempotent=True,
+    )
+
+
+def run_job(
+    dag_name: str,
+    job: str,
+    *,
+    config: dict[str, Any] | None = None,
+    inputs: list[dict[str, Any]] | None = None,
+    idempotency_key: str | None = None,
+) -> Call[models.TaskView]:
+    body: dict[str, Any] = {"config": config or {}, "inputs": inputs or []}
+    if idempotency_key is not None:
+        body["idempotency_key"] = idempotency_key
+    return Call(
+        "POST",
+        f"/dags/{_seg(dag_name)}/jobs/{_seg(job)}/runs",
+        models.TaskView.model_validate,
+        body=body,
+        idempotent=idempotency_key is not None,
+    )

@@ -164,3 +164,11 @@ class Client:
 
     def dataset_events(self, dataset_uuid: str | UUID, **query: Any) -> models.EventList:
         return self.run(calls.dataset_events(dataset_uuid, **query))
+
+    def run_job(self, dag_name: str, job: str, **fields: Any) -> models.TaskView:
+        """Start a run of a job (`config`, `inputs`, `idempotency_key`)."""
+        return self.run(calls.run_job(dag_name, job, **fields))
+
+    def task_events(self, task_id: str | UUID, *, cursor: str | None = None) -> models.EventList:
+        """The events a task emitted, newest first."""
+        return self.run(calls.task_events(task_id, cursor=cursor))

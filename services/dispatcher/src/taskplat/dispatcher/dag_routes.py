@@ -121,6 +121,18 @@ async def list_events(request: Request) -> Response:
     return json_response(page)
 
 
+class TaskEventsQuery(Contract):
+    cursor: Annotated[str, Field(max_length=512)] | None = None
+    limit: Annotated[int, Field(ge=1, le=500)] = 100
+
+
+async def list_task_events(request: Request) -> Response:
+    task_id = parse_uuid(request.path_params["task_id"], name="task_id")
+    bind_log_fields(task_id=task_id)
+    query = parse_query(request, TaskEventsQuery)
+    return json_response(await _dags(request).task_events(task_id, query.cursor, query.limit))
+
+
 _AUTH_FAIL = (401, ("missing or wrong bearer token", ErrorResponse))
 _BAD_BODY = (400, ("malformed JSON or YAML", ErrorResponse))
 _INVALID = (422, ("the request does not match the contract", ErrorResponse))
@@ -165,6 +177,12 @@ DAG_ROUTES: tuple[RouteSpec, ...] = (
               "api_key", new_version, path_params=("dataset_uuid",),
               responses={201: ("the dataset at its new version", NewVersionResponse),
                          **dict([_AUTH_FAIL, _INVALID, _TOO_LARGE, _NO_DATASET])}),
+    RouteSpec("GET", "/tasks/{task_id}/events", "list_task_events",
+              "The events a task emitted, newest first, with their routing", "api_key",
+              list_task_events, path_params=("task_id",), query=TaskEventsQuery,
+              responses={200: ("one page of events", EventList),
+                         404: ("no such task", ErrorResponse),
+                         **dict([_AUTH_FAIL, _INVALID])}),
     RouteSpec("GET", "/datasets/{dataset_uuid}/events", "list_dataset_events",
               "A dataset's events, newest first, with their routing", "api_key", list_events,
               path_params=("dataset_uuid",), query=EventsQuery,

@@ -351,9 +351,26 @@ class DagService:
             if await repo.get_dataset(conn, dataset_uuid) is None:
                 raise NotFound(f"dataset {dataset_uuid} not found")
             rows = await repo.list_events(conn, params)
-        page = rows[:limit]
-        next_cursor = encode_event_cursor(page[-1]["event_id"]) if len(rows) > limit else None
-        return EventList(events=[_event_view(row) for row in page], next_cursor=next_cursor)
+        return _page(rows, limit)
+
+    async def task_events(self, task_id: UUID, cursor: str | None, limit: int) -> EventList:
+        """The events a task emitted, newest first (404 for an unknown task)."""
+        params = {
+            "task_id": task_id,
+            "before_event_id": decode_event_cursor(cursor) if cursor else None,
+            "limit": limit + 1,
+        }
+        async with self._pool.connection() as conn:
+            if await task_repo.get_task(conn, task_id) is None:
+                raise NotFound(f"task {task_id} not found")
+            rows = await repo.task_events(conn, params)
+        return _page(rows, limit)
+
+
+def _page(rows: list[Row], limit: int) -> EventList:
+    page = rows[:limit]
+    next_cursor = encode_event_cursor(page[-1]["event_id"]) if len(rows) > limit else None
+    return EventList(events=[_event_view(row) for row in page], next_cursor=next_cursor)
 
 
 def _input_view(edge: Row) -> dict[str, Any]:

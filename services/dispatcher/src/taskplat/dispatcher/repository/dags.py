@@ -186,3 +186,7 @@ async def roll_over_version(
 
 async def list_events(conn: Conn, params: dict[str, Any]) -> list[Row]:
     return await _all(conn, "list_events", params)
+
+
+async def task_events(conn: Conn, params: dict[str, Any]) -> list[Row]:
+    return await _all(conn, "task_events", params)

@@ -190,3 +190,17 @@ WHERE e.dataset_uuid = %(dataset_uuid)s
   AND (%(before_event_id)s::bigint IS NULL OR e.event_id < %(before_event_id)s::bigint)
 ORDER BY e.event_id DESC
 LIMIT %(limit)s
+
+-- name: task_events
+-- The events a task emitted (every attempt), newest first, with what routing made of them.
+SELECT e.event_id, e.dataset_uuid, e.dataset_version, e."cursor", e.partition_key,
+       e.range_start, e.range_end, e.task_id, e.attempt, e.routed_at, e.route_reason,
+       e.created_at,
+       coalesce(ARRAY(SELECT r.task_id FROM event_routes AS r
+                      WHERE r.event_id = e.event_id ORDER BY r.dag_name, r.job_name),
+                '{}'::uuid[]) AS tasks
+FROM task_events AS e
+WHERE e.task_id = %(task_id)s
+  AND (%(before_event_id)s::bigint IS NULL OR e.event_id < %(before_event_id)s::bigint)
+ORDER BY e.event_id DESC
+LIMIT %(limit)s

@@ -233,7 +233,8 @@ async function replayAll() {
 }
 
 async function taskView(taskId) {
-  const t = await api("GET", `/tasks/${encodeURIComponent(taskId)}`);
+  const [t, emitted] = await Promise.all([api("GET", `/tasks/${encodeURIComponent(taskId)}`),
+    api("GET", `/tasks/${encodeURIComponent(taskId)}/events`)]);
   const fields = [["Status", status(t.status)], ["Attempt", `${t.attempt} (max_attempts ${t.max_attempts}, renewed by a replay)`],
     ["Queue", t.queue], ["Operator", t.operator],
     ["Job", t.job ? `${t.job.dag_name} / ${t.job.name}` : "—"], ["Worker", t.worker_id || "—"],
@@ -259,6 +260,14 @@ async function taskView(taskId) {
     h("h2", {}, "Config"), h("pre", {}, JSON.stringify(t.config, null, 2)),
     h("h2", {}, "Events that started it (inputs)"),
     h("pre", {}, t.inputs.length ? JSON.stringify(t.inputs, null, 2) : "—"),
+    h("h2", {}, "Events emitted"),
+    h("div", { id: "task-events" }, table(["Attempt", "Cursor / partition", "Dataset", "Version", "Routed", "Tasks started"],
+      emitted.events.map((e) => [e.producer ? e.producer.attempt : "",
+        e.cursor ?? e.partition_key ?? `${e.start}-${e.end}`,
+        h("a", { href: `#/dataset/${e.dataset_uuid}` }, e.dataset_uuid),
+        h("span", { class: "mono" }, e.dataset_version),
+        e.routed ? "yes" : `no${e.reason ? ` (${e.reason})` : ""}`,
+        h("span", {}, (e.tasks || []).map((id) => taskLink(id)))]), "No events.")),
     h("h2", {}, "Outputs"),
     table(["Index", "Dataset", "Version", "Location", "Cursor", "Rows"], t.outputs.map((o) => [
       o.output_index, o.dataset_uuid, o.dataset_version, o.location || "", o.cursor ?? "",
