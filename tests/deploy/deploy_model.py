@@ -115,8 +115,7 @@ SPECS: dict[str, ServiceSpec] = {
             "taskplat-dispatcher",
             "taskplat-dispatcher",
             ("taskplat.dispatcher.settings:DispatcherSettings",),
-            frozenset({"DATABASE_URL", "TASKPLAT_WORKER_TOKEN", "TASKPLAT_API_KEYS"})
-            | LIBPQ_CREDENTIALS,
+            SECRET_NAMES | LIBPQ_CREDENTIALS,
             devstack_module="taskplat.dispatcher",
             health_port_env="TASKPLAT_DISPATCHER_PORT",
         ),
@@ -322,7 +321,12 @@ class Container:
 
     @property
     def environment(self) -> dict[str, Any]:
-        return {item["Name"]: item["Value"] for item in self.definition.get("Environment", [])}
+        """Name -> Value of every variable, those an `Fn::If` may add included."""
+        return {
+            branch["Name"]: branch["Value"]
+            for item in self.definition.get("Environment", [])
+            for branch in _unconditional(item)
+        }
 
     @property
     def secrets(self) -> dict[str, Any]:
