@@ -34,6 +34,7 @@ import hashlib
 import http.client
 import json
 import random
+import sys
 import threading
 import uuid
 from collections import Counter
@@ -99,7 +100,7 @@ class SqsFaultInjector:
         self._counts: Counter[str] = Counter()
         self._local = threading.local()  # each client connection's upstream connection
         self._upstream_conns: set[http.client.HTTPConnection] = set()
-        self._server = ThreadingHTTPServer((host, port), _handler_class(self))
+        self._server = _Server((host, port), _handler_class(self))
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -353,6 +354,16 @@ def _error(kind: str) -> _Reply:
         ("Content-Length", str(len(body))),
     ]
     return _Reply(status, reason, headers, body)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away (a killed service) is normal here; anything else is printed."""
+        if isinstance(sys.exc_info()[1], OSError):
+            return
+        super().handle_error(request, client_address)
 
 
 def _handler_class(injector: SqsFaultInjector) -> type[BaseHTTPRequestHandler]:

@@ -313,12 +313,15 @@ class ChaosRun:
         )
         stack = Stack(self._stack_config(injector.url))
         stack.start()
+        conn_box: list[psycopg.Connection[dict[str, Any]]] = []
         try:
-            with psycopg.connect(
-                stack.info.database_url, autocommit=True, row_factory=dict_row
-            ) as conn:
-                return self._drive(stack, injector, conn)
+            conn_box.append(
+                psycopg.connect(stack.info.database_url, autocommit=True, row_factory=dict_row)
+            )
+            return self._drive(stack, injector, conn_box)
         finally:
+            for conn in conn_box:
+                conn.close()
             self.say("chaos: stopping the stack ...")
             stack.stop()
 
@@ -349,8 +352,10 @@ class ChaosRun:
         self,
         stack: Stack,
         injector: SqsFaultInjector,
-        conn: psycopg.Connection[dict[str, Any]],
+        conn_box: list[psycopg.Connection[dict[str, Any]]],
     ) -> ChaosResult:
+        """Faults, submission, drain, verdict; `conn_box[0]` is the database connection (replaced
+        after a Postgres restart)."""
         config = self.config
         run_key = uuid.uuid4().hex
         bodies = [
@@ -366,7 +371,6 @@ class ChaosRun:
         submitter = _Submitter(
             stack.info.dispatcher_url, stack.info.api_key, bodies, spread, run_key
         )
-        conn_box = [conn]
         started = time.monotonic()
         window_end = started + config.fault_seconds
         restarts = sorted(
