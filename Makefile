@@ -36,8 +36,8 @@ lock: $(UV) ## Re-resolve uv.lock after a dependency change
 	@$(UV) lock
 
 .PHONY: sqs-deps
-sqs-deps: venv ## Install the local SQS endpoint (LocalStack in its own Python 3.13 virtualenv)
-	@$(RUN) python -m taskplat.devstack install-localstack
+sqs-deps: venv ## Install the local SQS endpoint (LocalStack in a Python 3.13 virtualenv; else moto)
+	@$(RUN) python -m taskplat.devstack install-localstack --optional
 
 .PHONY: up
 up: venv sqs-deps ## Start the platform: Postgres, SQS, every service and TASKPLAT_WORKERS (2) workers
