@@ -133,4 +133,3 @@ def test_a_moto_fallback_is_named_in_the_run_summary(tmp_path: Path) -> None:
     summary = out[out.index("SQS: moto's server stood in for LocalStack") :]
     assert "LocalStack cannot start: simulated: no working python3.13 found" in summary
     assert "make sqs-deps" in summary
-
