@@ -97,16 +97,25 @@ dispatcher: venv ## Run the dispatcher against DATABASE_URL (see README for its 
 
 SERVICES := dispatcher outbox-relay scheduler reaper worker-wrapper credential-broker
 IMAGE_TAG ?= dev
+# Every Python service but the worker wrapper builds from one Dockerfile (services/<dir>/Dockerfile
+# is a symlink to it), named by these build arguments; the worker base image has its own.
+PYTHON_SERVICE_DOCKERFILE := deploy/docker/python-service.Dockerfile
+IMAGE_ARGS_dispatcher := SERVICE=dispatcher LISTEN_PREFIX=TASKPLAT_DISPATCHER PORT=8080
+IMAGE_ARGS_outbox-relay := SERVICE=outbox-relay LISTEN_PREFIX=TASKPLAT_RELAY_OPS PORT=9464
+IMAGE_ARGS_scheduler := SERVICE=scheduler LISTEN_PREFIX=TASKPLAT_SCHEDULER_OPS PORT=9464
+IMAGE_ARGS_reaper := SERVICE=reaper LISTEN_PREFIX=TASKPLAT_REAPER_OPS PORT=9464
+IMAGE_ARGS_credential-broker := SERVICE=credential-broker LISTEN_PREFIX=TASKPLAT_BROKER PORT=8090
 
 .PHONY: images
 images: ## Build every service image with Docker (needs a Docker engine; worker -> taskplat-worker-base)
 	@command -v docker >/dev/null || { echo "images: the docker client is not installed" >&2; exit 1; }
 	@docker info >/dev/null 2>&1 || { echo "images: no Docker engine answers; start one first" >&2; exit 1; }
-	@for svc in $(SERVICES); do \
-	  name=taskplat-$$svc; [ $$svc = worker-wrapper ] && name=taskplat-worker-base; \
-	  echo "building $$name:$(IMAGE_TAG)"; \
-	  docker build -f services/$$svc/Dockerfile -t $$name:$(IMAGE_TAG) . || exit 1; \
-	done
+	@echo "building taskplat-worker-base:$(IMAGE_TAG)"
+	@docker build -f services/worker-wrapper/Dockerfile -t taskplat-worker-base:$(IMAGE_TAG) .
+	@$(foreach svc,$(filter-out worker-wrapper,$(SERVICES)),\
+	  echo "building taskplat-$(svc):$(IMAGE_TAG)" && \
+	  docker build -f $(PYTHON_SERVICE_DOCKERFILE) $(addprefix --build-arg ,$(IMAGE_ARGS_$(svc))) \
+	    -t taskplat-$(svc):$(IMAGE_TAG) . &&) true
 
 .PHONY: clean
 clean: ## Remove the virtualenvs, caches and local stack state
