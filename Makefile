@@ -12,6 +12,7 @@ UV := $(TOOLS)/bin/uv
 VENV := .venv
 RUN := $(UV) run --frozen --no-sync
 PYTEST_ARGS ?=
+CHAOS_ARGS ?=
 
 export UV_PROJECT_ENVIRONMENT := $(abspath $(VENV))
 export UV_PYTHON := $(PYTHON)
@@ -50,6 +51,10 @@ demo: venv sqs-deps ## Private stack: 1,000 echo tasks and a three-job pipeline,
 .PHONY: bench
 bench: venv sqs-deps ## Benchmark on a private stack: prints the table, writes bench/results/latest.{json,md}
 	@$(RUN) python -m taskplat.devstack bench $(BENCH_ARGS)
+
+.PHONY: chaos
+chaos: venv sqs-deps ## Chaos run: 10,000 tasks under SQS faults, SIGKILLs, Postgres crashes; exits 1 on loss (CHAOS_ARGS)
+	@$(RUN) python -m taskplat.devstack chaos $(CHAOS_ARGS)
 
 .PHONY: browser-deps
 browser-deps: ## Install Debian's chromium and chromium-driver for the dashboard's browser tests (root)
