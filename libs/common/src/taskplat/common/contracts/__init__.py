@@ -9,6 +9,7 @@ from taskplat.common.contracts.base import Contract
 from taskplat.common.contracts.broker import CredentialsRequest, CredentialsResponse
 from taskplat.common.contracts.dags import (
     ColumnSpec,
+    ColumnView,
     DagDocument,
     DagList,
     DagSummary,
@@ -102,6 +103,7 @@ __all__ = [
     "ClaimTask",
     "ClaimedResponse",
     "ColumnSpec",
+    "ColumnView",
     "CompleteBatchRequest",
     "CompleteBatchResponse",
     "CompleteBatchResult",
