@@ -62,6 +62,8 @@ from taskplat.common.contracts.internal import (
     OutputTarget,
     RejectedResponse,
     RejectReason,
+    StepRequest,
+    StepResponse,
 )
 from taskplat.common.contracts.messages import DeadLetterRecord, WakeUpMessage
 from taskplat.common.contracts.operations import (
@@ -162,6 +164,8 @@ __all__ = [
     "ResolvedOutput",
     "StateCount",
     "Stats",
+    "StepRequest",
+    "StepResponse",
     "TaskList",
     "TaskStatus",
     "TaskView",

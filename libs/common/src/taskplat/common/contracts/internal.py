@@ -27,6 +27,7 @@ from taskplat.common.contracts.base import (
     Int64,
     JsonArray,
     JsonObject,
+    JsonValue,
     QueueName,
     WorkerId,
 )
@@ -172,6 +173,35 @@ class EventsRequest(Contract):
 class EventsAcceptedResponse(Contract):
     status: Literal["Accepted"] = "Accepted"
     accepted: int = Field(description="Events newly stored (repeats are acknowledged, not stored).")
+
+
+StepName = Annotated[str, Field(min_length=1, max_length=200, pattern=NO_NUL)]
+
+
+class StepRequest(Contract):
+    """`POST /internal/steps`: look up (no `result`) or record (`result` given, any JSON value) the
+    result of a named step of the current attempt's task. The first recorded result wins."""
+
+    task_id: UUID
+    attempt: Attempt
+    lease_token: UUID | None = None
+    step: StepName
+    result: JsonValue = Field(
+        None, description="The step's result to record; omit the field to only look it up."
+    )
+
+    @property
+    def records(self) -> bool:
+        return "result" in self.model_fields_set
+
+
+class StepResponse(Contract):
+    status: Literal["Recorded", "Existing", "NotFound"] = Field(
+        description="Recorded: this call stored the result; Existing: a result was stored before "
+        "(by this or an earlier attempt) and is returned; NotFound: a lookup found none."
+    )
+    result: JsonValue = Field(None, description="The step's stored result (null when NotFound).")
+    attempt: int | None = Field(None, description="The attempt that recorded the result.")
 
 
 class Output(Contract):
