@@ -59,6 +59,16 @@ class OutputTarget(Contract):
     dataset_uuid: UUID
     dataset_version: UUID
     location: str
+    dataset: str | None = Field(None, description="The dataset's name.")
+    kind: str | None = Field(None, description="The dataset's kind.")
+    schema_hash: str | None = Field(
+        None, description="buffered_postgres: the schema hash the records must be published with."
+    )
+    buffer_queue_url: str | None = Field(
+        None,
+        description="buffered_postgres: the SQS buffer records are published to (null until the "
+        "sink has created it).",
+    )
 
 
 class ClaimTask(Contract):
@@ -84,6 +94,10 @@ class ClaimTask(Contract):
         "trusted",
         description="`untrusted`: the operator runs as a separate unprivileged user and gets the "
         "claim's capability token (its job's `trust`).",
+    )
+    steps: JsonObject = Field(
+        default_factory=dict,
+        description="The step results earlier attempts of the task recorded ({step: result}).",
     )
 
 

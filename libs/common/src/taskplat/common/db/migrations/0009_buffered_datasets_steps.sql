@@ -49,3 +49,40 @@ CREATE TABLE task_steps (
     created_at        timestamptz NOT NULL,
     PRIMARY KEY (task_id, step)
 );
+
+-- The step results a task's earlier attempts recorded, {step: result}, as a claim hands them to
+-- the worker (empty for a first attempt: nothing to look up).
+CREATE FUNCTION taskplat_task_steps(p_task_id uuid, p_attempt integer) RETURNS jsonb
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN p_attempt <= 1 THEN '{}'::jsonb ELSE coalesce((
+        SELECT jsonb_object_agg(s.step, s.result) FROM task_steps AS s
+        WHERE s.task_id = p_task_id), '{}'::jsonb) END
+$$;
+
+-- The outputs of a job as a claim hands them to the worker (0005), plus each output's dataset
+-- name and kind, and for a buffered_postgres output its schema hash and buffer queue URL (null
+-- until the sink created the queue).
+CREATE OR REPLACE FUNCTION taskplat_job_outputs(job jsonb) RETURNS jsonb
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN job IS NULL THEN '[]'::jsonb ELSE coalesce((
+        SELECT jsonb_agg(jsonb_strip_nulls(jsonb_build_object(
+                   'output_index', o.output_index,
+                   'dataset_uuid', d.dataset_uuid,
+                   'dataset_version', d.current_version,
+                   'dataset', d.name,
+                   'kind', d.kind,
+                   'location', replace(replace(d.location,
+                       '{dataset_uuid}', d.dataset_uuid::text),
+                       '{dataset_version}', d.current_version::text),
+                   'schema_hash', t.schema_hash,
+                   'buffer_queue_url', b.queue_url))
+               ORDER BY o.output_index)
+        FROM job_outputs AS o
+        JOIN datasets AS d ON d.dataset_uuid = o.dataset_uuid
+        LEFT JOIN dataset_tables AS t
+               ON t.dataset_uuid = d.dataset_uuid AND t.dataset_version = d.current_version
+        LEFT JOIN dataset_buffers AS b ON b.dataset_uuid = d.dataset_uuid
+        WHERE o.dag_name = job ->> 'dag_name' AND o.job_name = job ->> 'name'), '[]'::jsonb) END
+$$;
