@@ -90,7 +90,7 @@ def test_published_records_reach_the_buffer_before_completion(
                 assert done["result"] == {"published": 600}
         depth = (
             sink.discover()
-            and sink._sqs.get_queue_attributes(  # noqa: SLF001
+            and sink._sqs.get_queue_attributes(
                 QueueUrl=buffer.queue_url, AttributeNames=["ApproximateNumberOfMessages"]
             )["Attributes"]["ApproximateNumberOfMessages"]
         )
