@@ -95,7 +95,7 @@ migrate: venv ## Apply migrations to DATABASE_URL
 dispatcher: venv ## Run the dispatcher against DATABASE_URL (see README for its settings)
 	@$(RUN) python -m taskplat.dispatcher
 
-SERVICES := dispatcher outbox-relay scheduler reaper worker-wrapper credential-broker
+SERVICES := dispatcher outbox-relay scheduler reaper sink worker-wrapper credential-broker
 IMAGE_TAG ?= dev
 
 .PHONY: images

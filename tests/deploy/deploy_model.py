@@ -154,6 +154,18 @@ SPECS: dict[str, ServiceSpec] = {
             health_port_env="TASKPLAT_REAPER_OPS_PORT",
         ),
         ServiceSpec(
+            "sink",
+            "sink",
+            "taskplat-sink",
+            "taskplat-sink",
+            "taskplat-sink",
+            ("taskplat.sink.settings:SinkSettings",),
+            frozenset({"DATABASE_URL"}) | LIBPQ_CREDENTIALS,
+            uses_sqs=True,
+            devstack_module="taskplat.sink",
+            health_port_env="TASKPLAT_SINK_OPS_PORT",
+        ),
+        ServiceSpec(
             "credential-broker",
             "credential-broker",
             "taskplat-credential-broker",

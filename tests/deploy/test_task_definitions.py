@@ -210,6 +210,18 @@ EXPECTED_TASK_ACTIONS = {
     "scheduler": TELEMETRY_ACTIONS,
     "reaper": TELEMETRY_ACTIONS,
     "outbox-relay": TELEMETRY_ACTIONS | {"sqs:SendMessage", "sqs:GetQueueUrl"},
+    # Creates each buffered dataset's buffer and DLQ, drains them, dead-letters itself.
+    "sink": TELEMETRY_ACTIONS
+    | {
+        "sqs:CreateQueue",
+        "sqs:GetQueueUrl",
+        "sqs:GetQueueAttributes",
+        "sqs:SetQueueAttributes",
+        "sqs:ReceiveMessage",
+        "sqs:DeleteMessage",
+        "sqs:ChangeMessageVisibility",
+        "sqs:SendMessage",
+    },
     # Its sts:AssumeRole is a policy of its own (CredentialBrokerAssumePolicy).
     "credential-broker": TELEMETRY_ACTIONS,
     "worker": TELEMETRY_ACTIONS
