@@ -100,7 +100,7 @@ migrate: venv ## Apply migrations to DATABASE_URL
 dispatcher: venv ## Run the dispatcher against DATABASE_URL (see README for its settings)
 	@$(RUN) python -m taskplat.dispatcher
 
-SERVICES := dispatcher outbox-relay scheduler reaper worker-wrapper credential-broker
+SERVICES := dispatcher outbox-relay scheduler reaper sink worker-wrapper credential-broker
 IMAGE_TAG ?= dev
 # Every Python service but the worker wrapper builds from one Dockerfile (services/<dir>/Dockerfile
 # is a symlink to it), named by these build arguments; the worker base image has its own.

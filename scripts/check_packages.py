@@ -26,6 +26,7 @@ PACKAGES = {
     "taskplat-outbox-relay": ("services/outbox-relay/src", "taskplat.outbox_relay", ()),
     "taskplat-scheduler": ("services/scheduler/src", "taskplat.scheduler", ()),
     "taskplat-reaper": ("services/reaper/src", "taskplat.reaper", ()),
+    "taskplat-sink": ("services/sink/src", "taskplat.sink", ()),
     "taskplat-worker-wrapper": ("services/worker-wrapper/src", "taskplat.worker_wrapper", ()),
     "taskplat-client": ("libs/client/src", "taskplat.client", ()),
 }
