@@ -80,7 +80,7 @@ test-e2e: venv sqs-deps ## Run the end-to-end suite only (every service as a rea
 lint: venv ## ruff and mypy --strict
 	@$(RUN) ruff check .
 	@$(RUN) ruff format --check .
-	@$(RUN) mypy libs/common/src libs/client/src tools/devstack/src $(wildcard services/*/src)
+	@$(RUN) mypy libs/common/src libs/client/src libs/lambda-runtime/src tools/devstack/src $(wildcard services/*/src)
 
 .PHONY: deploy-check
 deploy-check: venv ## cfn-lint and the policy check on every CloudFormation template (also in `make test`)
