@@ -4,7 +4,12 @@ Invariants:
   * boto3 is blocking: every call runs on this intake's own thread pool, never on the event loop,
     and never competes with other work for the default executor.
   * A receive asks for at most 10 messages (the SQS maximum) and sets the visibility timeout
-    explicitly, so the wrapper's extension schedule does not depend on the queue's default.
+    explicitly, so the wrapper's extension schedule does not depend on the queue's default. It
+    sets the short `receive_visibility_seconds`: a long poll left open by a wrapper that died
+    (SQS still answers it, to nobody) hides the wake-up it takes for that long only, not for the
+    full visibility timeout. `extend` renews a message to the full `visibility_timeout_seconds`;
+    each delivery records when it was received (`received_at`, monotonic clock) so its first
+    renewal can come before the short timeout lapses.
   * `delete`, `extend` and `release` never raise: a failure is logged and reported as False; an
     undeleted message only comes back later, and a claim then answers NotClaimed.
   * With batching on, deletions are batched by turn (`turn_batching`): those asked for in one
@@ -23,6 +28,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -53,6 +59,7 @@ class Delivery:
     body: str
     receive_count: int
     trace_context: Mapping[str, str] = field(default_factory=dict)
+    received_at: float = 0.0  # time.monotonic() when the receive returned
 
 
 class SqsIntake:
@@ -67,12 +74,16 @@ class SqsIntake:
         telemetry: WrapperTelemetry | None = None,
         batch_deletes: bool = False,
         parallel_deletes: int = 4,
+        receive_visibility_seconds: int | None = None,
     ) -> None:
         self._client = client
         self.queue_name = queue_name
         self._urls = QueueUrls(client)
         self._wait = wait_time_seconds
-        self._visibility = visibility_timeout_seconds
+        self.visibility_timeout = visibility_timeout_seconds
+        self.receive_visibility = min(
+            receive_visibility_seconds or visibility_timeout_seconds, visibility_timeout_seconds
+        )
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sqs")
         self._telemetry = telemetry or WrapperTelemetry()
         self._deletes: TurnBatcher[Delivery, bool] | None = (
@@ -98,14 +109,15 @@ class SqsIntake:
                     QueueUrl=self._url(),
                     MaxNumberOfMessages=count,
                     WaitTimeSeconds=self._wait,
-                    VisibilityTimeout=self._visibility,
+                    VisibilityTimeout=self.receive_visibility,
                     MessageSystemAttributeNames=["ApproximateReceiveCount"],
                     MessageAttributeNames=["All"],
                 )
             except (BotoCoreError, ClientError):
                 self._urls.forget(self.queue_name)
                 raise
-            return [_delivery(message) for message in answer.get("Messages", [])]
+            now = time.monotonic()
+            return [_delivery(message, now) for message in answer.get("Messages", [])]
 
         try:
             deliveries = await self._call(call)
@@ -181,7 +193,7 @@ class SqsIntake:
 
     async def extend(self, delivery: Delivery) -> bool:
         """Renew the message's visibility timeout (it stays hidden while the task runs)."""
-        return await self._set_visibility(delivery, self._visibility)
+        return await self._set_visibility(delivery, self.visibility_timeout)
 
     async def release(self, delivery: Delivery) -> bool:
         """Make the message visible again at once (a wrapper that stops hands it back)."""
@@ -216,9 +228,10 @@ class SqsIntake:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _delivery(message: Any) -> Delivery:
+def _delivery(message: Any, received_at: float) -> Delivery:
     attributes = message.get("Attributes") or {}
     return Delivery(
+        received_at=received_at,
         message_id=str(message.get("MessageId", "")),
         receipt_handle=str(message["ReceiptHandle"]),
         body=str(message.get("Body", "")),

@@ -314,6 +314,7 @@ def build_wrapper(
         sqs_queue_name(settings, settings.queue),
         wait_time_seconds=settings.wait_time_seconds,
         visibility_timeout_seconds=settings.visibility_timeout_seconds,
+        receive_visibility_seconds=settings.receive_visibility_timeout_seconds,
         threads=settings.concurrency + 2,
         telemetry=instruments,
         batch_deletes=settings.batch_calls,
