@@ -2,9 +2,8 @@
 
 Invariants:
   * While the task runs, heartbeats renew the lease (a fraction of the time it has left, with a
-    floor) and the message's visibility is renewed (first to the full timeout once half of the
-    receive's short one has passed since the receive, then every extension interval); both run
-    until the completion was answered.
+    floor) and the message's visibility is renewed (the intake renewed it to the full timeout
+    early, see `intake`); both run until the completion was answered.
     A task claimed ahead has no message: nothing to renew, nothing to delete.
   * A rejected heartbeat or event call stops the operator: `Canceled` is reported as a Canceled
     completion; any other rejection (the attempt or lease is no longer current) reports nothing.
@@ -23,7 +22,6 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
@@ -254,13 +252,6 @@ class RunningTask:
     async def _visibility_loop(self, delivery: Delivery | None) -> None:
         if delivery is None:  # claimed ahead: no message to keep hidden
             return
-        intake = self.x.intake
-        if intake.receive_visibility < intake.visibility_timeout:
-            # Received with the short timeout: renew it to the full one once the task has
-            # lasted half of it (a short task is deleted before: no request for it).
-            first = delivery.received_at + intake.receive_visibility / 2 - time.monotonic()
-            await asyncio.sleep(max(0.0, first))
-            await intake.extend(delivery)
         while True:
             await asyncio.sleep(self.x.settings.visibility_extension_seconds)
             await self.x.intake.extend(delivery)
@@ -337,7 +328,8 @@ class RunningTask:
             fields["error"] = request.error_message[:500] if request.error_message else None
             fields["retry_after_seconds"] = request.retry_after_seconds
         self.log.info(f"task_{request.status.lower()}", **fields)
-        await self._delete("completed")
+        if self.delivery is not None:  # in the background: the slot is free at once
+            self.x.intake.delete_soon(self.delivery, "completed")
         return request.status
 
 

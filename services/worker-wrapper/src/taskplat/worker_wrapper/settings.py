@@ -174,6 +174,13 @@ class WrapperSettings(
         "(`task-claim-batch`), completions (`task-complete-batch`) and message deletions "
         "(DeleteMessageBatch), up to 10 per call.",
     )
+    delete_linger_seconds: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="With `batch_calls`: how long a message deletion waits for others to fill a "
+        "DeleteMessageBatch (10 go at once). Deletions run after the task's slot is free.",
+    )
     parallel_calls: int = Field(
         4,
         ge=1,
