@@ -87,7 +87,21 @@ def _serve(server: _Server, variable: str) -> int:
 
 
 def _cmd_install_localstack(args: argparse.Namespace) -> int:
-    print(ensure_localstack_venv(args.venv, uv=args.uv), flush=True)
+    try:
+        python = ensure_localstack_venv(args.venv, uv=args.uv)
+    except DevstackError as exc:
+        if not args.optional:
+            raise
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(
+            f"devstack: warning: LocalStack cannot be installed ({first}); the tests and the "
+            "stack will use moto's server instead (installed on first use), and the test run's "
+            "summary will say so",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 0
+    print(python, flush=True)
     return 0
 
 
@@ -295,6 +309,12 @@ def _parser() -> argparse.ArgumentParser:
         help="venv dir (default $TASKPLAT_LOCALSTACK_VENV or <repo>/.cache/localstack-venv)",
     )
     install.add_argument("--uv", help="uv executable (default $UV, uv on PATH, .tools/bin/uv)")
+    install.add_argument(
+        "--optional",
+        action="store_true",
+        help="when LocalStack cannot be installed (e.g. no python3.13), warn and exit 0: "
+        "moto's server stands in",
+    )
     install.set_defaults(func=_cmd_install_localstack)
 
     pg = sub.add_parser("postgres", help="run a private Postgres in the foreground")
