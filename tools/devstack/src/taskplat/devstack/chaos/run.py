@@ -58,7 +58,7 @@ from taskplat.devstack.waiting import wait_for
 
 QUERIES = load_queries("taskplat.devstack.chaos", "chaos.sql")
 OPERATOR_SCRIPT = str(Path(__file__).with_name("recording_operator.py").absolute())
-LOOPS = ("dispatcher", "relay", "scheduler", "reaper")
+LOOPS = ("dispatcher", "relay", "scheduler", "reaper")  # with the worker wrappers: the victims
 BATCH = 100
 Say = Callable[[str], None]
 
@@ -457,7 +457,11 @@ class ChaosRun:
 
     def _kill_one(self, stack: Stack) -> None:
         running = stack.pids()
-        candidates = [name for name in stack.services() if name in running]
+        candidates = [
+            name
+            for name in stack.services()
+            if name in running and (name in LOOPS or name.startswith("worker"))
+        ]
         if not candidates:
             return
         victim = self.rng.choice(sorted(candidates))
