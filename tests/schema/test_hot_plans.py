@@ -133,6 +133,8 @@ VALUES: dict[str, Value] = {
     "delays": _const([1.0]),
     "grace_seconds": _const(30.0),
     "requeue_after_seconds": _const(60.0),
+    "busy_limit": _const(1),  # the scheduler's republish budget of a busy queue
+    "closed": _const(["default"]),  # busy queues whose budget is spent
     "retention_seconds": _const(7 * 86400.0),
     "events": lambda s: Jsonb([]),  # JSON arrays of a bundled completion
     "outputs": lambda s: Jsonb([]),

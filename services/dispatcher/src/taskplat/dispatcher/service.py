@@ -20,6 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any
 from uuid import UUID
@@ -51,10 +52,12 @@ from taskplat.common.contracts import (
     HeartbeatResponse,
     NotClaimedItem,
     NotClaimedResponse,
+    StepRequest,
+    StepResponse,
     TaskList,
     TaskView,
 )
-from taskplat.common.errors import Conflict, NotFound
+from taskplat.common.errors import Conflict, NotFound, ValidationFailed
 from taskplat.common.telemetry import inject
 from taskplat.dispatcher.claims import Claims
 from taskplat.dispatcher.completions import Completions
@@ -263,6 +266,40 @@ class TaskService:
             if guarded:
                 self._recorder.events_received(stored)
                 return EventsAcceptedResponse(accepted=stored)
+            fence = await repo.read_fence(conn, request.task_id)
+        raise classify_rejection(fence, request.attempt, request.lease_token)
+
+    async def step(self, request: StepRequest) -> StepResponse:
+        """Look up or record a step's result of the current attempt's task; the first recorded
+        result wins and is what every later call (of any attempt) gets back."""
+        if request.records:
+            size = len(json.dumps(request.result, separators=(",", ":")))
+            if size > self._settings.result_max_bytes:
+                raise ValidationFailed(
+                    f"result is {size} bytes; the cap is {self._settings.result_max_bytes}",
+                    detail=[{"loc": ["body", "result"], "msg": "result too large"}],
+                )
+        params = {
+            "task_id": request.task_id,
+            "attempt": request.attempt,
+            "lease_token": request.lease_token,
+            "step": request.step,
+            "result": request.result,
+            "record": request.records,
+            "now": self._clock.sql_now(),
+        }
+        async with self._pool.connection() as conn:
+            row = await repo.record_step(conn, params)
+            if row["guarded"] and row["recorded_attempt"] is None and request.records:
+                # A concurrent call of the same attempt stored it after this statement began.
+                row = await repo.record_step(conn, {**params, "record": False})
+            if row["guarded"]:
+                if row["recorded_attempt"] is None:
+                    return StepResponse(status="NotFound")
+                status = "Recorded" if row["inserted"] else "Existing"
+                return StepResponse(
+                    status=status, result=row["result"], attempt=row["recorded_attempt"]
+                )
             fence = await repo.read_fence(conn, request.task_id)
         raise classify_rejection(fence, request.attempt, request.lease_token)
 

@@ -50,6 +50,13 @@ class RelaySettings(
         le=3600,
         description="Longest wait between batches when no NOTIFY arrives (the fallback poll).",
     )
+    loops: int = Field(
+        2,
+        ge=1,
+        le=16,
+        description="Relay loops in this process, each its own batch transaction (SKIP LOCKED "
+        "keeps them apart, as replicas): a new row need not wait for the batch in flight.",
+    )
     send_concurrency: int = Field(
         4, ge=1, le=32, description="SendMessageBatch calls of one batch run in parallel."
     )

@@ -377,6 +377,12 @@ class Stack:
             return None
         return self._sqs.kind, self._sqs.log_path
 
+    def restart_postgres(self) -> None:
+        """Crash the private Postgres (immediate mode) and start it again on the same port."""
+        if self._postgres is None:
+            raise DevstackError("this stack runs no Postgres of its own")
+        self._postgres.restart_immediate()
+
     def services(self) -> list[str]:
         return self._require_supervisor().names()
 
