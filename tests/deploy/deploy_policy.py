@@ -127,9 +127,9 @@ def roles_trust_only_their_tasks(name: str, template: Template) -> Iterator[Find
                     yield Finding(name, logical_id, "trust", f"trusts {principal}")
                 continue
             account = {"StringEquals": {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}}
-            service = (
-                "lambda.amazonaws.com" if logical_id in function_roles else "ecs-tasks.amazonaws.com"
-            )
+            service = "ecs-tasks.amazonaws.com"
+            if logical_id in function_roles:
+                service = "lambda.amazonaws.com"
             if principal != {"Service": service} or statement.get("Condition") != account:
                 yield Finding(
                     name, logical_id, "trust", f"must trust {service} of this account only"
