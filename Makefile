@@ -12,6 +12,7 @@ UV := $(TOOLS)/bin/uv
 VENV := .venv
 RUN := $(UV) run --frozen --no-sync
 PYTEST_ARGS ?=
+CHAOS_ARGS ?=
 
 export UV_PROJECT_ENVIRONMENT := $(abspath $(VENV))
 export UV_PYTHON := $(PYTHON)
@@ -51,6 +52,10 @@ demo: venv sqs-deps ## Private stack: 1,000 echo tasks and a three-job pipeline,
 bench: venv sqs-deps ## Benchmark on a private stack: prints the table, writes bench/results/latest.{json,md}
 	@$(RUN) python -m taskplat.devstack bench $(BENCH_ARGS)
 
+.PHONY: chaos
+chaos: venv sqs-deps ## Chaos run: 10,000 tasks under SQS faults, SIGKILLs, Postgres crashes; exits 1 on loss (CHAOS_ARGS)
+	@$(RUN) python -m taskplat.devstack chaos $(CHAOS_ARGS)
+
 .PHONY: browser-deps
 browser-deps: ## Install Debian's chromium and chromium-driver for the dashboard's browser tests (root)
 	@scripts/install_browser.sh || [ "$$CI" != "true" ]
@@ -75,7 +80,7 @@ test-e2e: venv sqs-deps ## Run the end-to-end suite only (every service as a rea
 lint: venv ## ruff and mypy --strict
 	@$(RUN) ruff check .
 	@$(RUN) ruff format --check .
-	@$(RUN) mypy libs/common/src libs/client/src tools/devstack/src $(wildcard services/*/src)
+	@$(RUN) mypy libs/common/src libs/client/src libs/lambda-runtime/src tools/devstack/src $(wildcard services/*/src)
 
 .PHONY: deploy-check
 deploy-check: venv ## cfn-lint and the policy check on every CloudFormation template (also in `make test`)
@@ -95,7 +100,7 @@ migrate: venv ## Apply migrations to DATABASE_URL
 dispatcher: venv ## Run the dispatcher against DATABASE_URL (see README for its settings)
 	@$(RUN) python -m taskplat.dispatcher
 
-SERVICES := dispatcher outbox-relay scheduler reaper worker-wrapper credential-broker
+SERVICES := dispatcher outbox-relay scheduler reaper sink worker-wrapper credential-broker
 IMAGE_TAG ?= dev
 # Every Python service but the worker wrapper builds from one Dockerfile (services/<dir>/Dockerfile
 # is a symlink to it), named by these build arguments; the worker base image has its own.

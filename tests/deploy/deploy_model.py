@@ -188,6 +188,18 @@ SPECS: dict[str, ServiceSpec] = {
             build_args=python_service_args("reaper", "TASKPLAT_REAPER_OPS", 9464),
         ),
         ServiceSpec(
+            "sink",
+            "sink",
+            "taskplat-sink",
+            "taskplat-sink",
+            "taskplat-sink",
+            ("taskplat.sink.settings:SinkSettings",),
+            frozenset({"DATABASE_URL"}) | LIBPQ_CREDENTIALS,
+            uses_sqs=True,
+            devstack_module="taskplat.sink",
+            health_port_env="TASKPLAT_SINK_OPS_PORT",
+        ),
+        ServiceSpec(
             "credential-broker",
             "credential-broker",
             "taskplat-credential-broker",
