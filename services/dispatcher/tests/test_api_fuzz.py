@@ -175,6 +175,29 @@ def test_the_openapi_document_is_valid(api_schema: schemathesis.BaseSchema) -> N
     api_schema.validate()
 
 
+def _mappings_with_key_patterns(schema: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(schema, dict):
+        if "patternProperties" in schema:
+            yield schema
+        for value in schema.values():
+            yield from _mappings_with_key_patterns(value)
+    elif isinstance(schema, list):
+        for item in schema:
+            yield from _mappings_with_key_patterns(item)
+
+
+def test_mapping_keys_are_documented_as_validated(seeded: Seeded) -> None:
+    """A DAG's job names (found by the fuzzer): keys outside the pattern are refused, as the
+    document says (not only "keys matching the pattern are jobs")."""
+    document = seeded.dispatcher.anonymous.get("/openapi.json").json()
+    mappings = list(_mappings_with_key_patterns(document))
+    assert mappings, "the DAG document's jobs are a mapping with a key pattern"
+    for mapping in mappings:
+        (pattern,) = mapping["patternProperties"]
+        assert mapping["additionalProperties"] is False, mapping
+        assert mapping["propertyNames"]["pattern"] == pattern, mapping
+
+
 # Operations where a request valid against the document may still be refused (a 422 naming the
 # rule), because JSON Schema cannot state the rule: schemathesis's `positive_data_acceptance`
 # check (every schema-valid request accepted) is not run on them. Every other check is.
@@ -188,7 +211,7 @@ NOT_EXPRESSIBLE = {
     "POST /internal/events": _EVENT_POSITION,
     "POST /internal/task-complete": _EVENT_POSITION,
     "POST /internal/task-complete-batch": _EVENT_POSITION,
-    "PUT /dags/{dag_name}": "a DAG's rules: no cycle, known jobs and output indexes",
+    "PUT /dags/{dag_name}": "a DAG's rules: no cycle, known jobs and output indexes, cron syntax",
 }
 
 # One test per operation of the document the dispatcher serves (built by the same generator).
