@@ -271,6 +271,27 @@ class SqsIntake:
             return False
         return True
 
+    async def send_bodies(self, queue_url: str, bodies: list[str]) -> list[tuple[str, str]]:
+        """One SendMessageBatch of `bodies` to `queue_url` (a dataset's buffer); the bodies SQS
+        did not accept, each with why (all of them when the call failed)."""
+
+        def call() -> list[tuple[str, str]]:
+            self._telemetry.sqs_request("send_batch")
+            answer = self._client.send_message_batch(
+                QueueUrl=queue_url,
+                Entries=[{"Id": str(i), "MessageBody": body} for i, body in enumerate(bodies)],
+            )
+            return [
+                (bodies[int(item["Id"])], str(item.get("Message") or item.get("Code")))
+                for item in answer.get("Failed", [])
+            ]
+
+        try:
+            return await self._call(call)
+        except (BotoCoreError, ClientError) as exc:
+            self._telemetry.sqs_error("send_batch")
+            return [(body, str(exc)) for body in bodies]
+
     def close(self) -> None:
         """Stop the thread pool (a receive in flight finishes its long poll in the background)."""
         for pending in self._early.values():

@@ -9,6 +9,7 @@ from taskplat.common.contracts.base import Contract
 from taskplat.common.contracts.broker import CredentialsRequest, CredentialsResponse
 from taskplat.common.contracts.dags import (
     ColumnSpec,
+    ColumnView,
     DagDocument,
     DagList,
     DagSummary,
@@ -61,6 +62,8 @@ from taskplat.common.contracts.internal import (
     OutputTarget,
     RejectedResponse,
     RejectReason,
+    StepRequest,
+    StepResponse,
 )
 from taskplat.common.contracts.messages import DeadLetterRecord, WakeUpMessage
 from taskplat.common.contracts.operations import (
@@ -102,6 +105,7 @@ __all__ = [
     "ClaimTask",
     "ClaimedResponse",
     "ColumnSpec",
+    "ColumnView",
     "CompleteBatchRequest",
     "CompleteBatchResponse",
     "CompleteBatchResult",
@@ -160,6 +164,8 @@ __all__ = [
     "ResolvedOutput",
     "StateCount",
     "Stats",
+    "StepRequest",
+    "StepResponse",
     "TaskList",
     "TaskStatus",
     "TaskView",
