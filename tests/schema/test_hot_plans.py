@@ -135,6 +135,7 @@ VALUES: dict[str, Value] = {
     "requeue_after_seconds": _const(60.0),
     "busy_limit": _const(1),  # the scheduler's republish budget of a busy queue
     "closed": _const(["default"]),  # busy queues whose budget is spent
+    "busy": _const(["default"]),  # queues seen with a Running task within the period
     "retention_seconds": _const(7 * 86400.0),
     "events": lambda s: Jsonb([]),  # JSON arrays of a bundled completion
     "outputs": lambda s: Jsonb([]),

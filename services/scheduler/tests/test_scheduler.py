@@ -255,11 +255,14 @@ def test_a_busy_queue_gets_its_budget_of_republishes_per_period_and_all_once_idl
     assert len(rows.outbox(backlog[1])) == 1, "the next oldest, not the same task again"
     assert len(rows.outbox(backlog[0])) == 1
 
-    # Its workers stop running its tasks: every stale task left is re-announced at once.
+    # Its workers stop running its tasks: a period after it was last seen busy, every stale
+    # task left is re-announced.
     rows.finish_running_task(running, clock.now())
-    # The 18 never re-announced, and the first one again (its wake-up is a period old).
-    assert scheduler.run_once().republished == 18 + 1
-    assert [len(rows.outbox(task_id)) for task_id in backlog] == [2] + [1] * 19
+    assert scheduler.run_once().republished == 0, "seen busy within the period"
+    clock.advance(60)
+    # The 18 never re-announced, the first two again (a period old), and the idle queue's 3.
+    assert scheduler.run_once().republished == 18 + 2 + 3
+    assert [len(rows.outbox(task_id)) for task_id in backlog] == [2, 2] + [1] * 18
     assert rows.outbox(running) == []
 
 

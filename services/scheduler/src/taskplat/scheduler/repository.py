@@ -46,10 +46,12 @@ def republish_unclaimed(
     requeue_after_seconds: float,
     busy_limit: int | None = None,
     closed: Iterable[str] = (),
+    busy: Iterable[str] = (),
 ) -> list[Row]:
     """A fresh wake-up for Queued tasks unclaimed for `requeue_after_seconds`: every such task of
     an idle queue, at most `busy_limit` (None: `limit`) of a queue with a Running task, none of
-    a busy queue named in `closed`. Each row also says whether its queue was busy (`busy`)."""
+    a busy queue named in `closed`. A queue is busy when it has a Running task or is named in
+    `busy`. Each row also says whether its queue was busy (`busy`)."""
     return _rows(
         conn,
         "republish_unclaimed",
@@ -59,8 +61,14 @@ def republish_unclaimed(
             "requeue_after_seconds": requeue_after_seconds,
             "busy_limit": limit if busy_limit is None else busy_limit,
             "closed": sorted(set(closed)),
+            "busy": sorted(set(busy)),
         },
     )
+
+
+def busy_queues(conn: Conn) -> list[str]:
+    """Queues with a Running task now."""
+    return [row["queue"] for row in _rows(conn, "busy_queues", {})]
 
 
 def notify_outbox(conn: Conn, queues: Iterable[str]) -> None:

@@ -10,12 +10,13 @@ Invariants:
   * A retry increments `attempt` on the same row; it never creates a task.
   * Re-publishing sets `last_wakeup_at` to now and leaves `queued_at` alone: `queued_at` keeps
     meaning "when the task became Queued", so schedule lag counts from then.
-  * Re-publishing is limited where it is mostly waste: a queue with a Running task (its workers
-    are taking its wake-ups; under a backlog its stale tasks are still waiting their turn in SQS)
-    gets at most `republish_busy_limit` re-publications per requeue period from this replica, its
-    oldest stale tasks first; an idle queue gets all its stale tasks re-announced each period.
-    No lost wake-up starves: its task is re-announced once its turn in the busy budget comes
-    (oldest first) or at the latest once its queue has no Running task.
+  * Re-publishing is limited where it is mostly waste: a busy queue (one this replica saw with a
+    Running task within the last requeue period: its workers are taking its wake-ups, and under
+    a backlog its stale tasks are still waiting their turn in SQS) gets at most
+    `republish_busy_limit` re-publications per requeue period from this replica, its oldest
+    stale tasks first; an idle queue gets all its stale tasks re-announced each period. No lost
+    wake-up starves: its task is re-announced once its turn in the busy budget comes (oldest
+    first) or at the latest one period after its queue last had a Running task.
   * Time comes from the injected clock (`clock.sql_now()`; None lets the database decide).
   * Each moved task is logged and counted once, after its step committed (`metrics`); with a
     `Telemetry` the loop also records its batch durations, sizes and errors (`run_loop`).
@@ -78,6 +79,8 @@ class Scheduler:
         self._metrics = SchedulerMetrics(telemetry)
         # Busy queues -> when this replica last re-announced one of their tasks (their budget).
         self._busy_republished: dict[str, datetime] = {}
+        # Queues -> when this replica last saw one of their tasks Running (busy for a period).
+        self._seen_busy: dict[str, datetime] = {}
 
     def _step(self, event: str, step: Step) -> int:
         now = self._clock.sql_now()
@@ -101,6 +104,11 @@ class Scheduler:
         moved: list[repo.Row] = []
 
         def step(conn: repo.Conn, now: datetime | None) -> list[repo.Row]:
+            for queue in repo.busy_queues(conn):
+                self._seen_busy[queue] = at
+            for queue, seen in list(self._seen_busy.items()):
+                if (at - seen).total_seconds() >= s.requeue_after_seconds:
+                    del self._seen_busy[queue]
             moved[:] = repo.republish_unclaimed(
                 conn,
                 now=now,
@@ -108,6 +116,7 @@ class Scheduler:
                 requeue_after_seconds=s.requeue_after_seconds,
                 busy_limit=s.republish_busy_limit,
                 closed=closed,
+                busy=self._seen_busy,
             )
             return moved
 

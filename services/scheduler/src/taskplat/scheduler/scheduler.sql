@@ -96,10 +96,14 @@ SELECT task_id, attempt, queue, operator FROM moved
 -- tasks) per statement, and none while it is in %(closed)s (the caller's list of busy queues whose
 -- budget for the period is spent). An idle queue's stale tasks are all re-announced, as before, so
 -- a lost wake-up waits at most until its queue is idle or its turn in the busy budget comes.
+-- %(busy)s names queues the caller also counts as busy (seen with a Running task within the
+-- period: short tasks leave a busy queue without a Running one at many instants).
 -- Each returned row says whether its queue was busy.
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 busy AS MATERIALIZED (
-    SELECT DISTINCT r.queue FROM tasks AS r WHERE r.status = 'Running'
+    SELECT r.queue FROM tasks AS r WHERE r.status = 'Running'
+    UNION
+    SELECT unnest(%(busy)s::text[])
 ),
 due AS (
     SELECT t.task_id, t.queue, greatest(t.queued_at, t.last_wakeup_at) AS woken
@@ -145,6 +149,10 @@ ob AS (
 SELECT m.task_id, m.attempt, m.queue, m.operator, p.busy
 FROM moved AS m
 JOIN picked AS p USING (task_id)
+
+-- name: busy_queues
+-- Queues with a Running task (the partial Running index: bounded by the workers' slots).
+SELECT DISTINCT queue FROM tasks WHERE status = 'Running'
 
 -- name: notify_outbox
 -- Wake the outbox relay; delivered on commit, so only if the outbox rows were committed.

@@ -109,3 +109,10 @@ VACUUM (ANALYZE) tasks, task_attempts;
 SELECT (SELECT count(*) FROM tasks)::bigint AS tasks,
        (SELECT count(*) FROM task_attempts)::bigint AS attempts,
        pg_total_relation_size('tasks') + pg_total_relation_size('task_attempts') AS bytes;
+
+-- name: wakeups
+-- Wake-ups written for a run's tasks: one each when created, more from the scheduler's
+-- re-publications (and retries, none in the no-op workloads).
+SELECT count(*)::int AS n
+FROM outbox
+WHERE task_id = ANY(%(ids)s::uuid[]) AND kind = 'enqueue_task';

@@ -161,6 +161,7 @@ def measure_throughput(
     after = bs.sqs_counters()
     counters = counter_deltas(counters_before, after)
     once, counts = _exactly_once(bs, submitted.task_ids)
+    republished = max(0, int(bs.one("wakeups", ids=submitted.task_ids)["n"]) - n)
     if times["last_finished"] is None:
         raise BenchError(f"{label}: no operator timestamps in the results")
     submit_seconds = submitted.last_answered - submitted.first_sent
@@ -194,6 +195,8 @@ def measure_throughput(
         "sqs_counters": counters,
         "exactly_once": once,
         "exactly_once_counts": counts,
+        "republished": republished,
+        "republished_per_task": round(republished / n, 4),
         "cpu_wall_seconds": round(wall, 3),
         "cpu_seconds": cpu_split(cpu_before, cpu_after),
         "idle_wait_seconds": idle_wait,
