@@ -232,6 +232,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "job": JOB,
     },
     "DeadLetterRecord": {
+        "record": "resolved",
         "task_id": U1,
         "queue": "default",
         "operator": "echo",
@@ -240,6 +241,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "dead_reason": "AttemptsExhausted",
         "last_error": "boom",
         "died_at": T1,
+        "resolved_at": T1,
     },
     "ErrorResponse": {"error": "not_found", "message": "no such task", "detail": None},
     "Event": EVENT,

@@ -37,7 +37,9 @@ NotClaimedReason = Literal[
     "AlreadyRunning", "Completed", "Canceled", "NotFound", "NotQueued", "Paused"
 ]
 Trust = Literal["trusted", "untrusted"]
-RejectReason = Literal["StaleAttempt", "StaleLease", "NotRunning", "Canceled", "NotFound"]
+RejectReason = Literal[
+    "StaleAttempt", "StaleLease", "NotRunning", "Canceled", "NotFound", "NotCanceled"
+]
 
 MAX_BATCH = 10  # items of one batch call (the SQS batch size)
 

@@ -257,23 +257,47 @@ SELECT d.*, (SELECT count(*) FROM notified) AS notified FROM done AS d
 
 -- name: complete_late
 -- A late success of the current attempt after its lease or deadline ran out: accepted while no
--- newer attempt started (attempt unchanged) and the task was not canceled.
-UPDATE tasks AS t
-SET status = 'Completed',
-    attempt_outcome = 'Completed',
-    result = %(result)s::jsonb,
-    dead_reason = NULL,
-    next_retry_at = NULL,
-    finished_at = n.now,
-    updated_at = n.now
-FROM (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS n
-WHERE t.task_id = %(task_id)s
-  AND t.status IN ('Failed', 'Dead')
-  AND t.attempt_outcome IN ('LeaseExpired', 'DeadlineExceeded')
-  AND t.attempt = %(attempt)s
-  AND t.lease_token = %(lease_token)s
-RETURNING t.task_id, t.status, t.queue, t.operator, t.attempt, t.worker_id, t.started_at,
-          t.dead_reason, t.next_retry_at, n.now AS ended_at
+-- newer attempt started (attempt unchanged) and the task was not canceled. A task that had died
+-- of the timeout was dead-lettered: a `resolved` record follows the first one, in this statement.
+-- The caller holds the row lock (read_fence_for_update), so `old` is the row this updates.
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+old AS MATERIALIZED (  -- read by primary key, whatever the later filter on status
+    SELECT task_id, status, dead_reason, last_error, finished_at
+    FROM tasks WHERE task_id = %(task_id)s
+),
+done AS (
+    UPDATE tasks AS t
+    SET status = 'Completed',
+        attempt_outcome = 'Completed',
+        result = %(result)s::jsonb,
+        dead_reason = NULL,
+        next_retry_at = NULL,
+        finished_at = n.now,
+        updated_at = n.now
+    FROM n
+    WHERE t.task_id = %(task_id)s
+      AND t.status IN ('Failed', 'Dead')
+      AND t.attempt_outcome IN ('LeaseExpired', 'DeadlineExceeded')
+      AND t.attempt = %(attempt)s
+      AND t.lease_token = %(lease_token)s
+    RETURNING t.task_id, t.status, t.queue, t.operator, t.attempt, t.max_attempts, t.worker_id,
+              t.started_at, t.dead_reason, t.next_retry_at, n.now AS ended_at
+),
+resolved AS (
+    INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at)
+    SELECT 'dead_letter', d.task_id, d.queue,
+           jsonb_build_object(
+               'record', 'resolved', 'task_id', d.task_id, 'queue', d.queue,
+               'operator', d.operator, 'attempt', d.attempt, 'max_attempts', d.max_attempts,
+               'dead_reason', o.dead_reason, 'last_error', o.last_error,
+               'died_at', o.finished_at, 'resolved_at', d.ended_at),
+           %(trace_context)s, d.ended_at, d.ended_at
+    FROM done AS d JOIN old AS o ON o.task_id = d.task_id
+    WHERE o.status = 'Dead'
+    RETURNING queue
+),
+notified AS (SELECT pg_notify('taskplat_outbox', queue) FROM resolved)
+SELECT d.*, (SELECT count(*) FROM notified) AS notified FROM done AS d
 
 -- name: close_attempt
 UPDATE task_attempts
