@@ -4,7 +4,7 @@
     dispatcher at once, in order;
   * `{"status": "succeeded", "payload": {...}, "outputs": [...]}`: the result envelope, the last
     line of a task's answer (`events` may carry final events; `error` explains a non-success
-    status);
+    status; `"retryable": false` on a failure fails the task for good);
   * anything else (a non-JSON line, JSON without those keys) is ignored.
 
 Invariants: a line that names `event`/`events`/`status` but does not match its shape is a protocol
@@ -43,6 +43,8 @@ class ResultEnvelope(_Strict):
     outputs: list[Output] = Field(default_factory=list, max_length=1000)
     events: list[Event] = Field(default_factory=list, max_length=1000)
     error: str | None = None
+    # With a failed status: false fails the task for good (no retry; Dead at once).
+    retryable: bool = True
 
     @property
     def succeeded(self) -> bool:
