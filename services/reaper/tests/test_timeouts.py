@@ -176,3 +176,23 @@ def test_batches_are_bounded_and_report_more(
     clock.advance(11)
     assert reaper.run_once() == ReaperBatch(3, 0, 0, 0, 0, 0, more=True)
     assert reaper.run_once() == ReaperBatch(1, 0, 0, 0, 0, 0, more=False)
+
+
+def test_a_task_that_discards_dies_without_a_dead_letter(
+    make_reaper: MakeReaper, rows: LoopRows, clock: FakeClock
+) -> None:
+    quiet = {"on_exhausted": "discard"}
+    lost = rows.insert_task(clock.now(), "Running", max_processing_attempts=1, **quiet)
+    overrun = {"deadline_at": clock.now(), "lease_expires_at": clock.now() + seconds(600)}
+    late = rows.insert_task(clock.now(), "Running", max_attempts=1, **overrun, **quiet)
+    unstarted = rows.insert_task(clock.now(), "Queued", expires_at=clock.now(), **quiet)
+    clock.advance(11)
+    batch = make_reaper(deadline_grace_seconds=5).run_once()
+    assert (batch.lease_expired, batch.deadline_exceeded, batch.expired) == (1, 1, 1)
+    for task_id, reason in (
+        (lost, "ProcessingAttemptsExceeded"),
+        (late, "AttemptsExhausted"),
+        (unstarted, "Expired"),
+    ):
+        assert (rows.task(task_id)["status"], rows.task(task_id)["dead_reason"]) == ("Dead", reason)
+        assert rows.outbox(task_id) == []

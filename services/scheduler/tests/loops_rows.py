@@ -107,6 +107,7 @@ class LoopRows:
             "max_attempts": 3,
             "processing_attempts": 0,
             "max_processing_attempts": 10,
+            "on_exhausted": "dead_letter",
             "backoff_base_seconds": 2.0,
             "backoff_max_seconds": 60.0,
             "timeout_seconds": None,

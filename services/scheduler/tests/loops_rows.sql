@@ -6,14 +6,14 @@ INSERT INTO tasks (
     backoff_base_seconds, backoff_max_seconds, timeout_seconds, lease_token, lease_expires_at,
     deadline_at, worker_id, scheduled_for, next_retry_at, expires_at, queued_at, attempt_outcome,
     dead_reason, last_error, created_at, started_at, finished_at, updated_at,
-    processing_attempts, max_processing_attempts
+    processing_attempts, max_processing_attempts, on_exhausted
 ) VALUES (
     %(task_id)s, %(status)s, %(queue)s, %(operator)s, %(attempt)s, %(replay_offset)s,
     %(max_attempts)s, %(backoff_base_seconds)s, %(backoff_max_seconds)s, %(timeout_seconds)s,
     %(lease_token)s, %(lease_expires_at)s, %(deadline_at)s, %(worker_id)s, %(scheduled_for)s,
     %(next_retry_at)s, %(expires_at)s, %(queued_at)s, %(attempt_outcome)s, %(dead_reason)s,
     %(last_error)s, %(created_at)s, %(started_at)s, %(finished_at)s, %(created_at)s,
-    %(processing_attempts)s, %(max_processing_attempts)s
+    %(processing_attempts)s, %(max_processing_attempts)s, %(on_exhausted)s
 )
 
 -- name: insert_attempt
