@@ -67,9 +67,9 @@ def test_image_is_built_by_the_services_dockerfile(
         assert repository is None
     else:
         assert repository == spec.image, f"{name} runs {repository}, expected {spec.image}"
-    dockerfile = deploy_model.parse_dockerfile(spec.dockerfile)
-    if spec.script == dockerfile.cmd()[0]:
-        assert dockerfile.cmd() == [str(part) for part in container.definition["Command"]]
+    dockerfile = spec.parsed_dockerfile()
+    if spec.script == dockerfile.command()[0]:
+        assert dockerfile.command() == [str(part) for part in container.definition["Command"]]
     else:
         # Another script of the same image (the migration task): its package and the database
         # driver it needs must be installed there.
@@ -210,6 +210,18 @@ EXPECTED_TASK_ACTIONS = {
     "scheduler": TELEMETRY_ACTIONS,
     "reaper": TELEMETRY_ACTIONS,
     "outbox-relay": TELEMETRY_ACTIONS | {"sqs:SendMessage", "sqs:GetQueueUrl"},
+    # Creates each buffered dataset's buffer and DLQ, drains them, dead-letters itself.
+    "sink": TELEMETRY_ACTIONS
+    | {
+        "sqs:CreateQueue",
+        "sqs:GetQueueUrl",
+        "sqs:GetQueueAttributes",
+        "sqs:SetQueueAttributes",
+        "sqs:ReceiveMessage",
+        "sqs:DeleteMessage",
+        "sqs:ChangeMessageVisibility",
+        "sqs:SendMessage",
+    },
     # Its sts:AssumeRole is a policy of its own (CredentialBrokerAssumePolicy).
     "credential-broker": TELEMETRY_ACTIONS,
     "worker": TELEMETRY_ACTIONS
@@ -218,6 +230,7 @@ EXPECTED_TASK_ACTIONS = {
         "sqs:DeleteMessage",
         "sqs:ChangeMessageVisibility",
         "sqs:GetQueueUrl",
+        "sqs:SendMessage",  # records published to buffered datasets' buffer queues
         "ecs:UpdateTaskProtection",  # scale-in protection of its own task while busy
         "ecs:GetTaskProtection",
     },
@@ -246,8 +259,17 @@ def test_task_roles_are_least_privilege(
         for r in deploy_model.as_list(s["Resource"])
     ]
     if name == "worker":
-        # Its own queue only, from the queue's stack.
-        assert sqs == [{"Fn::ImportValue": {"Fn::Sub": "${QueueStackName}-QueueArn"}}]
+        # Its own queue, from the queue's stack; and send-only to the buffer queues of buffered
+        # datasets (publish_records).
+        buffers = {
+            "Fn::Sub": [
+                "arn:${AWS::Partition}:sqs:${AWS::Region}:${AWS::AccountId}:${Prefix}buffer-*",
+                {"Prefix": {"Fn::ImportValue": {"Fn::Sub": "${PlatformStackName}-SqsQueuePrefix"}}},
+            ]
+        }
+        assert sqs == [{"Fn::ImportValue": {"Fn::Sub": "${QueueStackName}-QueueArn"}}, buffers]
+        send_only = [s for s in statements if s["Resource"] == buffers]
+        assert [deploy_model.as_list(s["Action"]) for s in send_only] == [["sqs:SendMessage"]]
 
 
 def test_no_policy_grants_wildcard_actions(cfn_templates: dict[str, dict[str, Any]]) -> None:
@@ -297,7 +319,7 @@ def test_health_check_probes_the_services_healthz(
     command = container.definition["HealthCheck"]["Command"]
     assert command[:3] == ["CMD", "python", "-c"], command
     assert f"http://127.0.0.1:{port}/healthz" in command[3]
-    dockerfile = deploy_model.parse_dockerfile(spec.dockerfile)
+    dockerfile = spec.parsed_dockerfile()
     assert dockerfile.final.env()[spec.health_port_env] == port, "image and task disagree"
 
 

@@ -18,6 +18,7 @@ SERVICES: tuple[tuple[str, str, str], ...] = (
     ("outbox relay", "taskplat.outbox_relay.settings", "RelaySettings"),
     ("scheduler", "taskplat.scheduler.settings", "SchedulerSettings"),
     ("reaper", "taskplat.reaper.settings", "ReaperSettings"),
+    ("sink", "taskplat.sink.settings", "SinkSettings"),
     ("worker wrapper", "taskplat.worker_wrapper.settings", "WrapperSettings"),
     ("credential broker", "taskplat.credential_broker.settings", "BrokerSettings"),
 )

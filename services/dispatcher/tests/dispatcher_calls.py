@@ -158,6 +158,7 @@ INTERNAL_ROUTES = (
     ("POST", "/internal/heartbeat"),
     ("POST", "/internal/task-complete"),
     ("POST", "/internal/events"),
+    ("POST", "/internal/steps"),
     ("POST", "/internal/task-claim-batch"),
     ("POST", "/internal/task-claim-next"),
     ("POST", "/internal/task-complete-batch"),

@@ -57,6 +57,7 @@ def _own_calls(lease: Lease) -> list[tuple[str, dict[str, Any]]]:
     return [
         ("/internal/heartbeat", lease.fence()),
         ("/internal/events", {**lease.fence(), "events": [cursor_event(1)]}),
+        ("/internal/steps", {**lease.fence(), "step": "s", "result": 1}),
         ("/internal/task-complete", {**lease.fence(), "status": "Completed"}),
     ]
 

@@ -26,6 +26,7 @@ def _valid_request(method: str, path: str, task_id: str, fence: dict[str, Any]) 
         "/internal/heartbeat": fence,
         "/internal/task-complete": {**fence, "status": "Completed"},
         "/internal/events": {**fence, "events": [cursor_event(1)]},
+        "/internal/steps": {**fence, "step": "s", "result": 1},
         "/dags/{dag_name}": {"jobs": {"a": {"operator": "echo"}}},
         "/dags/{dag_name}/jobs/{job}/runs": {},
         "/tasks/retry": {"ids": [task_id]},

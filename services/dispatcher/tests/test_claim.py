@@ -78,6 +78,7 @@ def test_claim_answers_the_seed_004_payload_and_starts_the_attempt(
         "deadline_at": body["task"]["deadline_at"],
         "outputs": [],
         "trust": "trusted",
+        "steps": {},
     }
     assert ts(body["task"]["deadline_at"]) == now + timedelta(seconds=600)
 

@@ -120,11 +120,14 @@ def test_a_run_carries_its_job_and_a_claim_resolves_its_outputs(dispatcher: Disp
     assert claim["task"]["outputs"] == [
         {"output_index": 0, "dataset_uuid": blocks["dataset_uuid"],
          "dataset_version": blocks["current_version"],
-         "location": f"postgres_table:dataset_{blocks['dataset_uuid']}"},
+         "location": f"postgres_table:dataset_{blocks['dataset_uuid']}",
+         "dataset": "blocks", "kind": "postgres", "schema_hash": None,
+         "buffer_queue_url": None},
         {"output_index": 1, "dataset_uuid": blobs["dataset_uuid"],
          "dataset_version": blobs["current_version"],
          "location": f"s3://taskplat-datasets/dataset/{blobs['dataset_uuid']}/version/"
-                     f"{blobs['current_version']}/"},
+                     f"{blobs['current_version']}/",
+         "dataset": "blobs", "kind": "s3", "schema_hash": None, "buffer_queue_url": None},
     ]  # fmt: skip
     fetched = d.worker.get("/internal/task-fetch", params={"task_id": task["task_id"]}).json()
     assert fetched["task"]["outputs"] == claim["task"]["outputs"]

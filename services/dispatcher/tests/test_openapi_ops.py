@@ -66,7 +66,12 @@ def test_openapi_lists_exactly_the_served_routes(dispatcher: Dispatcher) -> None
         assert document["paths"][path][method.lower()]["security"] == [{"api_key": []}]
     for method, path in INTERNAL_ROUTES:
         security = document["paths"][path][method.lower()]["security"]
-        attempt_routes = {"/internal/heartbeat", "/internal/events", "/internal/task-complete"}
+        attempt_routes = {
+            "/internal/heartbeat",
+            "/internal/events",
+            "/internal/steps",
+            "/internal/task-complete",
+        }
         assert security == [{"attempt" if path in attempt_routes else "worker_token": []}]
     for method, path in OPEN_ROUTES:
         assert "security" not in document["paths"][path][method.lower()]
@@ -173,6 +178,7 @@ def _producers(dispatcher: Dispatcher) -> dict[tuple[str, str, str], list[httpx.
         claim_path: {"task_id": running.task_id, "worker_id": "w"},
         "/internal/heartbeat": running.fence(),
         "/internal/events": {**running.fence(), "events": [cursor_event(1)]},
+        "/internal/steps": {**running.fence(), "step": "s", "result": 1},
         "/internal/task-complete": {**running.fence(), "status": "Completed"},
     }
     for path, body in bodies.items():
@@ -202,7 +208,8 @@ def _producers(dispatcher: Dispatcher) -> dict[tuple[str, str, str], list[httpx.
             params = {"task_id": running.task_id} if template == fetch else None
             add(method, template, 403, other.request(method, path, json=body, params=params))
     # Last: these succeed and end the running attempt.
-    for path in ("/internal/heartbeat", "/internal/events", "/internal/task-complete"):
+    for path in ("/internal/heartbeat", "/internal/events", "/internal/steps",
+                 "/internal/task-complete"):  # fmt: skip
         add("POST", path, 200, d.worker.post(path, json=bodies[path]))
     return out
 

@@ -77,7 +77,7 @@ def write_operators_file(directory: Path) -> Path:
         "  sleep:",
         '    command: ["{python}", "-m", "taskplat.worker_wrapper.examples.sleep"]',
     ]
-    for name in ("record", "hang", "crash", "trace"):
+    for name in ("record", "hang", "crash", "trace", "steps", "publish"):
         lines += [f"  {name}:", f'    command: ["{{python}}", "{script}", "{name}"]']
     lines += [
         "  trace-pooled:",

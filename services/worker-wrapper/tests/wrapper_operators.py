@@ -18,6 +18,10 @@ Behaviours (the task's `config` tunes some of them):
   stubborn      ignores SIGTERM, then hangs
   trace         returns the trace context it was given: `TRACEPARENT` of its environment and
                 `traceparent` of its task line
+  steps         step "charge" appends `task_id attempt` to `config.path` (once per task when the
+                step result is recorded); fails its first attempt after the step
+  publish       publishes `config.count` records (keys `config.prefix` + i, padded to
+                `config.pad` characters) to output 0, then succeeds
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import sys
 import time
 from typing import Any
 
-from taskplat.worker_wrapper.sdk import Task, emit_event, serve
+from taskplat.worker_wrapper.sdk import Task, emit_event, publish_records, serve, step
 
 DATASET = "00000000-0000-4000-8000-000000000001"
 VERSION = "00000000-0000-4000-8000-000000000002"
@@ -78,6 +82,28 @@ def record(task: Task) -> dict[str, Any]:
     return {"recorded": True}
 
 
+def steps(task: Task) -> dict[str, Any]:
+    def charge() -> dict[str, Any]:
+        with open(task.config["path"], "a", encoding="utf-8") as out:
+            out.write(f"{task.task_id} {task.attempt}\n")
+        return {"charged_by": task.attempt}
+
+    charged = step("charge", charge)
+    if task.attempt == 1:
+        raise RuntimeError("failing after the step")
+    return {"charge": charged}
+
+
+def publish(task: Task) -> dict[str, Any]:
+    pad = "p" * int(task.config.get("pad", 0))
+    records = [
+        {"org_id": task.config["org_id"], "dedupe_key": f"{task.config['prefix']}{i}",
+         "note": pad}
+        for i in range(int(task.config["count"]))
+    ]  # fmt: skip
+    return {"published": publish_records(0, records)}
+
+
 def trace(task: Task) -> dict[str, Any]:
     return {
         "env": os.environ.get("TRACEPARENT"),
@@ -97,6 +123,10 @@ def main(behaviour: str) -> int:
         return serve(events)
     if behaviour == "record":
         return serve(record)
+    if behaviour == "steps":
+        return serve(steps)
+    if behaviour == "publish":
+        return serve(publish)
     if behaviour == "exit-early":
         return 0
     task = _read_task()

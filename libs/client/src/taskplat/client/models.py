@@ -220,6 +220,11 @@ class DatasetVersionView(Model):
     current: bool
 
 
+class ColumnView(Model):
+    name: str
+    type: str
+
+
 class DatasetView(Model):
     dataset_uuid: UUID
     name: str
@@ -229,6 +234,12 @@ class DatasetView(Model):
     latest_cursor: int | None = None
     versions: list[DatasetVersionView]
     created_at: datetime
+    # buffered_postgres only: the current version's columns, their hash, the buffer queue (null
+    # until the sink created it) and the rows written.
+    schema_: list[ColumnView] | None = Field(None, alias="schema")
+    schema_hash: str | None = None
+    buffer_queue_url: str | None = None
+    row_count: int | None = None
 
 
 class Producer(Model):

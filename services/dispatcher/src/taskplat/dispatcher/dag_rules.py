@@ -6,7 +6,8 @@ Invariants:
     parser may silently keep the last one;
   * a document is accepted only when every input names a job of the document and one of that job's
     output indexes (or a dataset by name), every schedule is a five-field cron expression, a dataset
-    is given one kind within the document, a declared schema belongs to a buffered_postgres output,
+    is given one kind within the document, a declared schema belongs to a buffered_postgres output
+    and uses only allowed column names and types (one schema per dataset within the document),
     and the jobs form no cycle (a job reads another's output directly, or through a dataset that
     the other writes); otherwise every problem found is named, each with its location;
   * the document hash is the sha256 of the validated document's canonical JSON, so the same
@@ -23,6 +24,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from taskplat.common.buffered import Column, SchemaProblem, full_schema
 from taskplat.common.contracts import DagDocument
 from taskplat.common.contracts.dags import FromDataset, FromJob
 from taskplat.common.cron import schedule_error
@@ -46,6 +48,8 @@ class DatasetPlan:
     name: str
     kind: str | None
     location: str | None
+    # A buffered_postgres dataset's full column list (org_id, dedupe_key, then the declared ones).
+    columns: tuple[Column, ...] | None = None
 
 
 class _DuplicateKey(Exception):
@@ -136,9 +140,34 @@ def _reference_problems(doc: DagDocument) -> list[dict[str, Any]]:
     return problems
 
 
+# Lambda's longest function timeout: a `runtime: lambda` job's `timeout_seconds` is its function's.
+LAMBDA_MAX_TIMEOUT_SECONDS = 900
+
+
+def _runtime_problems(doc: DagDocument) -> list[dict[str, Any]]:
+    """A `runtime: lambda` job states its function's timeout (`timeout_seconds`, at most 900): the
+    relay leases each invocation for that long plus a grace."""
+    problems: list[dict[str, Any]] = []
+    for name, job in doc.jobs.items():
+        if job.runtime != "lambda":
+            continue
+        timeout = job.timeout_seconds
+        if timeout is None or timeout > LAMBDA_MAX_TIMEOUT_SECONDS:
+            problems.append(
+                _problem(
+                    ["jobs", name, "timeout_seconds"],
+                    f"job {name!r} runs on lambda: timeout_seconds (its function's timeout) is "
+                    f"required, at most {LAMBDA_MAX_TIMEOUT_SECONDS}",
+                    "lambda_timeout",
+                )
+            )
+    return problems
+
+
 def _dataset_problems(doc: DagDocument) -> list[dict[str, Any]]:
     problems: list[dict[str, Any]] = []
     kinds: dict[str, str] = {}
+    schemas: dict[str, list[Column]] = {}
     for name, job in doc.jobs.items():
         for position, output in enumerate(job.outputs):
             loc: list[str | int] = ["jobs", name, "outputs", position]
@@ -159,7 +188,32 @@ def _dataset_problems(doc: DagDocument) -> list[dict[str, Any]]:
                         "unexpected_schema",
                     )
                 )
+            if output.kind == "buffered_postgres":
+                problems += _schema_problems(output, loc, schemas)
     return problems
+
+
+def _declared(output: Any) -> list[tuple[str, str]]:
+    return [(column.name, column.type) for column in output.schema_ or []]
+
+
+def _schema_problems(
+    output: Any, loc: list[str | int], schemas: dict[str, list[Column]]
+) -> list[dict[str, Any]]:
+    try:
+        columns = full_schema(_declared(output))
+    except SchemaProblem as exc:
+        return [_problem([*loc, "schema", exc.index, exc.field], exc.message, "invalid_column")]
+    known = schemas.setdefault(output.dataset, columns)
+    if known != columns:
+        return [
+            _problem(
+                [*loc, "schema"],
+                f"dataset {output.dataset!r} is given two different schemas",
+                "conflicting_schema",
+            )
+        ]
+    return []
 
 
 def _producers_of(doc: DagDocument) -> dict[str, set[str]]:
@@ -215,7 +269,7 @@ def find_cycle(graph: dict[str, list[str]]) -> list[str] | None:
 
 def check_document(doc: DagDocument) -> None:
     """Raise ValidationFailed naming every problem of the document (none: it may be applied)."""
-    problems = _reference_problems(doc) + _dataset_problems(doc)
+    problems = _reference_problems(doc) + _dataset_problems(doc) + _runtime_problems(doc)
     cycle = find_cycle(upstream_jobs(doc))
     if cycle is not None:
         problems.append(_problem(["jobs"], f"the jobs form a cycle: {' -> '.join(cycle)}", "cycle"))
@@ -228,10 +282,12 @@ def dataset_plan(doc: DagDocument) -> list[DatasetPlan]:
     plans: dict[str, DatasetPlan] = {}
     for job in doc.jobs.values():
         for output in job.outputs:
+            buffered = output.kind == "buffered_postgres"
             plans[output.dataset] = DatasetPlan(
                 output.dataset,
                 output.kind,
                 output.location or DEFAULT_LOCATIONS[output.kind],
+                tuple(full_schema(_declared(output))) if buffered else None,
             )
     for job in doc.jobs.values():
         for edge in job.inputs:

@@ -13,7 +13,10 @@ Invariants:
   * a schedule's first tick is the first one after the apply; re-applying a DAG never re-runs a
     tick that already ran (the scheduler's runs carry a key per job and tick);
   * a rollover cancels the live tasks pinned to older versions in the transaction that makes the
-    new version current.
+    new version current;
+  * a buffered_postgres dataset's current version always has its table, created in the
+    transaction that makes the version (apply or rollover); a changed declared schema on
+    re-apply is a new version with a new table, never DDL on the old one.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool
 
+from taskplat.common.buffered import Column, schema_hash
 from taskplat.common.clock import Clock
 from taskplat.common.contracts import (
     DagDocument,
@@ -52,6 +56,7 @@ from taskplat.common.telemetry import inject
 from taskplat.dispatcher import dag_rules
 from taskplat.dispatcher.operations import QueueRegistry
 from taskplat.dispatcher.recorder import Recorder
+from taskplat.dispatcher.repository import buffered as buffered_repo
 from taskplat.dispatcher.repository import dags as repo
 from taskplat.dispatcher.repository import tasks as task_repo
 from taskplat.dispatcher.settings import DispatcherSettings, OperatorDefaults
@@ -105,24 +110,28 @@ class DagService:
         await self._registry.require({job.queue for job in doc.jobs.values()}, ["body", "jobs"])
         digest = dag_rules.document_hash(doc)
         now = self._clock.sql_now()
+        canceled: list[Row] = []
         async with self._pool.connection() as conn:
             async with conn.transaction():
                 stored_hash = await repo.lock_dag(conn, dag_name)
                 changed = stored_hash != digest
                 if changed:
-                    await self._replace(conn, dag_name, doc, digest, now)
+                    canceled = await self._replace(conn, dag_name, doc, digest, now)
             view = await self._view(conn, dag_name)
         assert view is not None
+        for row in canceled:
+            self._recorder.task_canceled(row, by="version_rollover")
         if changed:
             self._recorder.dag_applied(dag_name, len(doc.jobs))
         return view.model_copy(update={"changed": changed}), stored_hash is None
 
     async def _replace(
         self, conn: Conn, dag_name: str, doc: DagDocument, digest: str, now: datetime | None
-    ) -> None:
+    ) -> list[Row]:
+        """Store the document; the tasks canceled by buffered datasets' schema changes."""
         document = doc.model_dump(mode="json", by_alias=True, exclude_none=True)
         await repo.store_dag(conn, dag_name, document, digest, now)
-        datasets = await self._datasets_of(conn, doc, now)
+        datasets, canceled = await self._datasets_of(conn, doc, now)
         wall_now = self._clock.now()
         for name, job in doc.jobs.items():
             await repo.insert_job(conn, self._job_params(dag_name, name, job, wall_now))
@@ -135,11 +144,13 @@ class DagService:
             await repo.insert_job_inputs(
                 conn, dag_name, name, [self._edge(doc, edge, datasets) for edge in job.inputs]
             )
+        return canceled
 
     async def _datasets_of(
         self, conn: Conn, doc: DagDocument, now: datetime | None
-    ) -> dict[str, UUID]:
+    ) -> tuple[dict[str, UUID], list[Row]]:
         found: dict[str, UUID] = {}
+        canceled: list[Row] = []
         problems: list[dict[str, Any]] = []
         for plan in dag_rules.dataset_plan(doc):
             if plan.kind is None:
@@ -166,10 +177,33 @@ class DagService:
                             "type": "conflicting_kind",
                         }
                     )
+                elif plan.columns is not None:
+                    canceled += await self._ensure_table(
+                        conn, row["dataset_uuid"], list(plan.columns), now
+                    )
             found[plan.name] = row["dataset_uuid"]
         if problems:
             raise ValidationFailed("; ".join(p["msg"] for p in problems), detail=problems)
-        return found
+        return found, canceled
+
+    async def _ensure_table(
+        self, conn: Conn, dataset_uuid: UUID, columns: list[Column], now: datetime | None
+    ) -> list[Row]:
+        """Give a buffered dataset's current version its table; a different schema than the
+        current table's is a new version with a new table (the old one is never altered).
+        Returns the tasks the rollover canceled."""
+        locked = await repo.lock_dataset(conn, dataset_uuid)
+        assert locked is not None
+        current = await buffered_repo.current_table(conn, dataset_uuid)
+        if current is not None and current["schema_hash"] == schema_hash(columns):
+            return []
+        canceled: list[Row] = []
+        version = locked["current_version"]
+        if current is not None:
+            version = uuid4()
+            canceled = await repo.roll_over_version(conn, dataset_uuid, version, now)
+        await buffered_repo.create_table(conn, dataset_uuid, version, columns, now)
+        return canceled
 
     @staticmethod
     def _edge(
@@ -320,10 +354,16 @@ class DagService:
         if found is None:
             raise NotFound(f"dataset {dataset_uuid} not found")
         row, versions = found
+        buffered = (
+            await buffered_repo.buffered_view(conn, dataset_uuid)
+            if row["kind"] == "buffered_postgres"
+            else None
+        )
         return DatasetView.model_validate(
             {
                 **{key: row[key] for key in DatasetView.model_fields if key in row},
                 "versions": [DatasetVersionView.model_validate(v) for v in versions],
+                **(buffered or {}),
             }
         )
 
@@ -333,7 +373,13 @@ class DagService:
             async with conn.transaction():
                 if await repo.lock_dataset(conn, dataset_uuid) is None:
                     raise NotFound(f"dataset {dataset_uuid} not found")
-                canceled = await repo.roll_over_version(conn, dataset_uuid, uuid4(), now)
+                current = await buffered_repo.current_table(conn, dataset_uuid)
+                version = uuid4()
+                canceled = await repo.roll_over_version(conn, dataset_uuid, version, now)
+                if current is not None:
+                    # A buffered dataset's new version gets a new table of the same schema.
+                    columns = [Column(c["name"], c["type"]) for c in current["columns"]]
+                    await buffered_repo.create_table(conn, dataset_uuid, version, columns, now)
             view = await self._dataset_view(conn, dataset_uuid)
         for row in canceled:
             self._recorder.task_canceled(row, by="version_rollover")

@@ -51,6 +51,8 @@ from taskplat.common.contracts import (
     QueueView,
     RejectedResponse,
     Stats,
+    StepRequest,
+    StepResponse,
     TaskList,
     TaskStatus,
     TaskView,
@@ -260,6 +262,12 @@ async def events(request: Request) -> Response:
     return json_response(await _service(request).events(body))
 
 
+async def steps(request: Request) -> Response:
+    body = await _body(request, StepRequest)
+    _bind(task_id=body.task_id, attempt=body.attempt)
+    return json_response(await _service(request).step(body))
+
+
 async def task_complete(request: Request) -> Response:
     body = await _body(request, CompleteRequest)
     _bind(task_id=body.task_id, attempt=body.attempt)
@@ -356,6 +364,11 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("POST", "/internal/events", "events", "Emit upstream events of the current attempt",
               "attempt", events, body=EventsRequest,
               responses={200: ("events stored (repeats acknowledged)", EventsAcceptedResponse),
+                         **_BODY_ERRORS, **dict([_REJECTED, _WORKER_NOT_FOUND])}),
+    RouteSpec("POST", "/internal/steps", "steps",
+              "Look up or record the result of a named step of the current attempt's task "
+              "(the first recorded result wins)", "attempt", steps, body=StepRequest,
+              responses={200: ("the step's stored result, or NotFound", StepResponse),
                          **_BODY_ERRORS, **dict([_REJECTED, _WORKER_NOT_FOUND])}),
     RouteSpec("POST", "/internal/task-complete", "task_complete",
               "Report the outcome of the current attempt", "attempt", task_complete,

@@ -6,7 +6,10 @@ Invariants:
   * A state change commits together with its attempt record, outputs, events and outbox rows.
   * A worker call from anything but the holder of the current (attempt, lease token) changes nothing
     and is answered with the reason (`StaleAttempt`, `StaleLease`, `NotRunning`, `Canceled`,
-    `NotFound`), classified from a read taken after the guarded statement failed.
+    `NotFound`), classified from a read taken after the guarded statement failed. A refused
+    heartbeat first waits for the task's row lock and judges the latest row, so it is never
+    refused because the claim that granted its lease was still committing (a Lambda attempt's
+    first call races the relay's commit).
   * A repeated accepted completion (same digest) is acknowledged and applies nothing again.
   * A late success of the current attempt after a timeout is accepted while no newer attempt started
     and the task was not canceled.
@@ -17,7 +20,9 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 import random
+from typing import Any
 from uuid import UUID
 
 from psycopg import AsyncConnection
@@ -47,10 +52,12 @@ from taskplat.common.contracts import (
     HeartbeatResponse,
     NotClaimedItem,
     NotClaimedResponse,
+    StepRequest,
+    StepResponse,
     TaskList,
     TaskView,
 )
-from taskplat.common.errors import Conflict, NotFound
+from taskplat.common.errors import Conflict, NotFound, ValidationFailed
 from taskplat.common.telemetry import inject
 from taskplat.dispatcher.claims import Claims
 from taskplat.dispatcher.completions import Completions
@@ -232,10 +239,17 @@ class TaskService:
         }
         async with self._pool.connection() as conn:
             row = await repo.heartbeat(conn, params)
+            if row is None:
+                # The guarded UPDATE judges the committed row: a claim committing right now (the
+                # relay claims a Lambda attempt and invokes it in one open transaction) would be
+                # missed. Before refusing, wait for the row lock and judge the latest row.
+                async with conn.transaction():
+                    fence = await repo.read_fence(conn, request.task_id, for_update=True)
+                    if _holds_lease(fence, request):
+                        row = await repo.heartbeat(conn, params)
             if row is not None:
                 self._recorder.heartbeat(row)
                 return HeartbeatResponse(lease_expires_at=row["lease_expires_at"])
-            fence = await repo.read_fence(conn, request.task_id)
         raise classify_rejection(fence, request.attempt, request.lease_token)
 
     async def events(self, request: EventsRequest) -> EventsAcceptedResponse:
@@ -255,6 +269,40 @@ class TaskService:
             fence = await repo.read_fence(conn, request.task_id)
         raise classify_rejection(fence, request.attempt, request.lease_token)
 
+    async def step(self, request: StepRequest) -> StepResponse:
+        """Look up or record a step's result of the current attempt's task; the first recorded
+        result wins and is what every later call (of any attempt) gets back."""
+        if request.records:
+            size = len(json.dumps(request.result, separators=(",", ":")))
+            if size > self._settings.result_max_bytes:
+                raise ValidationFailed(
+                    f"result is {size} bytes; the cap is {self._settings.result_max_bytes}",
+                    detail=[{"loc": ["body", "result"], "msg": "result too large"}],
+                )
+        params = {
+            "task_id": request.task_id,
+            "attempt": request.attempt,
+            "lease_token": request.lease_token,
+            "step": request.step,
+            "result": request.result,
+            "record": request.records,
+            "now": self._clock.sql_now(),
+        }
+        async with self._pool.connection() as conn:
+            row = await repo.record_step(conn, params)
+            if row["guarded"] and row["recorded_attempt"] is None and request.records:
+                # A concurrent call of the same attempt stored it after this statement began.
+                row = await repo.record_step(conn, {**params, "record": False})
+            if row["guarded"]:
+                if row["recorded_attempt"] is None:
+                    return StepResponse(status="NotFound")
+                status = "Recorded" if row["inserted"] else "Existing"
+                return StepResponse(
+                    status=status, result=row["result"], attempt=row["recorded_attempt"]
+                )
+            fence = await repo.read_fence(conn, request.task_id)
+        raise classify_rejection(fence, request.attempt, request.lease_token)
+
     async def complete(self, request: CompleteRequest) -> CompleteResponse:
         return await self._completions.complete(request)
 
@@ -267,3 +315,12 @@ class TaskService:
         return CreateTasksResponse(
             results=[CreatedTask(created=flag, task=view) for view, flag in created]
         )
+
+
+def _holds_lease(fence: dict[str, Any] | None, request: HeartbeatRequest) -> bool:
+    return (
+        fence is not None
+        and fence["status"] == "Running"
+        and fence["attempt"] == request.attempt
+        and fence["lease_token"] == request.lease_token
+    )

@@ -2,12 +2,16 @@
 
 Invariants:
   * While the task runs, heartbeats renew the lease (a fraction of the time it has left, with a
-    floor) and the message's visibility is renewed; both run until the completion was answered.
+    floor) and the message's visibility is renewed (the intake renewed it to the full timeout
+    early, see `intake`); both run until the completion was answered.
     A task claimed ahead has no message: nothing to renew, nothing to delete.
   * A rejected heartbeat or event call stops the operator: `Canceled` is reported as a Canceled
     completion; any other rejection (the attempt or lease is no longer current) reports nothing.
   * Events are forwarded in the order the operator wrote them; once one batch could not be
     delivered, that batch and every later one travel as final events of the completion.
+  * Step results are recorded (`/internal/steps`) in the same order, as they are written.
+  * Records for buffered outputs (`publishing`) are all in their buffer queues before a success
+    is reported; a record that cannot be published fails the attempt instead.
   * The hard deadline is the dispatcher's `deadline_at`, or the operator's `timeout_seconds` from
     the claim when the task set no timeout and that is sooner.
   * The operator runs inside the `operator.run` span and continues the trace from it:
@@ -34,6 +38,7 @@ from taskplat.common.contracts import (
     Event,
     EventsRequest,
     HeartbeatRequest,
+    StepRequest,
 )
 from taskplat.common.logging import get_logger
 from taskplat.common.telemetry import inject
@@ -54,6 +59,8 @@ from taskplat.worker_wrapper.outcomes import (
     TaskInput,
     failure,
 )
+from taskplat.worker_wrapper.protocol import RecordsLine, SideLine, StepLine
+from taskplat.worker_wrapper.publishing import PublishError, RecordPublisher
 
 if TYPE_CHECKING:
     from taskplat.worker_wrapper.execution import TaskExecutor
@@ -98,6 +105,8 @@ class RunningTask:
         self.abort = abort
         self.lease_expires = loop_time_of(claimed.lease_expires_at)
         self.deferred_events: list[Event] = []
+        self.publisher = RecordPublisher(claimed.task.outputs, executor.intake.send_bodies)
+        self.publish_error: str | None = None
         self.reporting = False
         self.run_seconds: float | None = None
         self.log = get_logger()
@@ -114,7 +123,7 @@ class RunningTask:
         heartbeats = asyncio.ensure_future(self._heartbeat_loop())
         visibility = asyncio.ensure_future(self._visibility_loop(self.delivery))
         try:
-            outcome = await self._run_operator()
+            outcome = await self._publish_rest(await self._run_operator())
             ended = await self._report(outcome)
         finally:
             for task in (heartbeats, visibility):
@@ -172,7 +181,49 @@ class RunningTask:
             _annotate(span, outcome)
         return outcome
 
-    async def _forward(self, events: Sequence[Event]) -> None:
+    async def _publish_rest(self, outcome: RunOutcome) -> RunOutcome:
+        """A success only once every published record is in its buffer queue."""
+        if not isinstance(outcome, Succeeded):
+            return outcome
+        if self.publish_error is None:
+            try:
+                await self.publisher.flush()
+            except PublishError as exc:
+                self.publish_error = str(exc)
+        if self.publish_error is not None:
+            return failure(f"publishing records failed: {self.publish_error}")
+        return outcome
+
+    async def _forward(self, line: SideLine) -> None:
+        if isinstance(line, StepLine):
+            await self._record_step(line)
+        elif isinstance(line, RecordsLine):
+            if self.publish_error is None:
+                try:
+                    await self.publisher.add(line.dataset_uuid, line.records)
+                except PublishError as exc:
+                    self.publish_error = str(exc)
+        else:
+            await self._forward_events(line)
+
+    async def _record_step(self, line: StepLine) -> None:
+        body = StepRequest(
+            task_id=self.claimed.task.task_id,
+            attempt=self.claimed.attempt,
+            lease_token=self.claimed.lease_token,
+            step=line.step.name,
+            result=line.step.result,
+        )
+        try:
+            answer = await self.x.client.step(body, until=self._call_bound())
+        except (DispatcherUnavailable, DispatcherProtocolError) as exc:
+            # Not recorded: a later attempt runs the step again (its effect is at-least-once).
+            self.log.warning("step_not_recorded", step=line.step.name, error=str(exc))
+            return
+        if isinstance(answer, Rejection):
+            self._rejected("steps", answer)
+
+    async def _forward_events(self, events: Sequence[Event]) -> None:
         for start in range(0, len(events), EVENTS_PER_CALL):
             batch = list(events[start : start + EVENTS_PER_CALL])
             if self.deferred_events or self.abort.is_set:
@@ -330,7 +381,8 @@ class RunningTask:
             fields["retry_after_seconds"] = request.retry_after_seconds
             fields["reason"] = request.reason
         self.log.info(f"task_{request.status.lower()}", **fields)
-        await self._delete("completed")
+        if self.delivery is not None:  # in the background: the slot is free at once
+            self.x.intake.delete_soon(self.delivery, "completed")
         return request.status
 
 

@@ -54,6 +54,8 @@ from taskplat.common.contracts import (
     HeartbeatResponse,
     NotClaimedResponse,
     RejectedResponse,
+    StepRequest,
+    StepResponse,
 )
 from taskplat.common.errors import TaskplatError
 from taskplat.common.logging import get_logger
@@ -164,6 +166,9 @@ class DispatcherClient:
         return await self._worker_call(
             "/internal/events", body, EventsAcceptedResponse, until, span="events"
         )
+
+    async def step(self, body: StepRequest, *, until: float) -> StepResponse | Rejection:
+        return await self._worker_call("/internal/steps", body, StepResponse, until, span="steps")
 
     async def complete(
         self, body: CompleteRequest, *, until: float

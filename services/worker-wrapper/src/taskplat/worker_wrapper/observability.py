@@ -29,8 +29,8 @@ from taskplat.common.telemetry import Telemetry
 SERVICE = "worker-wrapper"
 
 DeleteWhy = Literal["not_claimed", "completed", "rejected", "poison"]
-SqsOp = Literal["receive", "delete", "change_visibility"]
-SqsRequest = Literal["receive", "delete", "delete_batch", "change_visibility"]
+SqsOp = Literal["receive", "delete", "change_visibility", "send_batch"]
+SqsRequest = Literal["receive", "delete", "delete_batch", "change_visibility", "send_batch"]
 TaskOutcome = Literal["Completed", "Failed", "Canceled", "Stopped"]
 KillReason = Literal["deadline", "canceled", "lease_lost", "draining", "flood", "protocol_error"]
 

@@ -2,12 +2,17 @@
 
   * `{"event": {...}}` or `{"events": [...]}`: upstream events (seed 004's shape), forwarded to the
     dispatcher at once, in order;
+  * `{"step": {"name": ..., "result": ...}}`: a step's result to record (`POST /internal/steps`),
+    forwarded at once, in order with the events;
+  * `{"records": [...], "dataset_uuid": ...}`: records for a buffered_postgres output of the job,
+    published to its buffer queue before the completion is reported;
   * `{"status": "succeeded", "payload": {...}, "outputs": [...]}`: the result envelope, the last
     line of a task's answer (`events` may carry final events; `error` explains a non-success
     status; `"retryable": false` on a failure fails the task for good);
   * anything else (a non-JSON line, JSON without those keys) is ignored.
 
-Invariants: a line that names `event`/`events`/`status` but does not match its shape is a protocol
+Invariants: a line that names `event`/`events`/`step`/`records`/`status` but does not match its
+shape is a protocol
 error, never silently ignored; a line over `line_max_bytes` or more than `total_max_bytes` of stdout
 for one task is a stdout flood. Both end the operator process (the caller kills it).
 """
@@ -18,18 +23,18 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from taskplat.common.contracts import Event, Output
-from taskplat.common.contracts.base import JsonObject
+from taskplat.common.contracts.base import JsonArray, JsonObject, JsonValue
+from taskplat.common.contracts.internal import StepName
 from taskplat.common.logging import get_logger
 from taskplat.worker_wrapper.operators import summarize
 
 SUCCEEDED = "succeeded"
 READ_CHUNK = 64 * 1024
-
-EventSink = Callable[[Sequence[Event]], Awaitable[None]]
 
 
 class _Strict(BaseModel):
@@ -59,6 +64,25 @@ class EventsLine(_Strict):
     events: list[Event] = Field(min_length=1, max_length=1000)
 
 
+class StepResult(_Strict):
+    name: StepName
+    result: JsonValue = None
+
+
+class StepLine(_Strict):
+    step: StepResult
+
+
+class RecordsLine(_Strict):
+    dataset_uuid: UUID
+    records: JsonArray = Field(min_length=1, max_length=100_000)
+
+
+# What an operator's line asks of the wrapper while it runs, in order.
+SideLine = Sequence[Event] | StepLine | RecordsLine
+EventSink = Callable[[SideLine], Awaitable[None]]
+
+
 @dataclass(frozen=True)
 class ProtocolError:
     """The operator broke the protocol (flood, malformed event or envelope): kill it."""
@@ -72,7 +96,7 @@ class EndOfOutput:
 
 
 Answer = ResultEnvelope | ProtocolError | EndOfOutput
-Line = ResultEnvelope | list[Event] | ProtocolError | None
+Line = ResultEnvelope | list[Event] | StepLine | RecordsLine | ProtocolError | None
 
 
 def parse_line(raw: bytes) -> Line:
@@ -101,6 +125,16 @@ def parse_line(raw: bytes) -> Line:
             return list(EventsLine.model_validate(obj).events)
         except ValidationError as exc:
             return ProtocolError(f"invalid event line: {summarize(exc)}")
+    if "step" in obj:
+        try:
+            return StepLine.model_validate(obj)
+        except ValidationError as exc:
+            return ProtocolError(f"invalid step line: {summarize(exc)}")
+    if "records" in obj:
+        try:
+            return RecordsLine.model_validate(obj)
+        except ValidationError as exc:
+            return ProtocolError(f"invalid records line: {summarize(exc)}")
     return None
 
 
@@ -151,7 +185,7 @@ async def read_answer(
         parsed = parse_line(raw)
         if parsed is None:
             log.debug("operator_output_ignored", line=raw[:200].decode("utf-8", "replace"))
-        elif isinstance(parsed, list):
+        elif isinstance(parsed, list | StepLine | RecordsLine):
             await forward(parsed)
         else:
             return parsed

@@ -22,6 +22,14 @@ Invariants:
     (`OperatorFailure`) before anything is written.
   * `task_id` is the idempotency key of external effects; `(attempt, lease_token)` is the fencing
     token.
+  * `step(name, fn)` runs `fn` only when no earlier attempt of the task recorded a result for
+    `name` (the claim carries those results), else returns the recorded one; a result it
+    computes is written as a `{"step": ...}` line, which the wrapper records (the first
+    recorded result of a step wins).
+  * `publish_records(output, records)` writes `{"records": [...], "dataset_uuid"}` lines (at most
+    `RECORDS_LINE_BYTES` each) for a buffered_postgres output of the task's job, named by its
+    output index, dataset name or dataset uuid; the wrapper sends them to the dataset's buffer
+    queue before it reports the task complete. Each record needs `org_id` and `dedupe_key`.
 """
 
 from __future__ import annotations
@@ -32,8 +40,9 @@ import sys
 import traceback
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
+T = TypeVar("T")
 _protocol_out: TextIO | None = None
 _current_task: Task | None = None
 
@@ -63,6 +72,8 @@ class Task:
     # The job's outputs, resolved when the task was claimed: {output_index, dataset_uuid,
     # dataset_version, location}.
     outputs: list[dict[str, Any]] = field(default_factory=list)
+    # Step results earlier attempts recorded ({step: result}); `step` adds this attempt's.
+    steps: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_document(cls, doc: Mapping[str, Any]) -> Task:
@@ -79,6 +90,7 @@ class Task:
             timeout_seconds=doc.get("timeout_seconds"),
             document=dict(doc),
             outputs=[dict(output) for output in doc.get("outputs") or []],
+            steps=dict(doc.get("steps") or {}),
         )
 
     def output(self, index: int) -> dict[str, Any]:
@@ -143,6 +155,72 @@ def emit_events(events: Iterable[Mapping[str, Any]]) -> None:
     batch = [resolve_event(event) for event in events]
     if batch:
         _write({"events": batch})
+
+
+RECORDS_LINE_BYTES = 200_000
+
+
+def _task_of(what: str) -> Task:
+    if _current_task is None:
+        raise OperatorFailure(f"{what} needs the task (call it inside a handler run by serve)")
+    return _current_task
+
+
+def step(name: str, fn: Callable[[], T]) -> T:
+    """The result of the task's step `name`: recorded by an earlier attempt, else `fn()`
+    (recorded for later attempts). The result must be JSON."""
+    task = _task_of("step")
+    if name in task.steps:
+        stored: T = task.steps[name]
+        return stored
+    result = fn()
+    try:
+        json.dumps(result)
+    except (TypeError, ValueError) as exc:
+        raise OperatorFailure(f"step {name!r}: the result is not JSON: {exc}") from None
+    _write({"step": {"name": name, "result": result}})
+    task.steps[name] = result
+    return result
+
+
+def _buffered_output(task: Task, output: int | str) -> dict[str, Any]:
+    if isinstance(output, int):
+        found = task.output(output)
+    else:
+        matches = [o for o in task.outputs if output in (o.get("dataset"), o.get("dataset_uuid"))]
+        if not matches:
+            raise OperatorFailure(f"the task's job has no output dataset {output!r}")
+        found = matches[0]
+    if found.get("kind") != "buffered_postgres":
+        raise OperatorFailure(f"output {output!r} is not a buffered_postgres dataset")
+    return found
+
+
+def publish_records(output: int | str, records: Iterable[Mapping[str, Any]]) -> int:
+    """Publish records to a buffered_postgres output of the task's job (its output index, dataset
+    name or dataset uuid); returns how many. Each record has `org_id` and `dedupe_key`."""
+    target = _buffered_output(_task_of("publish_records"), output)
+    dataset_uuid = str(target["dataset_uuid"])
+    chunk: list[str] = []
+    size = 0
+    count = 0
+
+    def write() -> None:
+        out = _protocol_out or sys.stdout
+        out.write('{"dataset_uuid":"' + dataset_uuid + '","records":[' + ",".join(chunk) + "]}\n")
+        out.flush()
+
+    for record in records:
+        text = json.dumps(dict(record), separators=(",", ":"))
+        if chunk and size + len(text) + 1 > RECORDS_LINE_BYTES:
+            write()
+            chunk, size = [], 0
+        chunk.append(text)
+        size += len(text) + 1
+        count += 1
+    if chunk:
+        write()
+    return count
 
 
 def read_task(stream: TextIO | None = None) -> Task:

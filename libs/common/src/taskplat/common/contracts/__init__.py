@@ -9,6 +9,7 @@ from taskplat.common.contracts.base import Contract
 from taskplat.common.contracts.broker import CredentialsRequest, CredentialsResponse
 from taskplat.common.contracts.dags import (
     ColumnSpec,
+    ColumnView,
     DagDocument,
     DagList,
     DagSummary,
@@ -62,6 +63,8 @@ from taskplat.common.contracts.internal import (
     OutputTarget,
     RejectedResponse,
     RejectReason,
+    StepRequest,
+    StepResponse,
 )
 from taskplat.common.contracts.messages import DeadLetterRecord, WakeUpMessage
 from taskplat.common.contracts.operations import (
@@ -104,6 +107,7 @@ __all__ = [
     "ClaimTask",
     "ClaimedResponse",
     "ColumnSpec",
+    "ColumnView",
     "CompleteBatchRequest",
     "CompleteBatchResponse",
     "CompleteBatchResult",
@@ -164,6 +168,8 @@ __all__ = [
     "ResolvedOutput",
     "StateCount",
     "Stats",
+    "StepRequest",
+    "StepResponse",
     "TaskList",
     "TaskStatus",
     "TaskView",

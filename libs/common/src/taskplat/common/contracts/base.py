@@ -42,6 +42,8 @@ def _storable_json(value: _T) -> _T:
 # A JSON object / array of arbitrary content (config, inputs, results).
 JsonObject = Annotated[dict[str, Any], AfterValidator(_storable_json)]
 JsonArray = Annotated[list[Any], AfterValidator(_storable_json)]
+# Any JSON value (a step's result).
+JsonValue = Annotated[Any, AfterValidator(_storable_json)]
 
 # Bounded free text fields.
 ShortText = Annotated[str, Field(min_length=1, max_length=200, pattern=NO_NUL)]

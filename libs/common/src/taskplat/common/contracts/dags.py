@@ -215,7 +215,14 @@ class DatasetList(Contract):
     datasets: list[DatasetSummary]
 
 
+class ColumnView(Contract):
+    name: str
+    type: str
+
+
 class DatasetView(Contract):
+    model_config = _BY_ALIAS
+
     dataset_uuid: UUID
     name: str
     kind: DatasetKind
@@ -226,6 +233,23 @@ class DatasetView(Contract):
     )
     versions: list[DatasetVersionView] = Field(description="Newest first.")
     created_at: AwareDatetime
+    schema_: list[ColumnView] | None = Field(
+        None,
+        alias="schema",
+        description="buffered_postgres: the current version's columns (org_id and dedupe_key "
+        "first); null for other kinds.",
+    )
+    schema_hash: str | None = Field(
+        None, description="buffered_postgres: `sha256:` + hex of the schema producers must send."
+    )
+    buffer_queue_url: str | None = Field(
+        None,
+        description="buffered_postgres: the SQS buffer producers publish to; null until the sink "
+        "has created it.",
+    )
+    row_count: int | None = Field(
+        None, description="buffered_postgres: rows in the current version's table."
+    )
 
 
 class NewVersionRequest(Contract):

@@ -27,6 +27,7 @@ from taskplat.common.contracts.base import (
     Int64,
     JsonArray,
     JsonObject,
+    JsonValue,
     QueueName,
     WorkerId,
 )
@@ -61,6 +62,16 @@ class OutputTarget(Contract):
     dataset_uuid: UUID
     dataset_version: UUID
     location: str
+    dataset: str | None = Field(None, description="The dataset's name.")
+    kind: str | None = Field(None, description="The dataset's kind.")
+    schema_hash: str | None = Field(
+        None, description="buffered_postgres: the schema hash the records must be published with."
+    )
+    buffer_queue_url: str | None = Field(
+        None,
+        description="buffered_postgres: the SQS buffer records are published to (null until the "
+        "sink has created it).",
+    )
 
 
 class ClaimTask(Contract):
@@ -86,6 +97,10 @@ class ClaimTask(Contract):
         "trusted",
         description="`untrusted`: the operator runs as a separate unprivileged user and gets the "
         "claim's capability token (its job's `trust`).",
+    )
+    steps: JsonObject = Field(
+        default_factory=dict,
+        description="The step results earlier attempts of the task recorded ({step: result}).",
     )
 
 
@@ -175,6 +190,35 @@ class EventsRequest(Contract):
 class EventsAcceptedResponse(Contract):
     status: Literal["Accepted"] = "Accepted"
     accepted: int = Field(description="Events newly stored (repeats are acknowledged, not stored).")
+
+
+StepName = Annotated[str, Field(min_length=1, max_length=200, pattern=NO_NUL)]
+
+
+class StepRequest(Contract):
+    """`POST /internal/steps`: look up (no `result`) or record (`result` given, any JSON value) the
+    result of a named step of the current attempt's task. The first recorded result wins."""
+
+    task_id: UUID
+    attempt: Attempt
+    lease_token: UUID | None = None
+    step: StepName
+    result: JsonValue = Field(
+        None, description="The step's result to record; omit the field to only look it up."
+    )
+
+    @property
+    def records(self) -> bool:
+        return "result" in self.model_fields_set
+
+
+class StepResponse(Contract):
+    status: Literal["Recorded", "Existing", "NotFound"] = Field(
+        description="Recorded: this call stored the result; Existing: a result was stored before "
+        "(by this or an earlier attempt) and is returned; NotFound: a lookup found none."
+    )
+    result: JsonValue = Field(None, description="The step's stored result (null when NotFound).")
+    attempt: int | None = Field(None, description="The attempt that recorded the result.")
 
 
 class Output(Contract):

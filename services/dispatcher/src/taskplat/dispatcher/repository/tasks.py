@@ -236,3 +236,10 @@ async def replay_task(conn: Conn, task_id: UUID, now: datetime | None) -> Row | 
 
 async def ping(conn: Conn) -> None:
     await conn.execute(Q["ping"])
+
+
+async def record_step(conn: Conn, params: dict[str, Any]) -> Row:
+    """{guarded, inserted, recorded_attempt, result} of a step lookup or record (`record_step`)."""
+    row = await _one(conn, "record_step", {**params, "result": Jsonb(params["result"])})
+    assert row is not None
+    return row

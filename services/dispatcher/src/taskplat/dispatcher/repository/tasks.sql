@@ -100,7 +100,8 @@ claimed AS (
     RETURNING t.task_id, t.attempt, t.job, t.operator, t.queue, t.config, t.inputs,
               t.timeout_seconds, t.deadline_at, t.lease_token, t.lease_expires_at,
               t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset,
-              taskplat_job_outputs(t.job) AS outputs, taskplat_job_trust(t.job) AS trust
+              taskplat_job_outputs(t.job) AS outputs, taskplat_job_trust(t.job) AS trust,
+              taskplat_task_steps(t.task_id, t.attempt) AS steps
 ),
 history AS (
     INSERT INTO task_attempts (task_id, attempt, worker_id, lease_token, started_at)
@@ -111,7 +112,7 @@ SELECT * FROM claimed
 -- name: fetch_task
 SELECT task_id, status, attempt, job, operator, queue, config, inputs, timeout_seconds,
        deadline_at, taskplat_job_outputs(job) AS outputs,
-       taskplat_job_trust(job) AS trust
+       taskplat_job_trust(job) AS trust, taskplat_task_steps(task_id, attempt) AS steps
 FROM tasks
 WHERE task_id = %(task_id)s
 
@@ -359,3 +360,35 @@ RETURNING t.task_id, t.queue, t.operator, t.attempt
 
 -- name: ping
 SELECT 1 AS ok
+
+-- name: record_step
+-- A step's result of the task of the named attempt, only while that attempt is Running and holds
+-- the lease (when a token is given): stored when %(record)s and none is stored yet (the first
+-- recorded result wins), and the stored one returned. The guard row is share-locked like events.
+WITH guard AS (
+    SELECT task_id
+    FROM tasks
+    WHERE task_id = %(task_id)s
+      AND status = 'Running'
+      AND attempt = %(attempt)s
+      AND (%(lease_token)s::uuid IS NULL OR lease_token = %(lease_token)s::uuid)
+    FOR SHARE
+),
+inserted AS (
+    INSERT INTO task_steps (task_id, step, attempt, result, created_at)
+    SELECT g.task_id, %(step)s, %(attempt)s, %(result)s, coalesce(%(now)s::timestamptz, now())
+    FROM guard AS g
+    WHERE %(record)s
+    ON CONFLICT (task_id, step) DO NOTHING
+    RETURNING attempt, result
+),
+stored AS (
+    SELECT s.attempt, s.result
+    FROM task_steps AS s
+    JOIN guard AS g ON g.task_id = s.task_id
+    WHERE s.step = %(step)s
+)
+SELECT (SELECT count(*) FROM guard) AS guarded,
+       (SELECT count(*) FROM inserted) AS inserted,
+       coalesce((SELECT attempt FROM inserted), (SELECT attempt FROM stored)) AS recorded_attempt,
+       coalesce((SELECT result FROM inserted), (SELECT result FROM stored)) AS result

@@ -26,16 +26,29 @@ SERVICES: dict[str, str] = {
     "relay": "taskplat.outbox_relay",
     "scheduler": "taskplat.scheduler",
     "reaper": "taskplat.reaper",
+    "sink": "taskplat.sink",
 }
 WORKER_MODULE = "taskplat.worker_wrapper"
 WORKER_GROUP = "worker"  # key of `service_env` that applies to every worker wrapper
-_NOT_FOR_WORKERS = ("DATABASE_URL", "TASKPLAT_API_KEYS")
-_STOP_TIMEOUTS = {"dispatcher": 25.0, "relay": 10.0, "scheduler": 10.0, "reaper": 10.0}
+_NOT_FOR_WORKERS = (
+    "DATABASE_URL",
+    "TASKPLAT_API_KEYS",
+    "TASKPLAT_ATTEMPT_TOKEN_KEYS",
+    "TASKPLAT_ATTEMPT_TOKEN_ACTIVE_KID",
+)
+_STOP_TIMEOUTS = {
+    "dispatcher": 25.0,
+    "relay": 10.0,
+    "scheduler": 10.0,
+    "reaper": 10.0,
+    "sink": 10.0,
+}
 # The setting of each process's /metrics and /healthz port (the dispatcher serves them itself).
 OPS_PORT_SETTINGS = {
     "relay": "TASKPLAT_RELAY_OPS_PORT",
     "scheduler": "TASKPLAT_SCHEDULER_OPS_PORT",
     "reaper": "TASKPLAT_REAPER_OPS_PORT",
+    "sink": "TASKPLAT_SINK_OPS_PORT",
     WORKER_GROUP: "TASKPLAT_WORKER_OPS_PORT",
 }
 
