@@ -58,6 +58,11 @@ def test_drained_attempts_do_not_spend_max_attempts_until_max_processing_attempt
     assert view["processing_attempts"] == 3 and view["finished_at"] is not None
     (letter,) = _dead_letters(db_url, task_id)
     assert (letter.dead_reason, letter.attempt) == ("ProcessingAttemptsExceeded", 3)
+    # A replay gives fresh budgets: both counters start again.
+    replayed = dispatcher.api.post(f"/tasks/{task_id}/retry")
+    assert replayed.status_code == 200, replayed.text
+    view = replayed.json()
+    assert (view["attempt"], view["counted_attempts"], view["processing_attempts"]) == (4, 1, 0)
 
 
 def test_a_reported_failure_still_counts_after_drains(dispatcher: Dispatcher, db_url: str) -> None:
