@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from dispatcher_calls import claimed, complete, create_task, get_task
 from dispatcher_harness import Dispatcher
+from dispatcher_metrics import scrape
 from dispatcher_rows import outbox_rows, promote_retry, task_row
 
 from taskplat.common.contracts import DeadLetterRecord
@@ -58,6 +59,11 @@ def test_drained_attempts_do_not_spend_max_attempts_until_max_processing_attempt
     assert view["processing_attempts"] == 3 and view["finished_at"] is not None
     (letter,) = _dead_letters(db_url, task_id)
     assert (letter.dead_reason, letter.attempt) == ("ProcessingAttemptsExceeded", 3)
+    metrics = scrape(dispatcher)
+    failed = metrics.series("taskplat_tasks_failed_total", "operator", "reason")
+    assert failed == {("echo", "Drained"): 3}
+    dead = metrics.series("taskplat_tasks_dead_total", "operator", "reason")
+    assert dead == {("echo", "ProcessingAttemptsExceeded"): 1}
     # A replay gives fresh budgets: both counters start again.
     replayed = dispatcher.api.post(f"/tasks/{task_id}/retry")
     assert replayed.status_code == 200, replayed.text

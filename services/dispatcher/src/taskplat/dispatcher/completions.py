@@ -256,7 +256,7 @@ class Completions:
 
     def _record(self, request: CompleteRequest, settled: _Settled) -> None:
         if settled.row is not None:
-            self._recorder.attempt_ended(settled.row, request.status, late=settled.late)
+            self._recorder.attempt_ended(settled.row, request.ended, late=settled.late)
             self._recorder.events_received(len(request.events))
 
     def _rejected_result(self, request: CompleteRequest, exc: Rejected) -> CompleteBatchResult:
