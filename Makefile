@@ -96,6 +96,10 @@ fmt: venv ## Format the code with ruff
 migrate: venv ## Apply migrations to DATABASE_URL
 	@$(RUN) taskplat-migrate
 
+.PHONY: migrate-status
+migrate-status: venv ## List applied and pending migrations of DATABASE_URL
+	@$(RUN) taskplat-migrate status
+
 .PHONY: dispatcher
 dispatcher: venv ## Run the dispatcher against DATABASE_URL (see README for its settings)
 	@$(RUN) python -m taskplat.dispatcher

@@ -138,6 +138,7 @@ def test_sigterm_drain_hands_the_task_to_another_wrapper(stack: E2EStack, tmp_pa
         "hang",
         config={"seconds": 5, "pid_dir": str(tmp_path), "marker": str(marker)},
         backoff_base_seconds=60,  # a drained task is retried at once, not after the backoff
+        max_attempts=1,  # and a drained attempt does not count against max_attempts
     )
     pid = read_pid(tmp_path, task["task_id"], 1)
     running = stack.wait_status(task["task_id"], "Running", timeout=10)
@@ -150,8 +151,9 @@ def test_sigterm_drain_hands_the_task_to_another_wrapper(stack: E2EStack, tmp_pa
     assert done["status"] == "Completed"
     first, second = done["attempts"]
     assert first["worker_id"] == worker_id
-    assert first["outcome"] == "Failed"
+    assert first["outcome"] == "Drained"
     assert "shutting down" in (first["error"] or "")
+    assert done["processing_attempts"] == 1
     assert second["outcome"] == "Completed"
     assert second["worker_id"] != worker_id
     assert process_gone(pid)

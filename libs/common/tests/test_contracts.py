@@ -63,6 +63,10 @@ TASK_VIEW = {
     "status": "Failed",
     "attempt": 1,
     "max_attempts": 3,
+    "counted_attempts": 1,
+    "processing_attempts": 0,
+    "max_processing_attempts": 10,
+    "on_exhausted": "dead_letter",
     "operator": "echo",
     "queue": "default",
     "job": JOB,
@@ -133,6 +137,7 @@ JOB_VIEW = {
     "schedule": "0 * * * *",
     "schedule_next_at": T1,
     "trust": "trusted",
+    "on_exhausted": "discard",
     "max_attempts": 3,
     "timeout_seconds": None,
     "backoff_base_seconds": 1.0,
@@ -214,6 +219,8 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "error_message": None,
         "result": {"rows": 1},
         "retry_after_seconds": None,
+        "reason": None,
+        "retryable": True,
     },
     "CompleteResponse": {"status": "Accepted", "task_status": "Completed", "repeated": False},
     "Contract": {},
@@ -232,6 +239,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "job": JOB,
     },
     "DeadLetterRecord": {
+        "record": "resolved",
         "task_id": U1,
         "queue": "default",
         "operator": "echo",
@@ -240,6 +248,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "dead_reason": "AttemptsExhausted",
         "last_error": "boom",
         "died_at": T1,
+        "resolved_at": T1,
     },
     "ErrorResponse": {"error": "not_found", "message": "no such task", "detail": None},
     "Event": EVENT,
@@ -368,7 +377,9 @@ Location = tuple[str | int, ...]
 def test_every_model_has_an_example() -> None:
     assert set(MODELS) == set(EXAMPLES)
     assert ALIASES == [
-        "AttemptOutcome", "CompletionStatus", "NotClaimedReason", "RejectReason", "TaskStatus",
+        "AttemptOutcome", "CompletionStatus", "FailureReason", "NotClaimedReason", "OnExhausted",
+        "RejectReason",
+        "TaskStatus",
     ]  # fmt: skip
 
 

@@ -1,5 +1,7 @@
 """The migration runner: all migrations on an empty database give the committed schema; running
-again applies nothing; concurrent runners apply each version once; the CLI fails in one line."""
+again applies nothing; concurrent runners apply each version once; edited migrations are refused
+(checksums); lock and statement timeouts; no-transaction migrations; the CLI fails in one line and
+lists applied and pending migrations."""
 
 from __future__ import annotations
 
@@ -17,7 +19,13 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from taskplat.common.db.migrate import MigrationError, apply_migrations, available_migrations
+from taskplat.common.db.migrate import (
+    Migration,
+    MigrationError,
+    apply_migrations,
+    available_migrations,
+    migration_status,
+)
 from taskplat.common.db.queries import parse_queries
 from taskplat.devstack.ports import free_port
 
@@ -132,9 +140,103 @@ def test_the_cli_fails_in_one_line_for_a_missing_database(database_url: str) -> 
     assert line.startswith("taskplat-migrate: ") and "tp_no_such_database" in line
 
 
-def test_the_cli_applies_pending_migrations(empty_db_url: str) -> None:
+def test_the_cli_applies_pending_migrations_and_lists_them(empty_db_url: str) -> None:
+    names = [f"{m.version:04d}_{m.name}" for m in available_migrations()]
+    before = _run_cli("status", "--database-url", empty_db_url)
+    assert before.returncode == 0, before.stderr
+    assert [line.split()[:2] for line in before.stdout.splitlines()[:-1]] == [
+        ["pending", name] for name in names
+    ]
     result = _run_cli("--database-url", empty_db_url)
     assert result.returncode == 0, result.stderr
-    again = _run_cli("--database-url", empty_db_url)
+    again = _run_cli("apply", "--database-url", empty_db_url)
     assert again.returncode == 0, again.stderr
     assert apply_migrations(empty_db_url) == []
+    after = _run_cli("status", "--database-url", empty_db_url)
+    assert after.returncode == 0, after.stderr
+    assert [line.split()[:2] for line in after.stdout.splitlines()[:-1]] == [
+        ["applied", name] for name in names
+    ]
+    assert after.stdout.splitlines()[-1] == f"{len(names)} applied, 0 pending"
+
+
+TABLE = Migration(1, "table", "CREATE TABLE a (x integer);\n")
+COLUMN = Migration(2, "column", "ALTER TABLE a ADD COLUMN y integer;\n")
+CONCURRENT_SQL = """-- Indexes built without blocking writes.
+-- taskplat: no-transaction
+DROP INDEX CONCURRENTLY IF EXISTS a_x_idx;
+CREATE INDEX CONCURRENTLY IF NOT EXISTS a_x_idx ON a (x);  -- the index
+CREATE INDEX CONCURRENTLY IF NOT EXISTS a_y_idx
+    ON a (y);
+"""
+
+
+def _recorded(url: str) -> dict[int, str | None]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT version, checksum FROM schema_migrations").fetchall()
+    return {int(version): checksum for version, checksum in rows}
+
+
+def test_checksums_are_recorded_and_an_edited_migration_is_refused(empty_db_url: str) -> None:
+    assert apply_migrations(empty_db_url, migrations=[TABLE, COLUMN]) == [1, 2]
+    assert _recorded(empty_db_url) == {1: TABLE.checksum, 2: COLUMN.checksum}
+    edited = Migration(1, "table", "CREATE TABLE a (x bigint);\n")
+    with pytest.raises(MigrationError, match=r"\[1\] were edited"):
+        apply_migrations(empty_db_url, migrations=[edited, COLUMN])
+    states = migration_status(empty_db_url, [edited, COLUMN, Migration(3, "later", "SELECT 1;")])
+    assert [(s.version, s.applied_at is not None, s.edited) for s in states] == [
+        (1, True, True),
+        (2, True, False),
+        (3, False, False),
+    ]
+
+
+def test_a_database_migrated_before_checksums_adopts_them(empty_db_url: str) -> None:
+    apply_migrations(empty_db_url, migrations=[TABLE])
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE schema_migrations DROP COLUMN checksum")
+    assert [s.applied_at is not None for s in migration_status(empty_db_url, [TABLE])] == [True]
+    assert apply_migrations(empty_db_url, migrations=[TABLE, COLUMN]) == [2]
+    assert _recorded(empty_db_url) == {1: TABLE.checksum, 2: COLUMN.checksum}
+
+
+def test_a_no_transaction_migration_runs_each_statement_on_its_own(empty_db_url: str) -> None:
+    concurrent = Migration(3, "concurrent", CONCURRENT_SQL)
+    assert not concurrent.transactional and TABLE.transactional
+    assert len(concurrent.statements()) == 3
+    # Inside a transaction, CREATE INDEX CONCURRENTLY is refused, and nothing is recorded.
+    in_transaction = Migration(3, "concurrent", CONCURRENT_SQL.replace("-- taskplat: ", "-- "))
+    assert in_transaction.transactional
+    apply_migrations(empty_db_url, migrations=[TABLE, COLUMN])
+    with pytest.raises(psycopg.errors.ActiveSqlTransaction):
+        apply_migrations(empty_db_url, migrations=[TABLE, COLUMN, in_transaction])
+    assert set(_recorded(empty_db_url)) == {1, 2}
+
+    assert apply_migrations(empty_db_url, migrations=[TABLE, COLUMN, concurrent]) == [3]
+    with psycopg.connect(empty_db_url) as conn:
+        valid = conn.execute(
+            "SELECT c.relname, i.indisvalid FROM pg_index AS i "
+            "JOIN pg_class AS c ON c.oid = i.indexrelid WHERE c.relname LIKE 'a\\_%%_idx' "
+            "ORDER BY 1"
+        ).fetchall()
+    assert valid == [("a_x_idx", True), ("a_y_idx", True)]
+    with pytest.raises(MigrationError, match="after the last"):
+        Migration(4, "open", "-- taskplat: no-transaction\nSELECT 1").statements()
+
+
+def test_a_migration_behind_a_long_transaction_times_out_and_can_be_retried(
+    empty_db_url: str,
+) -> None:
+    apply_migrations(empty_db_url, migrations=[TABLE])
+    with psycopg.connect(empty_db_url) as reader:
+        reader.execute("SELECT * FROM a").fetchall()  # holds its lock until the transaction ends
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            apply_migrations(empty_db_url, migrations=[TABLE, COLUMN], lock_timeout_seconds=0.2)
+        assert set(_recorded(empty_db_url)) == {1}
+    assert apply_migrations(empty_db_url, migrations=[TABLE, COLUMN]) == [2]
+    slow = Migration(3, "slow", "SELECT pg_sleep(5);\n")
+    with pytest.raises(psycopg.errors.QueryCanceled):
+        apply_migrations(
+            empty_db_url, migrations=[TABLE, COLUMN, slow], statement_timeout_seconds=0.2
+        )
+    assert set(_recorded(empty_db_url)) == {1, 2}

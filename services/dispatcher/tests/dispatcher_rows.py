@@ -1,18 +1,18 @@
 """Test setup and inspection: direct database rows for the dispatcher's tests (not product code).
 
-Invariants: the two `emulate_*` functions stand in for the reaper's lease timeout and the
-scheduler's retry promotion (neither loop exists yet); each is one guarded UPDATE naming the status
-and attempt it expects, as the real loops must, and returns None when the guard did not match.
-They write only what the dispatcher's tests look at: the lease timeout closes the attempt record
-but writes no `dead_letter` outbox row; the retry promotion writes its `enqueue_task` row.
-Everything else only reads. Each call opens and commits its own connection.
+Invariants: `reap_timeout` and `promote_retry` run the reaper's and the scheduler's own statements
+(`reap_timeouts` of reaper.sql, `queue_due` of scheduler.sql, read from the repository: a service
+never imports another) to reach the states the API cannot (a timed-out attempt, a newer attempt
+started by a retry). Those statements work on due batches; to confine one to the task named, every
+other task row is locked by a second transaction for the duration, and their `SKIP LOCKED`
+selection passes them by. Everything else only reads. Each call commits its own connection.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, LiteralString
 from uuid import UUID
 
 import psycopg
@@ -22,6 +22,11 @@ from taskplat.common.db.queries import parse_queries
 
 _SQL_PATH = Path(__file__).with_name("dispatcher_rows.sql")
 Q = parse_queries(_SQL_PATH.read_text(encoding="utf-8"), source=str(_SQL_PATH))
+_SERVICES = Path(__file__).resolve().parents[2]
+_REAPER_SQL = _SERVICES / "reaper/src/taskplat/reaper/reaper.sql"
+_SCHEDULER_SQL = _SERVICES / "scheduler/src/taskplat/scheduler/scheduler.sql"
+REAPER = parse_queries(_REAPER_SQL.read_text(encoding="utf-8"), source=str(_REAPER_SQL))
+SCHEDULER = parse_queries(_SCHEDULER_SQL.read_text(encoding="utf-8"), source=str(_SCHEDULER_SQL))
 
 Row = dict[str, Any]
 
@@ -32,30 +37,49 @@ def _rows(db_url: str, name: str, params: dict[str, Any] | None = None) -> list[
         return cursor.fetchall() if cursor.description else []
 
 
-def emulate_lease_expired(
+def _only(
+    db_url: str, task_id: str | UUID, query: LiteralString, params: dict[str, Any]
+) -> Row | None:
+    """Run another service's batch statement with every task but `task_id` locked away."""
+    with psycopg.connect(db_url, row_factory=dict_row) as others:
+        others.execute(Q["lock_other_tasks"], {"task_id": task_id})
+        with psycopg.connect(db_url, row_factory=dict_row) as conn:
+            moved = conn.execute(query, params).fetchall()
+        others.rollback()
+    assert all(str(row["task_id"]) == str(task_id) for row in moved), moved
+    return moved[0] if moved else None
+
+
+def reap_timeout(
     db_url: str, task_id: str | UUID, attempt: int, lease_token: str | UUID, now: datetime
 ) -> str | None:
-    """The reaper's lease timeout of `attempt`: Failed (retry due at `now`) or Dead."""
-    with psycopg.connect(db_url, row_factory=dict_row) as conn:
-        params = {"task_id": task_id, "attempt": attempt, "lease_token": lease_token, "now": now}
-        row = conn.execute(Q["emulate_lease_expired"], params).fetchone()
-        if row is None:
-            return None
-        conn.execute(Q["emulate_attempt_lease_expired"], params)
-        return str(row["status"])
+    """The reaper's timeout of the task's `attempt` at `now` (its lease must have run out):
+    Failed (retry due at `now`: the jitter is 0) or Dead; None when it was not timed out."""
+    row = _only(
+        db_url,
+        task_id,
+        REAPER["reap_timeouts"],
+        {"now": now, "limit": 10, "grace_seconds": 0.0, "jitters": [0.0] * 10},
+    )
+    if row is None:
+        return None
+    assert (row["attempt"], row["ended"]) == (attempt, "LeaseExpired"), row
+    return str(row["status"])
 
 
-def emulate_retry_promoted(
-    db_url: str, task_id: str | UUID, attempt: int, now: datetime
-) -> int | None:
-    """The scheduler's retry of a Failed `attempt`: Queued as attempt + 1, with an outbox row."""
-    with psycopg.connect(db_url, row_factory=dict_row) as conn:
-        params = {"task_id": task_id, "attempt": attempt, "now": now}
-        row = conn.execute(Q["emulate_retry_promoted"], params).fetchone()
-        if row is None:
-            return None
-        conn.execute(Q["emulate_retry_outbox"], {**params, "queue": row["queue"]})
-        return int(row["attempt"])
+def promote_retry(db_url: str, task_id: str | UUID, attempt: int, now: datetime) -> int | None:
+    """The scheduler's retry of the task's Failed `attempt` at `now`: Queued as attempt + 1 with
+    its wake-up; returns the new attempt, or None when it was not due."""
+    row = _only(
+        db_url,
+        task_id,
+        SCHEDULER["queue_due"],
+        {"now": now, "promote_limit": 10, "retry_limit": 10},
+    )
+    if row is None:
+        return None
+    assert (row["attempt"], row["moved_from"]) == (attempt + 1, "Failed"), row
+    return int(row["attempt"])
 
 
 def row_counts(db_url: str) -> dict[str, int]:

@@ -23,10 +23,10 @@ from dispatcher_calls import (
 from dispatcher_harness import Dispatcher
 from dispatcher_rows import (
     attempt_rows,
-    emulate_lease_expired,
     event_rows,
     outbox_rows,
     output_rows,
+    reap_timeout,
     task_row,
     task_state,
 )
@@ -146,8 +146,8 @@ def test_a_late_success_in_a_batch_is_accepted_after_a_lease_timeout(
     dispatcher: Dispatcher, db_url: str
 ) -> None:
     lease = running(dispatcher)
-    now = dispatcher.clock.now()
-    assert emulate_lease_expired(db_url, lease.task_id, 1, lease.lease_token, now) == "Failed"
+    now = dispatcher.clock.advance(dispatcher.settings.lease_ttl_seconds + 1)
+    assert reap_timeout(db_url, lease.task_id, 1, lease.lease_token, now) == "Failed"
     fresh = running(dispatcher)
     (late, other) = complete_batch(
         dispatcher,

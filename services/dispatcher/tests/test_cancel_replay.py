@@ -24,9 +24,9 @@ from dispatcher_calls import (
 from dispatcher_harness import Dispatcher
 from dispatcher_rows import (
     attempt_rows,
-    emulate_lease_expired,
-    emulate_retry_promoted,
     outbox_rows,
+    promote_retry,
+    reap_timeout,
     row_counts,
     task_row,
     task_state,
@@ -160,7 +160,7 @@ def test_replay_of_a_dead_task_gets_a_fresh_attempt_budget(
             status = complete(dispatcher, lease, "Failed", error_message=f"e{attempt}")
             if attempt == first_attempt:
                 assert status.json()["task_status"] == "Failed"
-                assert emulate_retry_promoted(db_url, task_id, attempt, dispatcher.clock.now())
+                assert promote_retry(db_url, task_id, attempt, dispatcher.clock.now())
             else:
                 assert status.json()["task_status"] == "Dead"
 
@@ -207,8 +207,12 @@ def test_replay_of_other_states_answers_409_and_unknown_404(
     timed_out = create_task(dispatcher)["task_id"]
     timed_out_lease = claimed(dispatcher, timed_out)
     assert (
-        emulate_lease_expired(
-            db_url, timed_out, 1, timed_out_lease.lease_token, dispatcher.clock.now()
+        reap_timeout(
+            db_url,
+            timed_out,
+            1,
+            timed_out_lease.lease_token,
+            dispatcher.clock.advance(dispatcher.settings.lease_ttl_seconds + 1),
         )
         == "Failed"
     )

@@ -20,7 +20,7 @@ from dispatcher_calls import (
 from dispatcher_harness import Dispatcher
 from dispatcher_rows import (
     attempt_rows,
-    emulate_lease_expired,
+    reap_timeout,
     row_counts,
     task_row,
     task_state,
@@ -155,10 +155,10 @@ def test_not_claimed_reasons_change_nothing(dispatcher: Dispatcher, db_url: str)
     )
     _not_claimed(dispatcher, db_url, failed, "NotQueued")
 
-    dead = create_task(dispatcher, max_attempts=1)["task_id"]
+    dead = create_task(dispatcher, max_processing_attempts=1)["task_id"]
     lease = claimed(dispatcher, dead)
-    now = dispatcher.clock.now()
-    assert emulate_lease_expired(db_url, dead, 1, lease.lease_token, now) == "Dead"
+    now = dispatcher.clock.advance(dispatcher.settings.lease_ttl_seconds + 1)
+    assert reap_timeout(db_url, dead, 1, lease.lease_token, now) == "Dead"
     _not_claimed(dispatcher, db_url, dead, "NotQueued")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from typing import Any
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 from dispatcher_calls import (
     Lease,
@@ -23,11 +23,11 @@ from dispatcher_calls import (
 from dispatcher_harness import Dispatcher
 from dispatcher_rows import (
     attempt_rows,
-    emulate_lease_expired,
-    emulate_retry_promoted,
     event_rows,
     outbox_rows,
     output_rows,
+    promote_retry,
+    reap_timeout,
     row_counts,
     task_row,
     task_state,
@@ -141,9 +141,7 @@ def test_failed_schedules_retries_with_backoff_then_dies_with_a_dead_letter(
         assert ts(view["next_retry_at"]) == row["next_retry_at"]
         # A retry is not announced before the scheduler promotes it.
         assert len(outbox_rows(db_url, task_id)) == attempt
-        assert emulate_retry_promoted(db_url, task_id, attempt, row["next_retry_at"]) == (
-            attempt + 1
-        )
+        assert promote_retry(db_url, task_id, attempt, row["next_retry_at"]) == (attempt + 1)
 
     lease = claimed(dispatcher, task_id)
     assert lease.attempt == 3
@@ -229,9 +227,12 @@ def test_a_different_completion_of_an_ended_attempt_answers_not_running(
 
 
 def _timed_out(dispatcher: Dispatcher, db_url: str, max_attempts: int) -> tuple[Lease, str]:
-    lease = claimed(dispatcher, create_task(dispatcher, max_attempts=max_attempts)["task_id"])
+    """A lease timeout by the reaper; `max_attempts` bounds the processing attempts too (a lost
+    worker spends those), so 1 makes the timeout Dead."""
+    task = create_task(dispatcher, max_attempts=max_attempts, max_processing_attempts=max_attempts)
+    lease = claimed(dispatcher, task["task_id"])
     now = dispatcher.clock.advance(dispatcher.settings.lease_ttl_seconds + 1)
-    status = emulate_lease_expired(db_url, lease.task_id, 1, lease.lease_token, now)
+    status = reap_timeout(db_url, lease.task_id, 1, lease.lease_token, now)
     assert status is not None
     return lease, status
 
@@ -279,7 +280,7 @@ def test_a_late_reply_is_refused_once_a_newer_attempt_started_or_the_task_was_ca
     assert task_state(db_url, lease.task_id) == before
 
     # The scheduler promoted the retry (attempt 2 Queued), then a worker claimed it.
-    assert emulate_retry_promoted(db_url, lease.task_id, 1, dispatcher.clock.now()) == 2
+    assert promote_retry(db_url, lease.task_id, 1, dispatcher.clock.now()) == 2
     before = task_state(db_url, lease.task_id)
     assert_rejected(complete(dispatcher, lease, result={"late": 1}), "StaleAttempt")
     assert task_state(db_url, lease.task_id) == before
@@ -299,6 +300,58 @@ def test_a_late_reply_is_refused_once_a_newer_attempt_started_or_the_task_was_ca
         before = task_state(db_url, lease.task_id)
         assert_rejected(complete(dispatcher, lease, outputs=[output(0)]), "Canceled")
         assert task_state(db_url, lease.task_id) == before
+
+
+def test_a_holder_reporting_canceled_for_a_task_nobody_canceled_is_refused(
+    dispatcher: Dispatcher, db_url: str
+) -> None:
+    lease = claimed(dispatcher, create_task(dispatcher)["task_id"])
+    before = task_state(db_url, lease.task_id)
+    assert_rejected(
+        complete(dispatcher, lease, "Canceled", events=[cursor_event(1)]), "NotCanceled"
+    )
+    batch = dispatcher.worker.post(
+        "/internal/task-complete-batch",
+        json={"completions": [{**lease.fence(), "status": "Canceled"}]},
+    )
+    assert batch.status_code == 200, batch.text
+    (result,) = batch.json()["results"]
+    assert (result["status_code"], result["body"]["reason"]) == (409, "NotCanceled")
+    assert task_state(db_url, lease.task_id) == before
+    # The task still runs: its holder completes it.
+    accepted(complete(dispatcher, lease).text, 200, "Completed", repeated=False)
+    # A Canceled report of a task that ended otherwise is a different completion: NotRunning.
+    assert_rejected(complete(dispatcher, lease, "Canceled"), "NotRunning")
+
+
+def test_a_late_success_of_a_dead_letter_task_sends_a_resolved_record(
+    dispatcher: Dispatcher, db_url: str
+) -> None:
+    lease, status = _timed_out(dispatcher, db_url, 1)
+    assert status == "Dead"
+    died = task_row(db_url, lease.task_id)
+    assert died is not None
+    first = [r for r in outbox_rows(db_url, lease.task_id) if r["kind"] == "dead_letter"]
+    assert len(first) == 1  # the reaper's dead letter
+    now = dispatcher.clock.advance(3)
+    response = complete(dispatcher, lease, result={"late": True})
+    accepted(response.text, response.status_code, "Completed", repeated=False)
+    letters = [r for r in outbox_rows(db_url, lease.task_id) if r["kind"] == "dead_letter"]
+    assert len(letters) == len(first) + 1
+    record = DeadLetterRecord.model_validate(letters[-1]["payload"])
+    assert (record.record, record.task_id, record.attempt) == ("resolved", UUID(lease.task_id), 1)
+    assert record.dead_reason == died["dead_reason"] == "ProcessingAttemptsExceeded"
+    assert record.died_at == died["finished_at"] and record.resolved_at == now
+    # Its repeat sends nothing more; a late success of a Failed (not dead-lettered) task sends
+    # no record at all.
+    complete(dispatcher, lease, result={"late": True})
+    assert len([r for r in outbox_rows(db_url, lease.task_id) if r["kind"] == "dead_letter"]) == (
+        len(letters)
+    )
+    lease, status = _timed_out(dispatcher, db_url, 3)
+    assert status == "Failed"
+    assert complete(dispatcher, lease).status_code == 200
+    assert [r for r in outbox_rows(db_url, lease.task_id) if r["kind"] == "dead_letter"] == []
 
 
 def test_concurrent_identical_completions_apply_once(dispatcher: Dispatcher, db_url: str) -> None:

@@ -41,7 +41,9 @@ DESIGN_VIEW_FIELDS = {
 @pytest.fixture
 def dispatcher_overrides() -> dict[str, object]:
     return {
-        "operator_defaults": {"slow": {"max_attempts": 7, "backoff_base_seconds": 2.5}},
+        "operator_defaults": {
+            "slow": {"max_attempts": 7, "backoff_base_seconds": 2.5, "max_processing_attempts": 4}
+        },
         "default_backoff_max_seconds": 120.0,
     }
 
@@ -130,6 +132,18 @@ def test_create_uses_global_and_per_operator_defaults(dispatcher: Dispatcher) ->
 
     # A value set on the task wins over the operator's default.
     assert create_task(dispatcher, operator="slow", max_attempts=2)["max_attempts"] == 2
+
+    # Both budgets, and both counters, show in the view.
+    assert (plain["max_processing_attempts"], slow["max_processing_attempts"]) == (10, 4)
+    assert (plain["counted_attempts"], plain["processing_attempts"]) == (1, 0)
+    assert create_task(dispatcher, max_processing_attempts=2)["max_processing_attempts"] == 2
+    batch = dispatcher.api.post(
+        "/tasks/batch",
+        json={"tasks": [{"operator": "slow"}, {"operator": "x", "max_processing_attempts": 3}]},
+    )
+    assert batch.status_code in (200, 201), batch.text
+    views = [item["task"] for item in batch.json()["results"]]
+    assert [view["max_processing_attempts"] for view in views] == [4, 3]
 
 
 def test_create_scheduled_in_the_future_of_the_clock_writes_no_outbox_row(

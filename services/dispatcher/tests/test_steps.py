@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 from dispatcher_calls import Lease, assert_rejected, claimed, create_task
 from dispatcher_harness import Dispatcher
-from dispatcher_rows import emulate_lease_expired, emulate_retry_promoted
+from dispatcher_rows import promote_retry, reap_timeout
 
 
 def _step(d: Dispatcher, lease: Lease, step: str, **fields: Any) -> httpx.Response:
@@ -32,9 +32,9 @@ def test_the_first_result_wins_and_a_retry_gets_it_back(
     # A null result is a result.
     assert _step(d, first, "notify", result=None).json()["status"] == "Recorded"
 
-    now = d.clock.now()
-    assert emulate_lease_expired(db_url, task_id, 1, first.lease_token, now) == "Failed"
-    assert emulate_retry_promoted(db_url, task_id, 1, now) == 2
+    now = d.clock.advance(d.settings.lease_ttl_seconds + 1)
+    assert reap_timeout(db_url, task_id, 1, first.lease_token, now) == "Failed"
+    assert promote_retry(db_url, task_id, 1, now) == 2
     second = claimed(d, task_id)
     assert second.attempt == 2
     looked_up = _step(d, second, "charge").json()

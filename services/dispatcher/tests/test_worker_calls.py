@@ -23,9 +23,9 @@ from dispatcher_calls import (
 )
 from dispatcher_harness import Dispatcher
 from dispatcher_rows import (
-    emulate_lease_expired,
-    emulate_retry_promoted,
     event_rows,
+    promote_retry,
+    reap_timeout,
     row_counts,
     task_row,
     task_state,
@@ -64,8 +64,8 @@ def _second_attempt(dispatcher: Dispatcher, db_url: str) -> tuple[Lease, Lease]:
     task_id = create_task(dispatcher)["task_id"]
     old = claimed(dispatcher, task_id, "worker-old")
     now = dispatcher.clock.advance(60)
-    assert emulate_lease_expired(db_url, task_id, 1, old.lease_token, now) == "Failed"
-    assert emulate_retry_promoted(db_url, task_id, 1, now) == 2
+    assert reap_timeout(db_url, task_id, 1, old.lease_token, now) == "Failed"
+    assert promote_retry(db_url, task_id, 1, now) == 2
     current = claimed(dispatcher, task_id, "worker-new")
     assert current.attempt == 2
     return old, current

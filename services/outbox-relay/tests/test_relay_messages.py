@@ -70,6 +70,24 @@ def test_a_dead_letter_is_a_validated_record_sent_to_the_dead_letter_queue() -> 
     assert record.died_at == datetime(2030, 1, 1, tzinfo=UTC)
 
 
+def test_a_resolved_record_goes_to_the_dead_letter_queue_too() -> None:
+    task_id = uuid4()
+    payload = {
+        **_dead_payload(task_id),
+        "record": "resolved",
+        "resolved_at": "2030-01-01T00:05:00+00:00",
+    }
+    message = build_message(_row("dead_letter", task_id=task_id, payload=payload), SETTINGS)
+    assert message.queue_name == "p-dead"
+    record = DeadLetterRecord.model_validate_json(message.body)
+    assert (record.record, record.task_id) == ("resolved", task_id)
+    assert record.resolved_at == datetime(2030, 1, 1, 0, 5, tzinfo=UTC)
+    plain = build_message(
+        _row("dead_letter", task_id=task_id, payload=_dead_payload(task_id)), SETTINGS
+    )
+    assert DeadLetterRecord.model_validate_json(plain.body).record == "dead"
+
+
 @pytest.mark.parametrize(
     ("payload_change", "error"),
     [

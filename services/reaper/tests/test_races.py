@@ -10,7 +10,7 @@ from uuid import UUID
 
 import psycopg
 import pytest
-from loops_rows import LoopRows, Q, run_replicas, seconds
+from loops_rows import DISPATCHER, LoopRows, completion_params, run_replicas
 from psycopg.rows import DictRow, dict_row
 
 from taskplat.common.clock import FakeClock
@@ -33,13 +33,16 @@ def open_transaction(db_url: str) -> Iterator[psycopg.Connection[DictRow]]:
 
 
 def fence(rows: LoopRows, task_id: UUID, clock: FakeClock) -> dict[str, Any]:
+    """The parameters of the dispatcher's completion (and heartbeat) of the task's attempt."""
     task = rows.task(task_id)
-    return {
-        "task_id": task_id,
-        "attempt": task["attempt"],
-        "lease_token": task["lease_token"],
-        "now": clock.now(),
-    }
+    return completion_params(
+        {
+            "task_id": task_id,
+            "attempt": task["attempt"],
+            "lease_token": task["lease_token"],
+            "now": clock.now(),
+        }
+    )
 
 
 def test_a_completion_holding_the_row_wins_over_the_reaper(
@@ -55,8 +58,7 @@ def test_a_completion_holding_the_row_wins_over_the_reaper(
     params = fence(rows, task_id, clock)
 
     with open_transaction(db_url) as completion:
-        assert completion.execute(Q["complete_like_dispatcher"], params).fetchone()
-        completion.execute(Q["complete_attempt_like_dispatcher"], params)
+        assert completion.execute(DISPATCHER["complete_running"], params).fetchone()
         # the row lock is held: the reaper, in another thread, skips the row without waiting
         batch = executor.submit(reaper.run_once).result(timeout=20)
         assert batch.lease_expired == 0
@@ -81,10 +83,10 @@ def test_a_heartbeat_holding_the_row_keeps_the_task_running(
     reaper = make_reaper()
     task_id = rows.insert_task(clock.now(), "Running")
     clock.advance(11)
-    params = {**fence(rows, task_id, clock), "lease_expires_at": clock.now() + seconds(10)}
+    params = {**fence(rows, task_id, clock), "lease_seconds": 10.0}
 
     with open_transaction(db_url) as heartbeat:
-        assert heartbeat.execute(Q["heartbeat_like_dispatcher"], params).fetchone()
+        assert heartbeat.execute(DISPATCHER["heartbeat"], params).fetchone()
         assert executor.submit(reaper.run_once).result(timeout=20).lease_expired == 0
         heartbeat.commit()
 
@@ -105,7 +107,7 @@ def test_a_completion_after_the_reap_finds_a_timed_out_attempt(
     params = fence(rows, task_id, clock)
 
     assert reaper.run_once().lease_expired == 1
-    assert rows.conn.execute(Q["complete_like_dispatcher"], params).fetchone() is None
+    assert rows.conn.execute(DISPATCHER["complete_running"], params).fetchone() is None
 
     task = rows.task(task_id)
     assert task["status"] == "Failed"
@@ -117,7 +119,10 @@ def test_a_completion_after_the_reap_finds_a_timed_out_attempt(
 def test_two_reapers_time_out_each_attempt_exactly_once(
     make_reaper: MakeReaper, rows: LoopRows, clock: FakeClock
 ) -> None:
-    last_chance = set(rows.insert_tasks(150, clock.now(), "Running", max_attempts=1))
+    # An expired lease spends a processing attempt, not one of max_attempts.
+    last_chance = set(
+        rows.insert_tasks(150, clock.now(), "Running", max_attempts=1, max_processing_attempts=1)
+    )
     retryable = set(rows.insert_tasks(150, clock.now(), "Running", max_attempts=3))
     clock.advance(11)
     replicas = [make_reaper(reap_batch_size=10) for _ in range(2)]

@@ -31,7 +31,9 @@ def test_a_batch_counts_timeouts_deaths_expiries_and_pruning(
     ax = {"queue": "a", "operator": "x"}
     by = {"queue": "b", "operator": "y", "lease_expires_at": start + seconds(600)}
     rows.insert_tasks(2, start, "Running", **ax)
-    rows.insert_task(start, "Running", attempt=3, max_attempts=3, **ax)
+    rows.insert_task(
+        start, "Running", attempt=3, processing_attempts=2, max_processing_attempts=3, **ax
+    )
     rows.insert_task(start, "Running", deadline_at=start - seconds(60), **by)
     rows.insert_task(start, "Running", attempt=2, max_attempts=2, deadline_at=start, **by)
     queued = rows.insert_task(start, "Queued", queue="c", operator="z", expires_at=start)
@@ -47,7 +49,7 @@ def test_a_batch_counts_timeouts_deaths_expiries_and_pruning(
     assert {
         'taskplat_leases_expired_total{operator="x",queue="a"} 3.0',
         'taskplat_tasks_failed_total{operator="x",queue="a",reason="LeaseExpired"} 3.0',
-        'taskplat_tasks_dead_total{operator="x",queue="a",reason="AttemptsExhausted"} 1.0',
+        'taskplat_tasks_dead_total{operator="x",queue="a",reason="ProcessingAttemptsExceeded"} 1.0',
         'taskplat_deadlines_exceeded_total{operator="y",queue="b"} 2.0',
         'taskplat_tasks_failed_total{operator="y",queue="b",reason="DeadlineExceeded"} 2.0',
         'taskplat_tasks_dead_total{operator="y",queue="b",reason="AttemptsExhausted"} 1.0',
@@ -69,7 +71,7 @@ def test_each_transition_is_logged_with_the_task_identity(
     start = clock.now()
     retried = rows.insert_task(start, "Running", queue="a", operator="x", worker_id="w-1")
     dead = rows.insert_task(
-        start, "Running", queue="a", operator="x", worker_id="w-2", attempt=3, max_attempts=3
+        start, "Running", queue="a", operator="x", worker_id="w-2", max_processing_attempts=1
     )
     expired = rows.insert_task(start, "Scheduled", queue="c", operator="z", expires_at=start)
     clock.advance(11)
@@ -85,7 +87,7 @@ def test_each_transition_is_logged_with_the_task_identity(
     )
     assert events == sorted([
         ("task_lease_expired", (str(retried), 1, "a", "x", "w-1", "Failed", "LeaseExpired")),
-        ("task_dead", (str(dead), 3, "a", "x", "w-2", "Dead", "AttemptsExhausted")),
+        ("task_dead", (str(dead), 1, "a", "x", "w-2", "Dead", "ProcessingAttemptsExceeded")),
         ("task_expired", (str(expired), 1, "c", "z", None, "Dead", "Expired")),
     ])  # fmt: skip
     by_event = {entry["event"]: entry for entry in logs}

@@ -33,6 +33,34 @@ from taskplat.common.settings import DatabaseSettings
 
 _SQL_PATH = Path(__file__).with_name("loops_rows.sql")
 Q = parse_queries(_SQL_PATH.read_text(encoding="utf-8"), source=str(_SQL_PATH))
+# The dispatcher's own statements (its `tasks.sql`, read from the repository, not imported: a
+# service never imports another), so races are run against what the dispatcher really executes.
+DISPATCHER_SQL = (
+    Path(__file__).resolve().parents[2] / "dispatcher/src/taskplat/dispatcher/repository/tasks.sql"
+)
+DISPATCHER = parse_queries(DISPATCHER_SQL.read_text(encoding="utf-8"), source=str(DISPATCHER_SQL))
+
+
+def completion_params(fence: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """The parameters of the dispatcher's `complete_running` / `complete_late` for a plain
+    Completed report of `fence` (`task_id`, `attempt`, `lease_token`, `now`)."""
+    return {
+        "status": "Completed",
+        "ended": "Completed",
+        "retryable": True,
+        "result": None,
+        "error_message": None,
+        "attempt_error": None,
+        "retry_after_seconds": None,
+        "jitter": 0.5,
+        "completion_digest": "digest",
+        "trace_context": None,
+        "events": json.dumps([]),
+        "outputs": json.dumps([]),
+        **fence,
+        **fields,
+    }
+
 
 Row = dict[str, Any]
 Pool = ConnectionPool[Connection[DictRow]]
@@ -77,6 +105,9 @@ class LoopRows:
             "attempt": 1,
             "replay_offset": 0,
             "max_attempts": 3,
+            "processing_attempts": 0,
+            "max_processing_attempts": 10,
+            "on_exhausted": "dead_letter",
             "backoff_base_seconds": 2.0,
             "backoff_max_seconds": 60.0,
             "timeout_seconds": None,

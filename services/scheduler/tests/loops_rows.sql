@@ -5,13 +5,15 @@ INSERT INTO tasks (
     task_id, status, queue, operator, attempt, replay_offset, max_attempts,
     backoff_base_seconds, backoff_max_seconds, timeout_seconds, lease_token, lease_expires_at,
     deadline_at, worker_id, scheduled_for, next_retry_at, expires_at, queued_at, attempt_outcome,
-    dead_reason, last_error, created_at, started_at, finished_at, updated_at
+    dead_reason, last_error, created_at, started_at, finished_at, updated_at,
+    processing_attempts, max_processing_attempts, on_exhausted
 ) VALUES (
     %(task_id)s, %(status)s, %(queue)s, %(operator)s, %(attempt)s, %(replay_offset)s,
     %(max_attempts)s, %(backoff_base_seconds)s, %(backoff_max_seconds)s, %(timeout_seconds)s,
     %(lease_token)s, %(lease_expires_at)s, %(deadline_at)s, %(worker_id)s, %(scheduled_for)s,
     %(next_retry_at)s, %(expires_at)s, %(queued_at)s, %(attempt_outcome)s, %(dead_reason)s,
-    %(last_error)s, %(created_at)s, %(started_at)s, %(finished_at)s, %(created_at)s
+    %(last_error)s, %(created_at)s, %(started_at)s, %(finished_at)s, %(created_at)s,
+    %(processing_attempts)s, %(max_processing_attempts)s, %(on_exhausted)s
 )
 
 -- name: insert_attempt
@@ -34,50 +36,6 @@ INSERT INTO outbox (kind, task_id, queue, payload, created_at, available_at, sen
 VALUES ('enqueue_task', %(task_id)s, 'default', jsonb_build_object('task_id', %(task_id)s::text),
         %(created_at)s, %(created_at)s, %(sent_at)s)
 RETURNING outbox_id
-
--- name: complete_like_dispatcher
--- The dispatcher's completion transition (its complete_running guard: status, attempt, lease).
-UPDATE tasks AS t
-SET status = 'Completed',
-    attempt_outcome = 'Completed',
-    finished_at = %(now)s,
-    lease_expires_at = NULL,
-    updated_at = %(now)s
-WHERE t.task_id = %(task_id)s
-  AND t.status = 'Running'
-  AND t.attempt = %(attempt)s
-  AND t.lease_token = %(lease_token)s
-RETURNING t.task_id
-
--- name: complete_late_like_dispatcher
--- The dispatcher's late success of a timed-out attempt (its complete_late guard).
-UPDATE tasks AS t
-SET status = 'Completed',
-    attempt_outcome = 'Completed',
-    dead_reason = NULL,
-    next_retry_at = NULL,
-    finished_at = %(now)s,
-    updated_at = %(now)s
-WHERE t.task_id = %(task_id)s
-  AND t.status IN ('Failed', 'Dead')
-  AND t.attempt_outcome IN ('LeaseExpired', 'DeadlineExceeded')
-  AND t.attempt = %(attempt)s
-  AND t.lease_token = %(lease_token)s
-RETURNING t.task_id
-
--- name: complete_attempt_like_dispatcher
-UPDATE task_attempts
-SET finished_at = %(now)s, outcome = 'Completed'
-WHERE task_id = %(task_id)s AND attempt = %(attempt)s AND lease_token = %(lease_token)s
-
--- name: heartbeat_like_dispatcher
-UPDATE tasks AS t
-SET lease_expires_at = %(lease_expires_at)s, updated_at = %(now)s
-WHERE t.task_id = %(task_id)s
-  AND t.status = 'Running'
-  AND t.attempt = %(attempt)s
-  AND t.lease_token = %(lease_token)s
-RETURNING t.task_id
 
 -- name: finish_running_task
 UPDATE tasks

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from uuid import UUID
 
 import psycopg
-from loops_rows import LoopRows, Q, run_replicas, seconds
+from loops_rows import DISPATCHER, LoopRows, completion_params, run_replicas, seconds
 from psycopg import sql
 
 from taskplat.common.clock import FakeClock
@@ -214,14 +214,18 @@ def test_a_late_success_holding_the_row_wins_over_the_retry(
         clock.now(), "Failed", next_retry_at=clock.now(), attempt_outcome="LeaseExpired"
     )
     task = rows.task(task_id)
-    params = {
-        "task_id": task_id,
-        "attempt": task["attempt"],
-        "lease_token": task["lease_token"],
-        "now": clock.now(),
-    }
+    params = completion_params(
+        {
+            "task_id": task_id,
+            "attempt": task["attempt"],
+            "lease_token": task["lease_token"],
+            "now": clock.now(),
+        }
+    )
     with psycopg.connect(db_url) as completion, ThreadPoolExecutor(1) as executor:
-        assert completion.execute(Q["complete_late_like_dispatcher"], params).fetchone()
+        # The dispatcher's own late-success statement (its caller holds the row lock first).
+        completion.execute(DISPATCHER["read_fence_for_update"], params)
+        assert completion.execute(DISPATCHER["complete_late"], params).fetchone()
         assert executor.submit(scheduler.run_once).result(timeout=20).retried == 0
         completion.commit()
 

@@ -110,6 +110,14 @@ def test_failure_status_is_a_failure() -> None:
     assert "operator reported status 'failed': nope" in outcome.error_message
 
 
+def test_a_permanent_failure_is_not_retryable() -> None:
+    outcome = run(lambda: run_one(per_task("permanent"), task()))
+    assert isinstance(outcome, Failed) and outcome.retryable is False
+    assert "never again" in outcome.error_message
+    plain = run(lambda: run_one(per_task("failed"), task()))
+    assert isinstance(plain, Failed) and plain.retryable is True
+
+
 def test_example_fail_fails_until_times() -> None:
     fail = OperatorSpec(command=["{python}", "-m", "taskplat.worker_wrapper.examples.fail"])
     runner = PerTaskRunner("fail", fail, LIMITS, {})

@@ -1,5 +1,6 @@
 """The SDK fills an event's dataset and version from the task's resolved outputs
-(`output_index=`), and the `emit` example operator emits configured and forwarded events."""
+(`output_index=`), the `emit` example operator emits configured and forwarded events, and
+`PermanentFailure` fails a task for good."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 from typing import Any
 
 from taskplat.worker_wrapper.examples import emit
-from taskplat.worker_wrapper.sdk import emit_event, serve
+from taskplat.worker_wrapper.sdk import OperatorFailure, PermanentFailure, emit_event, serve
 
 OUT0 = {"output_index": 0, "dataset_uuid": "d0", "dataset_version": "v0", "location": "l0"}
 OUT1 = {"output_index": 1, "dataset_uuid": "d1", "dataset_version": "v1", "location": "l1"}
@@ -62,3 +63,16 @@ def test_emit_emits_configured_events_and_forwards_inputs() -> None:
          "end": 4},
     ]  # fmt: skip
     assert lines[-1]["status"] == "succeeded" and len(lines[-1]["payload"]["emitted"]) == 3
+
+
+def test_a_permanent_failure_says_the_task_must_not_be_retried() -> None:
+    def permanent(task: Any) -> dict[str, Any]:
+        raise PermanentFailure("the invoice was already refunded")
+
+    def transient(task: Any) -> dict[str, Any]:
+        raise OperatorFailure("try again")
+
+    assert run(permanent) == [
+        {"status": "failed", "retryable": False, "error": "the invoice was already refunded"}
+    ]
+    assert run(transient) == [{"status": "failed", "error": "try again"}]

@@ -253,7 +253,8 @@ def test_sigterm_drains_then_reports_the_rest_for_an_immediate_retry(
     dispatcher: Dispatcher, queue: Queue, operators_file: Path, tmp_path: Path
 ) -> None:
     short = dispatcher.create("sleep", config={"seconds": 1})
-    long = dispatcher.create("sleep", config={"seconds": 120})
+    # Its last attempt: a drained attempt is not the task's fault and must not kill it.
+    long = dispatcher.create("sleep", config={"seconds": 120}, max_attempts=1)
     env = wrapper_env(dispatcher, queue, operators_file)
     env["TASKPLAT_WORKER_DRAIN_TIMEOUT_SECONDS"] = "4"
     wrapper = spawn_wrapper(env, tmp_path)
@@ -271,6 +272,8 @@ def test_sigterm_drains_then_reports_the_rest_for_an_immediate_retry(
     failed = dispatcher.get(long["task_id"])
     assert failed["status"] == "Failed"
     assert "shutting down" in failed["last_error"]
+    assert failed["attempts"][-1]["outcome"] == "Drained"
+    assert (failed["counted_attempts"], failed["processing_attempts"]) == (0, 1)
     retry_in = (parse_time(failed["next_retry_at"]) - datetime.now(UTC)).total_seconds()
     assert retry_in < 1, f"the retry is {retry_in:.1f}s away, not immediate"
     queue.wait_empty()

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from dispatcher_rows import emulate_retry_promoted
+from dispatcher_rows import promote_retry
 from psycopg import Connection
 from psycopg.rows import DictRow
 from psycopg_pool import ConnectionPool
@@ -48,7 +48,7 @@ def test_a_retry_gets_the_step_result_without_running_the_step(
         queue.wake(task["task_id"])
         dispatcher.wait_status(task["task_id"], "Failed")
         # The scheduler's retry and the relay's wake-up (neither runs in these tests).
-        assert emulate_retry_promoted(db_url, task["task_id"], 1, datetime.now(UTC)) == 2
+        assert promote_retry(db_url, task["task_id"], 1, datetime.now(UTC)) == 2
         queue.wake(task["task_id"])
         done = dispatcher.wait_status(task["task_id"], "Completed")
     assert done["result"] == {"charge": {"charged_by": 1}}

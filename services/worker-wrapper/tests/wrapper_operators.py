@@ -6,6 +6,7 @@ Behaviours (the task's `config` tunes some of them):
   events        emits `config.count` events, then succeeds
   record        appends `task_id attempt` to `config.path`, sleeps `config.seconds`, succeeds
   failed        answers status "failed" with an error
+  permanent     answers status "failed" with `"retryable": false`
   crash         writes a long stderr ending in "the real reason", exits 3
   garbage       prints non-JSON lines and exits 0 without an envelope
   bad-envelope  prints an envelope whose payload is not an object
@@ -131,6 +132,8 @@ def main(behaviour: str) -> int:
     task = _read_task()
     if behaviour == "failed":
         _answer({"status": "failed", "error": "nope"})
+    elif behaviour == "permanent":
+        _answer({"status": "failed", "retryable": False, "error": "never again"})
     elif behaviour == "crash":
         sys.stderr.write("noise " * 2000 + "\nthe real reason\n")
         sys.stderr.flush()

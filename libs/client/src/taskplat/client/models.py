@@ -53,6 +53,13 @@ class TaskView(Model):
     status: TaskStatus
     attempt: int
     max_attempts: int
+    # Attempts counted against max_attempts; attempts ended by infrastructure (a lost or drained
+    # worker), bounded by max_processing_attempts.
+    counted_attempts: int
+    processing_attempts: int
+    max_processing_attempts: int
+    # dead_letter | discard: whether a dead-letter record is sent when the task dies.
+    on_exhausted: str
     operator: str
     queue: str
     job: JobRef | None = None
@@ -163,6 +170,7 @@ class JobView(Model):
     schedule: str | None = None
     schedule_next_at: datetime | None = None
     trust: str
+    on_exhausted: str
     max_attempts: int
     timeout_seconds: int | None = None
     backoff_base_seconds: float

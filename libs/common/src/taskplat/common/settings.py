@@ -69,6 +69,26 @@ class DatabaseSettings(BaseSettings):
     )
 
 
+class MigrateSettings(BaseSettings):
+    """Timeouts of `taskplat-migrate`: a migration that would queue behind a long transaction
+    (blocking every query queued behind it) or run too long fails instead, and can be retried."""
+
+    model_config = _FRAGMENT_CONFIG
+
+    lock_timeout_seconds: float = Field(
+        5.0,
+        ge=0,
+        validation_alias=_alias("TASKPLAT_MIGRATE_LOCK_TIMEOUT_SECONDS"),
+        description="Longest wait for a table lock per statement (0: no limit).",
+    )
+    statement_timeout_seconds: float = Field(
+        900.0,
+        ge=0,
+        validation_alias=_alias("TASKPLAT_MIGRATE_STATEMENT_TIMEOUT_SECONDS"),
+        description="Longest run of one migration statement (0: no limit).",
+    )
+
+
 class SqsSettings(BaseSettings):
     """SQS fragment for the relay, the scheduler and the worker wrapper."""
 

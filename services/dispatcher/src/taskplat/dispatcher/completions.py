@@ -99,7 +99,9 @@ class Completions:
         """One completion; raises `Rejected` (stale) or `ValidationFailed` (result too large)."""
         prepared = self._prepare(0, request)
         async with self._pool.connection() as conn:
-            row = await repo.complete_running(conn, prepared.params)  # committed on return
+            row = None
+            if request.status != "Canceled":  # only a canceled task's holder may report Canceled
+                row = await repo.complete_running(conn, prepared.params)  # committed on return
             if row is not None:
                 settled = _accepted(row)
             else:
@@ -177,7 +179,8 @@ class Completions:
         whose guard did not match and any later completion of a task already named."""
         firsts: dict[UUID, _Prepared] = {}
         for item in pending:
-            firsts.setdefault(item.request.task_id, item)
+            if item.request.status != "Canceled":  # settled alone: Canceled never transitions
+                firsts.setdefault(item.request.task_id, item)
         rows: dict[UUID, Row] = {}
         if firsts:
             params = _many_params(list(firsts.values()), self._clock.sql_now())
@@ -194,7 +197,7 @@ class Completions:
         outcomes: list[tuple[_Prepared, _Settled | Rejected]] = []
         for item in pending:
             done = rows.get(item.request.task_id)
-            if done is not None and firsts[item.request.task_id] is item:
+            if done is not None and firsts.get(item.request.task_id) is item:
                 outcomes.append((item, _accepted(done)))
                 continue
             try:
@@ -219,6 +222,8 @@ class Completions:
             if request.status == "Canceled":
                 return _acknowledged("Canceled", repeated=False)
             raise Rejected("Canceled", "task was canceled")
+        if request.status == "Canceled" and fence["status"] == "Running":
+            raise Rejected("NotCanceled", "task is Running: nobody canceled it")
         if request.status == "Completed":
             row = await repo.complete_late(conn, params)
             if row is not None:
@@ -251,7 +256,7 @@ class Completions:
 
     def _record(self, request: CompleteRequest, settled: _Settled) -> None:
         if settled.row is not None:
-            self._recorder.attempt_ended(settled.row, request.status, late=settled.late)
+            self._recorder.attempt_ended(settled.row, request.ended, late=settled.late)
             self._recorder.events_received(len(request.events))
 
     def _rejected_result(self, request: CompleteRequest, exc: Rejected) -> CompleteBatchResult:
@@ -270,7 +275,8 @@ def _many_params(items: list[_Prepared], now: datetime | None) -> dict[str, Any]
         "task_ids": "task_id",
         "attempts": "attempt",
         "lease_tokens": "lease_token",
-        "statuses": "status",
+        "statuses": "ended",
+        "retryables": "retryable",
         "results": "result",
         "errors": "error_message",
         "retry_afters": "retry_after_seconds",

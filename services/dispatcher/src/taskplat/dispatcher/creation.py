@@ -62,6 +62,12 @@ def task_values(request: CreateTaskRequest, settings: DispatcherSettings) -> dic
         "max_attempts": _first(
             request.max_attempts, defaults.max_attempts, settings.default_max_attempts
         ),
+        "max_processing_attempts": _first(
+            request.max_processing_attempts,
+            defaults.max_processing_attempts,
+            settings.default_max_processing_attempts,
+        ),
+        "on_exhausted": request.on_exhausted or defaults.on_exhausted or "dead_letter",
         "backoff_base_seconds": _first(
             request.backoff_base_seconds,
             defaults.backoff_base_seconds,
@@ -88,6 +94,8 @@ _ARRAYS = {
     "config": "configs",
     "inputs": "inputs",
     "max_attempts": "max_attempts",
+    "max_processing_attempts": "max_processing_attempts",
+    "on_exhausted": "on_exhausteds",
     "backoff_base_seconds": "backoff_base_seconds",
     "backoff_max_seconds": "backoff_max_seconds",
     "timeout_seconds": "timeout_seconds",

@@ -151,7 +151,8 @@ class Recorder:
         self._heartbeats.add(1, {"queue": row["queue"]})
 
     def attempt_ended(self, row: Row, outcome: str, *, late: bool = False) -> None:
-        """A worker's accepted completion: `outcome` is what it reported, `row` the task after."""
+        """A worker's accepted completion: `outcome` is how the attempt ended (its status, or
+        `Drained`), `row` the task after."""
         queue, operator = row["queue"], row["operator"]
         labels = {"queue": queue, "operator": operator}
         run_time = _seconds(row["ended_at"], row.get("started_at"))
@@ -169,7 +170,8 @@ class Recorder:
             self._canceled.add(1, labels)
             log.info("task_canceled", by="worker", **fields)
         else:
-            self._failed.add(1, {**labels, "reason": "Reported"})
+            failed_reason = "Drained" if outcome == "Drained" else "Reported"
+            self._failed.add(1, {**labels, "reason": failed_reason})
             if status == "Dead":
                 reason = row.get("dead_reason") or "AttemptsExhausted"
                 self._dead.add(1, {**labels, "reason": reason})
@@ -178,7 +180,7 @@ class Recorder:
                 retry_at = row.get("next_retry_at")
                 log.info(
                     "task_failed",
-                    reason="Reported",
+                    reason=failed_reason,
                     next_retry_at=retry_at.isoformat() if retry_at else None,
                     **fields,
                 )

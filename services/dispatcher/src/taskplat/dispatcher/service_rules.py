@@ -39,8 +39,14 @@ class ListFilters:
 
 
 def completion_digest(request: CompleteRequest) -> str:
-    """A stable digest of a completion, to recognise an exact repeat."""
-    canonical = json.dumps(request.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    """A stable digest of a completion, to recognise an exact repeat (the failure fields count
+    only when set, so a digest stored before they existed still matches its repeat)."""
+    data = request.model_dump(mode="json")
+    if data["reason"] is None:
+        del data["reason"]
+    if data["retryable"]:
+        del data["retryable"]
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 

@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
+from taskplat.common.contracts import OnExhausted
 from taskplat.common.settings import (
     AttemptTokenSettings,
     CapabilityTokenSettings,
@@ -31,6 +32,8 @@ class OperatorDefaults(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_attempts: Annotated[int, Field(ge=1, le=100)] | None = None
+    max_processing_attempts: Annotated[int, Field(ge=1, le=100)] | None = None
+    on_exhausted: OnExhausted | None = None
     backoff_base_seconds: Annotated[float, Field(ge=0)] | None = None
     backoff_max_seconds: Annotated[float, Field(ge=0)] | None = None
     timeout_seconds: Annotated[int, Field(ge=1)] | None = None
@@ -70,6 +73,13 @@ class DispatcherSettings(
         3600, ge=1, description="Hard deadline of an attempt when the task sets no timeout."
     )
     default_max_attempts: int = Field(3, ge=1, le=100, description="Default `max_attempts`.")
+    default_max_processing_attempts: int = Field(
+        10,
+        ge=1,
+        le=100,
+        description="Default `max_processing_attempts`: attempts that may end by infrastructure "
+        "(a lost or drained worker) before a task is Dead.",
+    )
     default_backoff_base_seconds: float = Field(1.0, ge=0, description="Default backoff base.")
     default_backoff_max_seconds: float = Field(300.0, ge=0, description="Default backoff cap.")
     operator_defaults: dict[str, OperatorDefaults] = Field(

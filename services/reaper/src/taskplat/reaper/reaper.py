@@ -1,14 +1,16 @@
 """The reaper loop: times out leases and deadlines, expires unstarted tasks, prunes old rows.
 
 Invariants:
-  * `run_once()` runs bounded steps, each one statement in its own short transaction: expired
-    leases, overrun deadlines, expired Queued/Scheduled tasks, then pruning of finished tasks and of
-    sent outbox rows.
+  * `run_once()` runs bounded steps, each one statement in its own short transaction: timeouts
+    (expired leases and overrun deadlines, one statement), expired Queued/Scheduled tasks, then
+    pruning of finished tasks and of sent outbox rows.
   * A timeout names the status (`Running`), attempt and lease token it selected with
     `FOR UPDATE SKIP LOCKED`: a completion or heartbeat that holds or has committed on the row
     wins and is never overwritten, and replicas never reap the same attempt twice.
-  * A timed-out attempt becomes Failed with `next_retry_at = now + backoff(attempt - replay_offset)`
-    (the scheduler re-queues it) or Dead (`AttemptsExhausted`) once the budget is used up; its
+  * A timed-out attempt becomes Failed with `next_retry_at = now + backoff` (the scheduler
+    re-queues it) or Dead once its budget is used up: a deadline overrun counts against
+    `max_attempts` (`AttemptsExhausted`); an expired lease (a lost worker, not the task's fault)
+    counts only against `max_processing_attempts` (`ProcessingAttemptsExceeded`). Its
     history row is closed with the same outcome, and its lease token stays on the task so a late
     success of that attempt can still be accepted by the dispatcher.
   * Every task that becomes Dead writes a `dead_letter` outbox row in the same statement, and the
@@ -34,7 +36,7 @@ from taskplat.common.clock import Clock, SystemClock
 from taskplat.common.loops import LoopHealth, Waker, run_loop
 from taskplat.common.telemetry import Telemetry
 from taskplat.reaper import repository as repo
-from taskplat.reaper.metrics import ReaperMetrics, TimeoutKind
+from taskplat.reaper.metrics import ReaperMetrics
 from taskplat.reaper.settings import ReaperSettings
 
 
@@ -71,24 +73,23 @@ class Reaper:
     def _jitters(self) -> list[float]:
         return [self._rand.random() for _ in range(self._settings.reap_batch_size)]
 
-    def _timeouts(self, kind: TimeoutKind, now: datetime | None) -> list[repo.Row]:
+    def _timeouts(self, now: datetime | None) -> tuple[list[repo.Row], list[repo.Row]]:
+        """One statement times out both kinds; returns (lease rows, deadline rows)."""
         s = self._settings
         with self._pool.connection() as conn, conn.transaction():
-            if kind == "lease":
-                rows = repo.reap_expired_leases(
-                    conn, now=now, limit=s.reap_batch_size, jitters=self._jitters()
-                )
-            else:
-                rows = repo.reap_overrun_deadlines(
-                    conn,
-                    now=now,
-                    limit=s.reap_batch_size,
-                    grace_seconds=s.deadline_grace_seconds,
-                    jitters=self._jitters(),
-                )
+            rows = repo.reap_timeouts(
+                conn,
+                now=now,
+                limit=s.reap_batch_size,
+                grace_seconds=s.deadline_grace_seconds,
+                jitters=self._jitters(),
+            )
             repo.notify_outbox(conn, (row["queue"] for row in rows if row["status"] == "Dead"))
-        self._metrics.timed_out(kind, rows)
-        return rows
+        leases = [row for row in rows if row["ended"] == "LeaseExpired"]
+        deadlines = [row for row in rows if row["ended"] == "DeadlineExceeded"]
+        self._metrics.timed_out("lease", leases)
+        self._metrics.timed_out("deadline", deadlines)
+        return leases, deadlines
 
     def _expire(self, now: datetime | None) -> list[repo.Row]:
         with self._pool.connection() as conn, conn.transaction():
@@ -118,8 +119,7 @@ class Reaper:
     def run_once(self) -> ReaperBatch:
         s = self._settings
         now = self._clock.sql_now()
-        leases = self._timeouts("lease", now)
-        deadlines = self._timeouts("deadline", now)
+        leases, deadlines = self._timeouts(now)
         expired = self._expire(now)
         pruned_tasks, pruned_outbox = self._prune(now)
         dead = sum(1 for row in (*leases, *deadlines) if row["status"] == "Dead") + len(expired)
@@ -131,8 +131,7 @@ class Reaper:
             pruned_tasks=pruned_tasks,
             pruned_outbox=pruned_outbox,
             more=(
-                len(leases) >= s.reap_batch_size
-                or len(deadlines) >= s.reap_batch_size
+                len(leases) + len(deadlines) >= s.reap_batch_size
                 or len(expired) >= s.expire_batch_size
                 or pruned_tasks >= s.prune_batch_size
                 or pruned_outbox >= s.outbox_prune_batch_size

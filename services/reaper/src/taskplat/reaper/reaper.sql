@@ -11,17 +11,27 @@
 -- task's task_id, attempt, new status, queue, operator and dead_reason (timeouts also worker_id and
 -- next_retry_at), for logs and metrics.
 
--- name: reap_expired_leases
--- Running with lease_expires_at < now: Failed with a retry at now + backoff, or Dead when the
--- attempt budget (attempt - replay_offset) has reached max_attempts. The lease token stays on the row
--- so a late success of this same attempt can still be recognised.
-WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+-- name: reap_timeouts
+-- Running attempts that timed out: the lease ran out (LeaseExpired: the worker vanished, which is
+-- not the task's fault), or deadline_at + grace passed even while heartbeats kept the lease fresh
+-- (DeadlineExceeded); an attempt that did both is LeaseExpired. The task's fate is the rule every
+-- ended attempt follows (taskplat_ended_status, migration 0008): Failed with a retry at
+-- now + backoff, or Dead (AttemptsExhausted after a deadline overrun, ProcessingAttemptsExceeded
+-- after too many lost workers). The lease token stays on the row so a late success of this same
+-- attempt can still be recognised. Returns `ended` (the attempt's outcome) per task as well.
+WITH n AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now,
+           coalesce(%(now)s::timestamptz, now())
+               - make_interval(secs => %(grace_seconds)s::double precision) AS overrun
+),
 due AS (
-    SELECT t.task_id, t.attempt, t.lease_token
+    SELECT t.task_id, t.attempt, t.lease_token,
+           CASE WHEN t.lease_expires_at < n.now THEN 'LeaseExpired'
+                ELSE 'DeadlineExceeded' END AS ended
     FROM tasks AS t, n
     WHERE t.status = 'Running'
-      AND t.lease_expires_at < n.now
-    ORDER BY t.lease_expires_at
+      AND (t.lease_expires_at < n.now OR t.deadline_at < n.overrun)
+    ORDER BY least(t.lease_expires_at, t.deadline_at)
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED
 ),
@@ -30,19 +40,15 @@ jittered AS (
 ),
 moved AS (
     UPDATE tasks AS t
-    SET status = CASE WHEN t.attempt - t.replay_offset >= t.max_attempts THEN 'Dead'
-                      ELSE 'Failed' END,
-        attempt_outcome = 'LeaseExpired',
-        last_error = 'lease expired',
-        dead_reason = CASE WHEN t.attempt - t.replay_offset >= t.max_attempts
-                           THEN 'AttemptsExhausted' END,
-        next_retry_at = CASE
-            WHEN t.attempt - t.replay_offset < t.max_attempts
-                THEN n.now + taskplat_retry_delay(t.backoff_base_seconds, t.backoff_max_seconds,
-                                                  t.attempt - t.replay_offset,
-                                                  coalesce(j.jitter, 1.0))
-        END,
-        finished_at = CASE WHEN t.attempt - t.replay_offset >= t.max_attempts THEN n.now END,
+    SET status = taskplat_ended_status(t, j.ended, true),
+        attempt_outcome = j.ended,
+        last_error = CASE j.ended WHEN 'LeaseExpired' THEN 'lease expired'
+                                  ELSE 'deadline exceeded' END,
+        dead_reason = taskplat_dead_reason(t, j.ended, true),
+        processing_attempts = t.processing_attempts + (j.ended = 'LeaseExpired')::int,
+        next_retry_at = taskplat_retry_at(t, j.ended, true, n.now, NULL,
+                                          coalesce(j.jitter, 1.0)),
+        finished_at = CASE WHEN taskplat_ended_status(t, j.ended, true) = 'Dead' THEN n.now END,
         lease_expires_at = NULL,
         updated_at = n.now
     FROM jittered AS j, n
@@ -50,13 +56,14 @@ moved AS (
       AND t.status = 'Running'
       AND t.attempt = j.attempt
       AND t.lease_token = j.lease_token
-      AND t.lease_expires_at < n.now
+      AND (t.lease_expires_at < n.now OR t.deadline_at < n.overrun)
     RETURNING t.task_id, t.attempt, t.lease_token, t.status, t.queue, t.operator, t.worker_id,
-              t.max_attempts, t.dead_reason, t.last_error, t.finished_at, t.next_retry_at
+              t.max_attempts, t.dead_reason, t.last_error, t.finished_at, t.next_retry_at,
+              j.ended
 ),
 closed AS (
     UPDATE task_attempts AS a
-    SET finished_at = n.now, outcome = 'LeaseExpired', error = 'lease expired'
+    SET finished_at = n.now, outcome = m.ended, error = m.last_error
     FROM moved AS m, n
     WHERE a.task_id = m.task_id AND a.attempt = m.attempt AND a.lease_token = m.lease_token
       AND a.outcome IS NULL
@@ -70,73 +77,9 @@ dead AS (
                'dead_reason', m.dead_reason, 'last_error', m.last_error, 'died_at', m.finished_at),
            n.now, n.now
     FROM moved AS m, n
-    WHERE m.status = 'Dead'
+    WHERE m.status = 'Dead' AND taskplat_dead_letter_wanted(m.task_id)
 )
-SELECT task_id, attempt, status, queue, operator, worker_id, dead_reason, next_retry_at
-FROM moved
-
--- name: reap_overrun_deadlines
--- Running past deadline_at + grace, even while heartbeats keep the lease fresh: the same outcome
--- rules as an expired lease, with attempt_outcome DeadlineExceeded.
-WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
-due AS (
-    SELECT t.task_id, t.attempt, t.lease_token
-    FROM tasks AS t, n
-    WHERE t.status = 'Running'
-      AND t.deadline_at IS NOT NULL
-      AND t.deadline_at < n.now - make_interval(secs => %(grace_seconds)s::double precision)
-    ORDER BY t.deadline_at
-    LIMIT %(limit)s
-    FOR UPDATE OF t SKIP LOCKED
-),
-jittered AS (
-    SELECT due.*, (%(jitters)s::double precision[])[row_number() OVER ()] AS jitter FROM due
-),
-moved AS (
-    UPDATE tasks AS t
-    SET status = CASE WHEN t.attempt - t.replay_offset >= t.max_attempts THEN 'Dead'
-                      ELSE 'Failed' END,
-        attempt_outcome = 'DeadlineExceeded',
-        last_error = 'deadline exceeded',
-        dead_reason = CASE WHEN t.attempt - t.replay_offset >= t.max_attempts
-                           THEN 'AttemptsExhausted' END,
-        next_retry_at = CASE
-            WHEN t.attempt - t.replay_offset < t.max_attempts
-                THEN n.now + taskplat_retry_delay(t.backoff_base_seconds, t.backoff_max_seconds,
-                                                  t.attempt - t.replay_offset,
-                                                  coalesce(j.jitter, 1.0))
-        END,
-        finished_at = CASE WHEN t.attempt - t.replay_offset >= t.max_attempts THEN n.now END,
-        lease_expires_at = NULL,
-        updated_at = n.now
-    FROM jittered AS j, n
-    WHERE t.task_id = j.task_id
-      AND t.status = 'Running'
-      AND t.attempt = j.attempt
-      AND t.lease_token = j.lease_token
-      AND t.deadline_at < n.now - make_interval(secs => %(grace_seconds)s::double precision)
-    RETURNING t.task_id, t.attempt, t.lease_token, t.status, t.queue, t.operator, t.worker_id,
-              t.max_attempts, t.dead_reason, t.last_error, t.finished_at, t.next_retry_at
-),
-closed AS (
-    UPDATE task_attempts AS a
-    SET finished_at = n.now, outcome = 'DeadlineExceeded', error = 'deadline exceeded'
-    FROM moved AS m, n
-    WHERE a.task_id = m.task_id AND a.attempt = m.attempt AND a.lease_token = m.lease_token
-      AND a.outcome IS NULL
-),
-dead AS (
-    INSERT INTO outbox (kind, task_id, queue, payload, created_at, available_at)
-    SELECT 'dead_letter', m.task_id, m.queue,
-           jsonb_build_object(
-               'task_id', m.task_id, 'queue', m.queue, 'operator', m.operator,
-               'attempt', m.attempt, 'max_attempts', m.max_attempts,
-               'dead_reason', m.dead_reason, 'last_error', m.last_error, 'died_at', m.finished_at),
-           n.now, n.now
-    FROM moved AS m, n
-    WHERE m.status = 'Dead'
-)
-SELECT task_id, attempt, status, queue, operator, worker_id, dead_reason, next_retry_at
+SELECT task_id, attempt, status, queue, operator, worker_id, dead_reason, next_retry_at, ended
 FROM moved
 
 -- name: expire_unstarted
@@ -178,6 +121,7 @@ dead AS (
                'dead_reason', m.dead_reason, 'last_error', m.last_error, 'died_at', m.finished_at),
            n.now, n.now
     FROM moved AS m, n
+    WHERE taskplat_dead_letter_wanted(m.task_id)
 )
 SELECT task_id, attempt, status, queue, operator, dead_reason, expired_from FROM moved
 

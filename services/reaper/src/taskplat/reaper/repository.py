@@ -27,21 +27,7 @@ def _rows(conn: Conn, name: str, params: dict[str, Any]) -> list[Row]:
     return conn.execute(Q[name], params).fetchall()
 
 
-def reap_expired_leases(
-    conn: Conn, *, now: datetime | None, limit: int, jitters: Sequence[float]
-) -> list[Row]:
-    """Running tasks whose lease ran out -> Failed (retry with backoff) or Dead.
-
-    `jitters` holds one uniform [0, 1) draw per possible row (at least `limit` values).
-    Returns `task_id, attempt, status, queue, operator, worker_id, dead_reason, next_retry_at`
-    per reaped task.
-    """
-    return _rows(
-        conn, "reap_expired_leases", {"now": now, "limit": limit, "jitters": list(jitters)}
-    )
-
-
-def reap_overrun_deadlines(
+def reap_timeouts(
     conn: Conn,
     *,
     now: datetime | None,
@@ -49,10 +35,16 @@ def reap_overrun_deadlines(
     grace_seconds: float,
     jitters: Sequence[float],
 ) -> list[Row]:
-    """Running tasks past `deadline_at + grace_seconds` -> Failed or Dead (DeadlineExceeded)."""
+    """Running tasks whose lease ran out (`LeaseExpired`) or that ran past `deadline_at +
+    grace_seconds` (`DeadlineExceeded`) -> Failed (retry with backoff) or Dead.
+
+    `jitters` holds one uniform [0, 1) draw per possible row (at least `limit` values).
+    Returns `task_id, attempt, status, queue, operator, worker_id, dead_reason, next_retry_at,
+    ended` per reaped task (`ended`: LeaseExpired or DeadlineExceeded).
+    """
     return _rows(
         conn,
-        "reap_overrun_deadlines",
+        "reap_timeouts",
         {"now": now, "limit": limit, "grace_seconds": grace_seconds, "jitters": list(jitters)},
     )
 

@@ -28,14 +28,17 @@ def _rows(conn: Conn, name: str, params: dict[str, Any]) -> list[Row]:
     return conn.execute(Q[name], params).fetchall()
 
 
-def promote_due_scheduled(conn: Conn, *, now: datetime | None, limit: int) -> list[Row]:
-    """Scheduled tasks whose `scheduled_for` has come -> Queued, with a wake-up each."""
-    return _rows(conn, "promote_due_scheduled", {"now": now, "limit": limit})
-
-
-def retry_due_failed(conn: Conn, *, now: datetime | None, limit: int) -> list[Row]:
-    """Failed tasks whose `next_retry_at` has come -> Queued as attempt + 1, with a wake-up each."""
-    return _rows(conn, "retry_due_failed", {"now": now, "limit": limit})
+def queue_due(
+    conn: Conn, *, now: datetime | None, promote_limit: int, retry_limit: int
+) -> list[Row]:
+    """Scheduled tasks whose `scheduled_for` has come (up to `promote_limit`) and Failed tasks
+    whose `next_retry_at` has come (up to `retry_limit`, as attempt + 1) -> Queued, with a wake-up
+    each; `moved_from` says which."""
+    return _rows(
+        conn,
+        "queue_due",
+        {"now": now, "promote_limit": promote_limit, "retry_limit": retry_limit},
+    )
 
 
 def republish_unclaimed(

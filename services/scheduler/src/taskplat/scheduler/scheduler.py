@@ -2,7 +2,8 @@
 jobs with a cron schedule get one run per tick (`schedules`).
 
 Invariants:
-  * `run_once()` runs up to four bounded steps, each one statement in its own short transaction:
+  * `run_once()` runs three bounded steps, each one statement in its own short transaction (due
+    delayed tasks and due retries together, lost wake-ups, scheduled job runs):
     the transition and its `enqueue_task` outbox rows commit together, and the relay is NOTIFYed in
     that same transaction (so it only ever wakes for committed rows).
   * Every transition names the status and attempt it selected (`FOR UPDATE SKIP LOCKED`), so any
@@ -90,6 +91,21 @@ class Scheduler:
         self._metrics.moved(event, rows)
         return len(rows)
 
+    def _queue_due(self) -> tuple[int, int]:
+        """Due Scheduled and Failed tasks become Queued in one statement; (promoted, retried)."""
+        s = self._settings
+        now = self._clock.sql_now()
+        with self._pool.connection() as conn, conn.transaction():
+            rows = repo.queue_due(
+                conn, now=now, promote_limit=s.promote_batch_size, retry_limit=s.retry_batch_size
+            )
+            repo.notify_outbox(conn, (row["queue"] for row in rows))
+        promoted = [row for row in rows if row["moved_from"] == "Scheduled"]
+        retried = [row for row in rows if row["moved_from"] == "Failed"]
+        self._metrics.moved(PROMOTED, promoted)
+        self._metrics.moved(RETRIED, retried)
+        return len(promoted), len(retried)
+
     def _republish(self) -> int:
         """Re-announce stale Queued tasks, within each busy queue's budget for the period."""
         s = self._settings
@@ -128,14 +144,7 @@ class Scheduler:
 
     def run_once(self) -> SchedulerBatch:
         s = self._settings
-        promoted = self._step(
-            PROMOTED,
-            lambda conn, now: repo.promote_due_scheduled(conn, now=now, limit=s.promote_batch_size),
-        )
-        retried = self._step(
-            RETRIED,
-            lambda conn, now: repo.retry_due_failed(conn, now=now, limit=s.retry_batch_size),
-        )
+        promoted, retried = self._queue_due()
         republished = self._republish()
         runs_started = self._step(
             RUN_STARTED,

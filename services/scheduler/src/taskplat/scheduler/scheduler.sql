@@ -8,58 +8,42 @@
 -- fails the re-checked predicate. Time is coalesce(%(now)s::timestamptz, now()). Each returns the
 -- moved tasks' task_id, attempt (after the move), queue and operator, for logs and metrics.
 
--- name: promote_due_scheduled
--- Scheduled -> Queued once scheduled_for has come. A task already past expires_at is left for the
--- reaper, which expires it.
+-- name: queue_due
+-- Scheduled -> Queued once scheduled_for has come, and Failed -> Queued at next_retry_at, in one
+-- shape: each kind is selected and locked in its own bounded batch (%(promote_limit)s,
+-- %(retry_limit)s), both move with one UPDATE of the locked rows and get their wake-ups from one
+-- INSERT. A retry is the same row,
+-- attempt + 1, with the ended attempt's lease fields cleared (a Queued task holds no lease; a late
+-- reply of the old attempt is stale by its attempt number); a Scheduled task never had them set.
+-- replay_offset, processing_attempts, last_error and the attempt history are kept. A Scheduled
+-- task already past expires_at is left for the reaper, which expires it. Returns `moved_from`
+-- (Scheduled or Failed) per task.
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
-due AS (
-    SELECT t.task_id, t.attempt
+due_scheduled AS (
+    SELECT t.task_id, t.attempt, t.status
     FROM tasks AS t, n
     WHERE t.status = 'Scheduled'
       AND t.scheduled_for <= n.now
       AND (t.expires_at IS NULL OR t.expires_at > n.now)
     ORDER BY t.scheduled_for
-    LIMIT %(limit)s
+    LIMIT %(promote_limit)s
     FOR UPDATE OF t SKIP LOCKED
 ),
-moved AS (
-    UPDATE tasks AS t
-    SET status = 'Queued',
-        queued_at = n.now,
-        updated_at = n.now
-    FROM due, n
-    WHERE t.task_id = due.task_id
-      AND t.status = 'Scheduled'
-      AND t.attempt = due.attempt
-      AND t.scheduled_for <= n.now
-    RETURNING t.task_id, t.attempt, t.queue, t.operator
-),
-ob AS (
-    INSERT INTO outbox (kind, task_id, queue, payload, created_at, available_at)
-    SELECT 'enqueue_task', m.task_id, m.queue, jsonb_build_object('task_id', m.task_id::text),
-           n.now, n.now
-    FROM moved AS m, n
-)
-SELECT task_id, attempt, queue, operator FROM moved
-
--- name: retry_due_failed
--- Failed -> Queued at next_retry_at: the same row, attempt + 1. The ended attempt's lease fields are
--- cleared (a Queued task holds no lease; a late reply of the old attempt is stale by its attempt
--- number); replay_offset, last_error and the attempt history are kept.
-WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
-due AS (
-    SELECT t.task_id, t.attempt
+due_failed AS (
+    SELECT t.task_id, t.attempt, t.status
     FROM tasks AS t, n
     WHERE t.status = 'Failed'
       AND t.next_retry_at <= n.now
     ORDER BY t.next_retry_at
-    LIMIT %(limit)s
+    LIMIT %(retry_limit)s
     FOR UPDATE OF t SKIP LOCKED
 ),
+due AS (SELECT * FROM due_scheduled UNION ALL SELECT * FROM due_failed),
 moved AS (
     UPDATE tasks AS t
     SET status = 'Queued',
-        attempt = t.attempt + 1,
+        -- t.status: the status the row was locked in (Scheduled or Failed).
+        attempt = t.attempt + (t.status = 'Failed')::integer,
         attempt_outcome = NULL,
         next_retry_at = NULL,
         lease_token = NULL,
@@ -70,11 +54,10 @@ moved AS (
         finished_at = NULL,
         queued_at = n.now,
         updated_at = n.now
-    FROM due, n
-    WHERE t.task_id = due.task_id
-      AND t.status = 'Failed'
-      AND t.attempt = due.attempt
-      AND t.next_retry_at <= n.now
+    FROM n
+    -- Locked as due by `due_scheduled` / `due_failed` (FOR UPDATE re-tests their WHERE), so no
+    -- status test here: by primary key only, whatever the statistics (see republish_unclaimed).
+    WHERE t.task_id = ANY(ARRAY(SELECT task_id FROM due))
     RETURNING t.task_id, t.attempt, t.queue, t.operator
 ),
 ob AS (
@@ -83,7 +66,8 @@ ob AS (
            n.now, n.now
     FROM moved AS m, n
 )
-SELECT task_id, attempt, queue, operator FROM moved
+SELECT m.task_id, m.attempt, m.queue, m.operator, d.status AS moved_from
+FROM moved AS m JOIN due AS d ON d.task_id = m.task_id
 
 -- name: republish_unclaimed
 -- A Queued task unclaimed for requeue_after_seconds probably lost its wake-up: write a fresh one and

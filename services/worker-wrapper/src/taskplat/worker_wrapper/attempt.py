@@ -331,6 +331,7 @@ class RunningTask:
                 **base,
                 status="Failed",
                 error_message=outcome.error_message,
+                retryable=outcome.retryable,
                 events=self.deferred_events,
             )
         if outcome.reason == "canceled":
@@ -341,6 +342,7 @@ class RunningTask:
                 status="Failed",
                 error_message=DRAIN_MESSAGE,
                 retry_after_seconds=0,
+                reason="Drained",
                 events=self.deferred_events,
             )
         return None  # the lease is lost: this attempt reports nothing
@@ -377,6 +379,7 @@ class RunningTask:
         if request.status == "Failed":
             fields["error"] = request.error_message[:500] if request.error_message else None
             fields["retry_after_seconds"] = request.retry_after_seconds
+            fields["reason"] = request.reason
         self.log.info(f"task_{request.status.lower()}", **fields)
         if self.delivery is not None:  # in the background: the slot is free at once
             self.x.intake.delete_soon(self.delivery, "completed")

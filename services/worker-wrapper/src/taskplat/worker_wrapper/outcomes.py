@@ -33,6 +33,8 @@ class Succeeded:
 @dataclass(frozen=True)
 class Failed:
     error_message: str
+    # False: the operator failed the task for good (no retry).
+    retryable: bool = True
 
 
 @dataclass(frozen=True)

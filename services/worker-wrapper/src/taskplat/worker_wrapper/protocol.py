@@ -8,7 +8,7 @@
     published to its buffer queue before the completion is reported;
   * `{"status": "succeeded", "payload": {...}, "outputs": [...]}`: the result envelope, the last
     line of a task's answer (`events` may carry final events; `error` explains a non-success
-    status);
+    status; `"retryable": false` on a failure fails the task for good);
   * anything else (a non-JSON line, JSON without those keys) is ignored.
 
 Invariants: a line that names `event`/`events`/`step`/`records`/`status` but does not match its
@@ -48,6 +48,8 @@ class ResultEnvelope(_Strict):
     outputs: list[Output] = Field(default_factory=list, max_length=1000)
     events: list[Event] = Field(default_factory=list, max_length=1000)
     error: str | None = None
+    # With a failed status: false fails the task for good (no retry; Dead at once).
+    retryable: bool = True
 
     @property
     def succeeded(self) -> bool:

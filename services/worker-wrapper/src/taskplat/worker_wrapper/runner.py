@@ -25,7 +25,7 @@ import asyncio
 import math
 import signal
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from taskplat.common.logging import get_logger
@@ -106,7 +106,7 @@ def envelope_outcome(envelope: ResultEnvelope, returncode: int | None, stderr: s
             reason += f": {envelope.error}"
         if exited_badly:
             reason += f" (and {describe_exit(returncode)})"
-        return failure(reason, stderr)
+        return replace(failure(reason, stderr), retryable=envelope.retryable)
     if exited_badly:
         return failure(f"operator {describe_exit(returncode)} after a succeeded result", stderr)
     return Succeeded(envelope.payload, tuple(envelope.outputs), tuple(envelope.events))

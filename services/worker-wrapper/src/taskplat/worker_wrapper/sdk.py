@@ -15,7 +15,8 @@ Invariants:
   * While a handler runs, `sys.stdout` points at stderr: a stray `print` cannot corrupt the
     protocol; only `emit_event` and the envelope write to the real stdout, each line flushed.
   * A handler that raises fails the task with `error` = `<ExceptionType>: <message>` (traceback
-    on stderr); `OperatorFailure` fails it with just its message.
+    on stderr); `OperatorFailure` fails it with just its message; `PermanentFailure` fails it
+    for good (`"retryable": false` on the envelope: no retry, the task is Dead at once).
   * `emit_event(output_index=N, ...)` fills `dataset_uuid` and `dataset_version` from the task's
     resolved output N (claimed with the task); an index the job does not have fails the task
     (`OperatorFailure`) before anything is written.
@@ -48,6 +49,11 @@ _current_task: Task | None = None
 
 class OperatorFailure(Exception):
     """Raise to fail the task with this message (no traceback in the error)."""
+
+
+class PermanentFailure(OperatorFailure):
+    """Raise to fail the task for good: it is not retried and becomes Dead at once
+    (`PermanentFailure`), whatever attempts it has left. The envelope says `"retryable": false`."""
 
 
 @dataclass(frozen=True)
@@ -230,6 +236,8 @@ def _envelope(handler: Handler, task: Task) -> dict[str, Any]:
     _current_task = task
     try:
         result = handler(task)
+    except PermanentFailure as exc:
+        return {"status": "failed", "retryable": False, "error": str(exc) or "operator failed"}
     except OperatorFailure as exc:
         return {"status": "failed", "error": str(exc) or "operator failed"}
     except Exception as exc:

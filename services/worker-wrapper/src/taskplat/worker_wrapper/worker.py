@@ -16,9 +16,10 @@ Invariants:
   * A failing receive (SQS down, queue missing) is logged and retried with backoff; the loop never
     dies of an error, and the handling of one delivery never breaks another.
   * On stop: no new receive starts; running tasks get `drain_timeout_seconds` to finish; the rest
-    are stopped (process group killed) and reported Failed with `retry_after_seconds: 0`, within
-    the report timeout; messages a receive brings back after the stop are released (visible again
-    at once) for another worker. Then `run` returns.
+    are stopped (process group killed) and reported Failed with `reason: Drained` and
+    `retry_after_seconds: 0` (an attempt that does not count against the task's `max_attempts`),
+    within the report timeout; messages a receive brings back after the stop are released
+    (visible again at once) for another worker. Then `run` returns.
   * Liveness (`health`, served as `/healthz`): the mark moves each time a receive poll returned,
     and each time a saturated wrapper's wait for a free slot timed out (at most
     `wait_time_seconds` apart, as a poll); a failing receive does not move it. From the stop on,

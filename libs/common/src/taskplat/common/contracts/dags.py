@@ -24,7 +24,7 @@ from taskplat.common.contracts.base import (
     QueueName,
 )
 from taskplat.common.contracts.internal import PartitionKey
-from taskplat.common.contracts.public import IdempotencyKey
+from taskplat.common.contracts.public import IdempotencyKey, OnExhausted
 
 NAME_PATTERN = r"^[A-Za-z0-9_-]+$"
 Name = Annotated[str, Field(min_length=1, max_length=100, pattern=NAME_PATTERN)]
@@ -86,6 +86,11 @@ class JobSpec(Contract):
         None, description="Cron expression (five fields, UTC): the scheduler starts a run per tick."
     )
     trust: Trust = "trusted"
+    on_exhausted: OnExhausted | None = Field(
+        None,
+        description="When a task of the job dies: `dead_letter` sends a dead-letter record, "
+        "`discard` does not. Default: the operator's, else `dead_letter`.",
+    )
     inputs: Annotated[list[InputSpec], Field(max_length=100)] = Field(default_factory=list)
     outputs: Annotated[list[OutputSpec], Field(max_length=100)] = Field(default_factory=list)
     max_attempts: Annotated[int, Field(ge=1, le=100)] | None = None
@@ -144,6 +149,7 @@ class JobView(Contract):
     schedule: str | None
     schedule_next_at: AwareDatetime | None
     trust: Trust
+    on_exhausted: OnExhausted
     max_attempts: int
     timeout_seconds: int | None
     backoff_base_seconds: float

@@ -34,11 +34,14 @@ from taskplat.common.contracts.base import (
 from taskplat.common.contracts.public import ErrorResponse, JobRef, TaskStatus
 
 CompletionStatus = Literal["Completed", "Failed", "Canceled"]
+FailureReason = Literal["Drained"]
 NotClaimedReason = Literal[
     "AlreadyRunning", "Completed", "Canceled", "NotFound", "NotQueued", "Paused"
 ]
 Trust = Literal["trusted", "untrusted"]
-RejectReason = Literal["StaleAttempt", "StaleLease", "NotRunning", "Canceled", "NotFound"]
+RejectReason = Literal[
+    "StaleAttempt", "StaleLease", "NotRunning", "Canceled", "NotFound", "NotCanceled"
+]
 
 MAX_BATCH = 10  # items of one batch call (the SQS batch size)
 
@@ -243,6 +246,30 @@ class CompleteRequest(Contract):
             "backoff (0 = at once; the wrapper sends 0 for tasks it stopped while draining)."
         ),
     )
+    reason: FailureReason | None = Field(
+        None,
+        description="With status Failed: `Drained` when the worker stopped the attempt while "
+        "shutting down. Such an attempt is not the task's fault: it does not count against "
+        "`max_attempts` (only against `max_processing_attempts`).",
+    )
+    retryable: bool = Field(
+        True,
+        description="With status Failed: false fails the task for good: it becomes Dead at once "
+        "(`PermanentFailure`), whatever attempts it has left.",
+    )
+
+    @property
+    def ended(self) -> str:
+        """How the attempt ended: the status, or `Drained` for a drained failure."""
+        return "Drained" if self.reason == "Drained" else self.status
+
+    @model_validator(mode="after")
+    def _failure_fields(self) -> Self:
+        if self.status != "Failed" and (self.reason is not None or not self.retryable):
+            raise ValueError("reason and retryable apply to status Failed only")
+        if self.reason == "Drained" and not self.retryable:
+            raise ValueError("a drained attempt is retried: it cannot be retryable false")
+        return self
 
     @model_validator(mode="after")
     def _unique_outputs(self) -> Self:

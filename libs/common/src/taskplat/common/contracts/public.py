@@ -24,7 +24,10 @@ from taskplat.common.contracts.base import (
 )
 
 TaskStatus = Literal["Scheduled", "Queued", "Running", "Completed", "Failed", "Dead", "Canceled"]
-AttemptOutcome = Literal["Completed", "Failed", "LeaseExpired", "DeadlineExceeded", "Canceled"]
+OnExhausted = Literal["dead_letter", "discard"]
+AttemptOutcome = Literal[
+    "Completed", "Failed", "LeaseExpired", "DeadlineExceeded", "Canceled", "Drained"
+]
 IdempotencyKey = Annotated[str, Field(min_length=1, max_length=200, pattern=NO_NUL)]
 TERMINAL_STATUSES: frozenset[str] = frozenset({"Completed", "Dead", "Canceled"})
 
@@ -48,6 +51,17 @@ class CreateTaskRequest(Contract):
     inputs: JsonArray = Field(default_factory=list, max_length=10_000)
     queue: QueueName = "default"
     max_attempts: Annotated[int, Field(ge=1, le=100)] | None = None
+    max_processing_attempts: Annotated[int, Field(ge=1, le=100)] | None = Field(
+        None,
+        description="How many attempts may end by infrastructure (the worker vanished, or was "
+        "drained on a deploy) before the task is Dead (`ProcessingAttemptsExceeded`); such "
+        "attempts do not count against `max_attempts`. Default: the operator's, else 10.",
+    )
+    on_exhausted: OnExhausted | None = Field(
+        None,
+        description="When the task dies: `dead_letter` sends a dead-letter record, `discard` "
+        "does not. Default: the operator's, else `dead_letter`; a task of a job follows its job.",
+    )
     timeout_seconds: Annotated[int, Field(ge=1, le=7 * 24 * 3600)] | None = None
     backoff_base_seconds: Annotated[float, Field(ge=0, le=86_400)] | None = None
     backoff_max_seconds: Annotated[float, Field(ge=0, le=7 * 86_400)] | None = None
@@ -92,6 +106,17 @@ class TaskView(Contract):
     status: TaskStatus
     attempt: int
     max_attempts: int
+    counted_attempts: int = Field(
+        description="The current attempt's number in the `max_attempts` budget (`attempt` less "
+        "the attempts before a replay and those that ended by infrastructure: LeaseExpired, "
+        "Drained, the current one included once it ended so)."
+    )
+    processing_attempts: int = Field(
+        description="Attempts of the current budget that ended by infrastructure (the worker "
+        "vanished or was drained), bounded by `max_processing_attempts`."
+    )
+    max_processing_attempts: int
+    on_exhausted: OnExhausted
     operator: str
     queue: str
     job: JobRef | None
@@ -99,7 +124,10 @@ class TaskView(Contract):
     inputs: JsonArray
     result: JsonObject | None
     last_error: str | None
-    dead_reason: Literal["AttemptsExhausted", "Expired"] | None
+    dead_reason: (
+        Literal["AttemptsExhausted", "Expired", "ProcessingAttemptsExceeded", "PermanentFailure"]
+        | None
+    )
     cancel_reason: Literal["Requested", "VersionSuperseded"] | None = Field(
         description="Why a Canceled task was canceled: by a person, or by a new dataset version."
     )

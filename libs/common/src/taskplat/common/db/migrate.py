@@ -1,18 +1,34 @@
-"""Forward-only migration runner.
+"""Forward-only migration runner, safe to run against a live database.
 
-Invariants: migrations are the numbered files `migrations/NNNN_name.sql` shipped in this package,
-applied in order, each in its own transaction together with its row in `schema_migrations`. A
-session-level advisory lock serialises concurrent runners (several containers may start at once),
-so each version is applied exactly once; running again applies nothing. A database that records a
-version this code does not know is refused (the code is older than the schema).
+Invariants:
+  * migrations are the numbered files `migrations/NNNN_name.sql` shipped in this package, applied
+    in order; each is recorded in `schema_migrations` with the sha256 of its text. A session-level
+    advisory lock serialises concurrent runners (several containers may start at once), so each
+    version is applied exactly once; running again applies nothing.
+  * a database that records a version this code does not know is refused (the code is older than
+    the schema); so is one whose recorded checksum differs from the file's (an applied migration
+    was edited: write a new one instead). A version recorded before checksums existed gets the
+    file's checksum recorded on the next run.
+  * every statement runs with `lock_timeout` and `statement_timeout` set (after the advisory lock
+    is taken, so a runner may wait for another): a migration that would queue behind a long
+    transaction, and so block every query queued behind it, fails fast instead; nothing of it is
+    recorded, and running again retries it.
+  * a migration runs in one transaction with its `schema_migrations` row, unless its header
+    declares `-- taskplat: no-transaction`: then each `;`-terminated statement (one ending a
+    line) runs on its own in autocommit, as `CREATE INDEX CONCURRENTLY` needs, and the version is
+    recorded after the last one. Such a migration must be safe to run again from the start (`IF
+    NOT EXISTS`, dropping an invalid index first), since a failure can leave its first steps done.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from importlib import resources
 from typing import LiteralString, cast
 
@@ -22,7 +38,12 @@ from psycopg import sql
 MIGRATIONS_PACKAGE = "taskplat.common.db.migrations"
 # An arbitrary, fixed key: pg_advisory_lock(bigint) serialises every migration runner.
 ADVISORY_LOCK_KEY = 0x7461736B706C6174  # "taskplat"
+NO_TRANSACTION = "-- taskplat: no-transaction"
+DEFAULT_LOCK_TIMEOUT_SECONDS = 5.0
+DEFAULT_STATEMENT_TIMEOUT_SECONDS = 900.0
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+# A statement of a no-transaction migration ends with `;` at the end of a line.
+_STATEMENT_END = re.compile(r";[ \t]*(?:--[^\n]*)?$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -31,9 +52,54 @@ class Migration:
     name: str
     sql: str
 
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.sql.encode("utf-8")).hexdigest()
+
+    @property
+    def transactional(self) -> bool:
+        """False when the header (the leading comment lines) declares `NO_TRANSACTION`."""
+        for line in self.sql.splitlines():
+            stripped = line.strip()
+            if not stripped:
+                continue
+            if not stripped.startswith("--"):
+                return True
+            if stripped == NO_TRANSACTION:
+                return False
+        return True
+
+    def statements(self) -> list[str]:
+        """The statements of a no-transaction migration, in order (comments kept)."""
+        found: list[str] = []
+        start = 0
+        for match in _STATEMENT_END.finditer(self.sql):
+            statement = self.sql[start : match.start()].strip()
+            start = match.end()
+            if _has_code(statement):
+                found.append(statement)
+        if _has_code(self.sql[start:]):
+            raise MigrationError(
+                f"migration {self.version:04d}: text after the last ';' (every statement of a "
+                "no-transaction migration ends with ';' at the end of a line)"
+            )
+        return found
+
+
+@dataclass(frozen=True)
+class MigrationState:
+    version: int
+    name: str
+    applied_at: datetime | None  # None: pending
+    edited: bool = False  # applied, but the file's checksum differs from the recorded one
+
 
 class MigrationError(Exception):
     pass
+
+
+def _has_code(text: str) -> bool:
+    return any(line.strip() and not line.strip().startswith("--") for line in text.splitlines())
 
 
 def available_migrations() -> list[Migration]:
@@ -52,60 +118,186 @@ def available_migrations() -> list[Migration]:
     return found
 
 
-def apply_migrations(database_url: str) -> list[int]:
-    """Apply every pending migration; return the versions applied (empty when up to date)."""
+def _ensure_table(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+    conn.execute(
+        """
+        CREATE TABLE IF NOT EXISTS schema_migrations (
+            version    integer PRIMARY KEY,
+            name       text NOT NULL,
+            applied_at timestamptz NOT NULL DEFAULT now()
+        )
+        """
+    )
+    # Databases migrated before checksums were kept get the column; their rows adopt the
+    # checksums of the shipped files (below).
+    conn.execute("ALTER TABLE schema_migrations ADD COLUMN IF NOT EXISTS checksum text")
+
+
+def _set_timeouts(
+    conn: psycopg.Connection[tuple[object, ...]], lock_timeout: float, statement_timeout: float
+) -> None:
+    for name, seconds in (("lock_timeout", lock_timeout), ("statement_timeout", statement_timeout)):
+        conn.execute(
+            "SELECT set_config(%s, %s, false)", (name, f"{max(0, round(seconds * 1000))}ms")
+        )
+
+
+def _check_recorded(
+    conn: psycopg.Connection[tuple[object, ...]], migrations: Sequence[Migration]
+) -> set[int]:
+    """The applied versions, after refusing unknown or edited ones and adopting checksums."""
+    by_version = {migration.version: migration for migration in migrations}
+    rows = conn.execute("SELECT version, checksum FROM schema_migrations").fetchall()
+    done = {cast(int, version) for version, _ in rows}
+    unknown = done - set(by_version)
+    if unknown:
+        raise MigrationError(
+            f"database has migrations {sorted(unknown)} that this code does not know"
+        )
+    edited = sorted(
+        cast(int, version)
+        for version, checksum in rows
+        if checksum is not None and checksum != by_version[cast(int, version)].checksum
+    )
+    if edited:
+        raise MigrationError(
+            f"applied migrations {edited} were edited since (their checksums differ): "
+            "restore them and write a new migration instead"
+        )
+    for version, checksum in rows:
+        if checksum is None:
+            conn.execute(
+                "UPDATE schema_migrations SET checksum = %s "
+                "WHERE version = %s AND checksum IS NULL",
+                (by_version[cast(int, version)].checksum, version),
+            )
+    return done
+
+
+def _record(conn: psycopg.Connection[tuple[object, ...]], migration: Migration) -> None:
+    conn.execute(
+        "INSERT INTO schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
+        (migration.version, migration.name, migration.checksum),
+    )
+
+
+def _apply(conn: psycopg.Connection[tuple[object, ...]], migration: Migration) -> None:
+    # Migration files are trusted SQL shipped in this package.
+    if migration.transactional:
+        with conn.transaction():
+            conn.execute(sql.SQL(cast(LiteralString, migration.sql)))  # type: ignore[redundant-cast]
+            _record(conn, migration)
+        return
+    for statement in migration.statements():
+        conn.execute(sql.SQL(cast(LiteralString, statement)))  # type: ignore[redundant-cast]
+    _record(conn, migration)
+
+
+def apply_migrations(
+    database_url: str,
+    *,
+    lock_timeout_seconds: float = DEFAULT_LOCK_TIMEOUT_SECONDS,
+    statement_timeout_seconds: float = DEFAULT_STATEMENT_TIMEOUT_SECONDS,
+    migrations: Sequence[Migration] | None = None,
+) -> list[int]:
+    """Apply every pending migration; return the versions applied (empty when up to date).
+
+    `migrations` defaults to the shipped ones (tests pass others)."""
+    migrations = list(migrations) if migrations is not None else available_migrations()
     applied: list[int] = []
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute("SELECT pg_advisory_lock(%s)", (ADVISORY_LOCK_KEY,))
         try:
-            conn.execute(
-                """
-                CREATE TABLE IF NOT EXISTS schema_migrations (
-                    version    integer PRIMARY KEY,
-                    name       text NOT NULL,
-                    applied_at timestamptz NOT NULL DEFAULT now()
-                )
-                """
-            )
-            done = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
-            migrations = available_migrations()
-            unknown = done - {migration.version for migration in migrations}
-            if unknown:
-                raise MigrationError(
-                    f"database has migrations {sorted(unknown)} that this code does not know"
-                )
+            _set_timeouts(conn, lock_timeout_seconds, statement_timeout_seconds)
+            _ensure_table(conn)
+            done = _check_recorded(conn, migrations)
             for migration in migrations:
-                if migration.version in done:
-                    continue
-                with conn.transaction():
-                    # Migration files are trusted SQL shipped in this package.
-                    conn.execute(sql.SQL(cast(LiteralString, migration.sql)))  # type: ignore[redundant-cast]
-                    conn.execute(
-                        "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
-                        (migration.version, migration.name),
-                    )
-                applied.append(migration.version)
+                if migration.version not in done:
+                    _apply(conn, migration)
+                    applied.append(migration.version)
         finally:
+            _set_timeouts(conn, 0, 0)
             conn.execute("SELECT pg_advisory_unlock(%s)", (ADVISORY_LOCK_KEY,))
     return applied
 
 
+def migration_status(
+    database_url: str, migrations: Sequence[Migration] | None = None
+) -> list[MigrationState]:
+    """Every known migration, applied (when, and whether edited since) or pending; read-only."""
+    migrations = list(migrations) if migrations is not None else available_migrations()
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        exists = conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL").fetchone()
+        recorded: dict[int, tuple[datetime, str | None]] = {}
+        if exists and exists[0]:
+            has_checksum = conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM information_schema.columns WHERE "
+                "table_name = 'schema_migrations' AND column_name = 'checksum' "
+                "AND table_schema = current_schema())"
+            ).fetchone()
+            query = (
+                "SELECT version, applied_at, checksum FROM schema_migrations"
+                if has_checksum and has_checksum[0]
+                else "SELECT version, applied_at, NULL FROM schema_migrations"
+            )
+            for version, applied_at, checksum in conn.execute(query).fetchall():
+                recorded[cast(int, version)] = (
+                    cast(datetime, applied_at),
+                    cast(str | None, checksum),
+                )
+    states: list[MigrationState] = []
+    for migration in migrations:
+        row = recorded.get(migration.version)
+        if row is None:
+            states.append(MigrationState(migration.version, migration.name, None))
+        else:
+            edited = row[1] is not None and row[1] != migration.checksum
+            states.append(MigrationState(migration.version, migration.name, row[0], edited))
+    return states
+
+
+def _print_status(states: Sequence[MigrationState]) -> None:
+    for state in states:
+        if state.applied_at is None:
+            print(f"pending  {state.version:04d}_{state.name}")
+        else:
+            note = "  EDITED since it was applied" if state.edited else ""
+            print(
+                f"applied  {state.version:04d}_{state.name}  {state.applied_at.isoformat()}{note}"
+            )
+    pending = sum(1 for state in states if state.applied_at is None)
+    print(f"{len(states) - pending} applied, {pending} pending")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point `taskplat-migrate`: apply pending migrations to DATABASE_URL."""
+    """Entry point `taskplat-migrate [apply|status]`: apply pending migrations to DATABASE_URL,
+    or list the applied and pending ones."""
     from taskplat.common.logging import configure_logging, get_logger
-    from taskplat.common.settings import DatabaseSettings, ServiceSettings
+    from taskplat.common.settings import DatabaseSettings, MigrateSettings, ServiceSettings
 
     parser = argparse.ArgumentParser(
-        prog="taskplat-migrate", description="Apply pending Taskplat migrations to DATABASE_URL."
+        prog="taskplat-migrate",
+        description="Apply pending Taskplat migrations to DATABASE_URL (`apply`, the default), "
+        "or list the applied and pending ones (`status`).",
     )
+    parser.add_argument("command", nargs="?", choices=("apply", "status"), default="apply")
     parser.add_argument("--database-url", help="override DATABASE_URL")
     args = parser.parse_args(argv)
     service = ServiceSettings()
     configure_logging("migrate", level=service.log_level, fmt=service.log_format)
     log = get_logger()
-    url = args.database_url or DatabaseSettings().database_url.get_secret_value()
     try:
-        applied = apply_migrations(url)
+        url = args.database_url or DatabaseSettings().database_url.get_secret_value()
+        timeouts = MigrateSettings()
+        if args.command == "status":
+            states = migration_status(url)
+            _print_status(states)
+            return 1 if any(state.edited for state in states) else 0
+        applied = apply_migrations(
+            url,
+            lock_timeout_seconds=timeouts.lock_timeout_seconds,
+            statement_timeout_seconds=timeouts.statement_timeout_seconds,
+        )
     except (psycopg.Error, MigrationError) as exc:
         message = " ".join(str(exc).split())
         log.error("migrate_failed", error=message)

@@ -106,13 +106,15 @@ WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 inserted AS (
     INSERT INTO tasks (
         task_id, status, queue, operator, job, config, inputs, max_attempts,
-        backoff_base_seconds, backoff_max_seconds, timeout_seconds, scheduled_for, expires_at,
-        idempotency_key, queued_at, created_at, updated_at
+        max_processing_attempts, on_exhausted, backoff_base_seconds, backoff_max_seconds,
+        timeout_seconds, scheduled_for, expires_at, idempotency_key, queued_at, created_at,
+        updated_at
     )
     SELECT
         i.task_id,
         CASE WHEN i.scheduled_for > n.now THEN 'Scheduled' ELSE 'Queued' END,
         i.queue, i.operator, i.job, i.config, i.inputs, i.max_attempts,
+        i.max_processing_attempts, i.on_exhausted,
         i.backoff_base_seconds, i.backoff_max_seconds, i.timeout_seconds,
         i.scheduled_for, i.expires_at, i.idempotency_key,
         CASE WHEN i.scheduled_for > n.now THEN NULL ELSE n.now END,
@@ -120,14 +122,17 @@ inserted AS (
     FROM n,
          unnest(%(task_ids)s::uuid[], %(queues)s::text[], %(operators)s::text[],
                 %(jobs)s::jsonb[], %(configs)s::jsonb[], %(inputs)s::jsonb[],
-                %(max_attempts)s::integer[], %(backoff_base_seconds)s::double precision[],
+                %(max_attempts)s::integer[], %(max_processing_attempts)s::integer[],
+                %(on_exhausteds)s::text[],
+                %(backoff_base_seconds)s::double precision[],
                 %(backoff_max_seconds)s::double precision[], %(timeout_seconds)s::integer[],
                 %(scheduled_for)s::timestamptz[], %(expires_at)s::timestamptz[],
                 %(idempotency_keys)s::text[])
              WITH ORDINALITY
              AS i(task_id, queue, operator, job, config, inputs, max_attempts,
-                  backoff_base_seconds, backoff_max_seconds, timeout_seconds, scheduled_for,
-                  expires_at, idempotency_key, position)
+                  max_processing_attempts, on_exhausted, backoff_base_seconds,
+                  backoff_max_seconds, timeout_seconds, scheduled_for, expires_at,
+                  idempotency_key, position)
     ORDER BY i.position
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING task_id, status, queue, operator, attempt
@@ -155,9 +160,10 @@ WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 c AS (
     SELECT * FROM unnest(%(task_ids)s::uuid[], %(attempts)s::integer[], %(lease_tokens)s::uuid[],
         %(statuses)s::text[], %(results)s::jsonb[], %(errors)s::text[], %(retry_afters)s::float8[],
-        %(jitters)s::float8[], %(digests)s::text[], %(events)s::jsonb[], %(outputs)s::jsonb[])
+        %(jitters)s::float8[], %(digests)s::text[], %(events)s::jsonb[], %(outputs)s::jsonb[],
+        %(retryables)s::boolean[])
         AS c(task_id, attempt, lease_token, status, result, error, retry_after, jitter, digest,
-             events, outputs)
+             events, outputs, retryable)
 ),
 locked AS MATERIALIZED (
     SELECT t.task_id FROM tasks AS t JOIN c USING (task_id)
@@ -167,20 +173,16 @@ locked AS MATERIALIZED (
 ),
 done AS (
     UPDATE tasks AS t
-    SET status = CASE WHEN c.status IN ('Completed', 'Canceled') THEN c.status
-            WHEN t.attempt - t.replay_offset >= t.max_attempts THEN 'Dead' ELSE 'Failed' END,
+    SET status = taskplat_ended_status(t, c.status, c.retryable),
         attempt_outcome = c.status,
         result = CASE WHEN c.status = 'Completed' THEN c.result ELSE t.result END,
-        last_error = CASE WHEN c.status = 'Failed' THEN c.error ELSE t.last_error END,
-        dead_reason = CASE WHEN c.status = 'Failed'
-            AND t.attempt - t.replay_offset >= t.max_attempts THEN 'AttemptsExhausted' END,
-        next_retry_at = CASE WHEN c.status = 'Failed'
-            AND t.attempt - t.replay_offset < t.max_attempts
-            THEN n.now + coalesce(make_interval(secs => c.retry_after),
-                taskplat_retry_delay(t.backoff_base_seconds, t.backoff_max_seconds,
-                    t.attempt - t.replay_offset, c.jitter)) END,
-        finished_at = CASE WHEN c.status = 'Failed'
-            AND t.attempt - t.replay_offset < t.max_attempts THEN NULL ELSE n.now END,
+        last_error = CASE WHEN c.status = 'Completed' THEN t.last_error ELSE c.error END,
+        dead_reason = taskplat_dead_reason(t, c.status, c.retryable),
+        processing_attempts = t.processing_attempts + (c.status = 'Drained')::int,
+        next_retry_at = taskplat_retry_at(t, c.status, c.retryable, n.now, c.retry_after,
+            c.jitter),
+        finished_at = CASE WHEN taskplat_ended_status(t, c.status, c.retryable) = 'Failed'
+            THEN NULL ELSE n.now END,
         lease_expires_at = NULL,
         updated_at = n.now
     FROM n, c, locked AS l
@@ -193,7 +195,7 @@ done AS (
 closed AS (
     UPDATE task_attempts AS a
     SET finished_at = d.ended_at, outcome = d.reported, completion_digest = d.digest,
-        error = CASE WHEN d.reported = 'Failed' THEN d.error END
+        error = CASE WHEN d.reported IN ('Failed', 'Drained') THEN d.error END
     FROM done AS d
     WHERE a.task_id = d.task_id AND a.attempt = d.attempt AND a.lease_token = d.lease_token
 ),

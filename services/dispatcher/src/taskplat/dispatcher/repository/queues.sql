@@ -100,6 +100,7 @@ replayed AS (
     SET status = 'Queued',
         attempt = t.attempt + 1,
         replay_offset = t.attempt,
+        processing_attempts = 0,
         lease_token = NULL,
         lease_expires_at = NULL,
         deadline_at = NULL,

@@ -188,6 +188,8 @@ def completion_params(
         "attempt": request.attempt,
         "lease_token": request.lease_token,
         "status": request.status,
+        "ended": request.ended,
+        "retryable": request.retryable,
         "result": Jsonb(request.result) if request.result is not None else None,
         "error_message": request.error_message,
         "attempt_error": request.error_message if request.status == "Failed" else None,

@@ -7,14 +7,15 @@
 
 -- name: insert_task
 INSERT INTO tasks (
-    task_id, status, queue, operator, job, config, inputs, max_attempts,
-    backoff_base_seconds, backoff_max_seconds, timeout_seconds, scheduled_for, expires_at,
+    task_id, status, queue, operator, job, config, inputs, max_attempts, max_processing_attempts,
+    on_exhausted, backoff_base_seconds, backoff_max_seconds, timeout_seconds, scheduled_for, expires_at,
     idempotency_key, queued_at, created_at, updated_at
 )
 SELECT
     %(task_id)s,
     CASE WHEN %(scheduled_for)s::timestamptz > n.now THEN 'Scheduled' ELSE 'Queued' END,
     %(queue)s, %(operator)s, %(job)s, %(config)s, %(inputs)s, %(max_attempts)s,
+    %(max_processing_attempts)s, %(on_exhausted)s,
     %(backoff_base_seconds)s, %(backoff_max_seconds)s, %(timeout_seconds)s,
     %(scheduled_for)s, %(expires_at)s, %(idempotency_key)s,
     CASE WHEN %(scheduled_for)s::timestamptz > n.now THEN NULL ELSE n.now END,
@@ -41,7 +42,7 @@ SELECT 'dead_letter', t.task_id, t.queue,
            'dead_reason', t.dead_reason, 'last_error', t.last_error, 'died_at', t.finished_at),
        %(trace_context)s, n.now, n.now
 FROM tasks AS t, (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS n
-WHERE t.task_id = %(task_id)s AND t.status = 'Dead'
+WHERE t.task_id = %(task_id)s AND t.status = 'Dead' AND taskplat_dead_letter_wanted(t.task_id)
 
 -- name: notify_outbox
 SELECT pg_notify('taskplat_outbox', %(queue)s)
@@ -185,23 +186,21 @@ SET attempt = EXCLUDED.attempt,
 
 -- name: complete_running
 -- See tasks.complete_running. Keep it under 4 KiB: psycopg caches only shorter queries.
+-- %(ended)s: how the attempt ended (Completed, Failed, Drained); the task's fate is the rule of
+-- taskplat_ended_status (migration 0008).
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 done AS (
     UPDATE tasks AS t
-    SET status = CASE WHEN %(status)s IN ('Completed', 'Canceled') THEN %(status)s
-            WHEN t.attempt - t.replay_offset >= t.max_attempts THEN 'Dead' ELSE 'Failed' END,
-        attempt_outcome = %(status)s,
-        result = CASE WHEN %(status)s = 'Completed' THEN %(result)s::jsonb ELSE t.result END,
-        last_error = CASE WHEN %(status)s = 'Failed' THEN %(error_message)s ELSE t.last_error END,
-        dead_reason = CASE WHEN %(status)s = 'Failed'
-            AND t.attempt - t.replay_offset >= t.max_attempts THEN 'AttemptsExhausted' END,
-        next_retry_at = CASE WHEN %(status)s = 'Failed'
-            AND t.attempt - t.replay_offset < t.max_attempts
-            THEN n.now + coalesce(make_interval(secs => %(retry_after_seconds)s::float8),
-                taskplat_retry_delay(t.backoff_base_seconds, t.backoff_max_seconds,
-                    t.attempt - t.replay_offset, %(jitter)s)) END,
-        finished_at = CASE WHEN %(status)s = 'Failed'
-            AND t.attempt - t.replay_offset < t.max_attempts THEN NULL ELSE n.now END,
+    SET status = taskplat_ended_status(t, %(ended)s, %(retryable)s),
+        attempt_outcome = %(ended)s,
+        result = CASE WHEN %(ended)s = 'Completed' THEN %(result)s::jsonb ELSE t.result END,
+        last_error = CASE WHEN %(ended)s = 'Completed' THEN t.last_error ELSE %(error_message)s END,
+        dead_reason = taskplat_dead_reason(t, %(ended)s, %(retryable)s),
+        processing_attempts = t.processing_attempts + (%(ended)s = 'Drained')::int,
+        next_retry_at = taskplat_retry_at(t, %(ended)s, %(retryable)s, n.now,
+            %(retry_after_seconds)s::float8, %(jitter)s),
+        finished_at = CASE WHEN taskplat_ended_status(t, %(ended)s, %(retryable)s) = 'Failed'
+            THEN NULL ELSE n.now END,
         lease_expires_at = NULL,
         updated_at = n.now
     FROM n
@@ -213,7 +212,7 @@ done AS (
 ),
 closed AS (
     UPDATE task_attempts AS a
-    SET finished_at = d.ended_at, outcome = %(status)s, error = %(attempt_error)s,
+    SET finished_at = d.ended_at, outcome = %(ended)s, error = %(attempt_error)s,
         completion_digest = %(completion_digest)s
     FROM done AS d
     WHERE a.task_id = d.task_id AND a.attempt = d.attempt AND a.lease_token = %(lease_token)s
@@ -250,7 +249,7 @@ dead_letter AS (
                d.dead_reason, 'last_error', d.last_error, 'died_at', d.finished_at),
            %(trace_context)s, d.ended_at, d.ended_at
     FROM done AS d
-    WHERE d.status = 'Dead'
+    WHERE d.status = 'Dead' AND taskplat_dead_letter_wanted(d.task_id)
     RETURNING queue
 ),
 notified AS (SELECT pg_notify('taskplat_outbox', queue) FROM dead_letter)
@@ -258,23 +257,48 @@ SELECT d.*, (SELECT count(*) FROM notified) AS notified FROM done AS d
 
 -- name: complete_late
 -- A late success of the current attempt after its lease or deadline ran out: accepted while no
--- newer attempt started (attempt unchanged) and the task was not canceled.
-UPDATE tasks AS t
-SET status = 'Completed',
-    attempt_outcome = 'Completed',
-    result = %(result)s::jsonb,
-    dead_reason = NULL,
-    next_retry_at = NULL,
-    finished_at = n.now,
-    updated_at = n.now
-FROM (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS n
-WHERE t.task_id = %(task_id)s
-  AND t.status IN ('Failed', 'Dead')
-  AND t.attempt_outcome IN ('LeaseExpired', 'DeadlineExceeded')
-  AND t.attempt = %(attempt)s
-  AND t.lease_token = %(lease_token)s
-RETURNING t.task_id, t.status, t.queue, t.operator, t.attempt, t.worker_id, t.started_at,
-          t.dead_reason, t.next_retry_at, n.now AS ended_at
+-- newer attempt started (attempt unchanged) and the task was not canceled. A task that had died
+-- of the timeout was dead-lettered (unless it discards): a `resolved` record follows the first
+-- one, in this statement.
+-- The caller holds the row lock (read_fence_for_update), so `old` is the row this updates.
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+old AS MATERIALIZED (  -- read by primary key, whatever the later filter on status
+    SELECT task_id, status, dead_reason, last_error, finished_at
+    FROM tasks WHERE task_id = %(task_id)s
+),
+done AS (
+    UPDATE tasks AS t
+    SET status = 'Completed',
+        attempt_outcome = 'Completed',
+        result = %(result)s::jsonb,
+        dead_reason = NULL,
+        next_retry_at = NULL,
+        finished_at = n.now,
+        updated_at = n.now
+    FROM n
+    WHERE t.task_id = %(task_id)s
+      AND t.status IN ('Failed', 'Dead')
+      AND t.attempt_outcome IN ('LeaseExpired', 'DeadlineExceeded')
+      AND t.attempt = %(attempt)s
+      AND t.lease_token = %(lease_token)s
+    RETURNING t.task_id, t.status, t.queue, t.operator, t.attempt, t.max_attempts, t.worker_id,
+              t.started_at, t.dead_reason, t.next_retry_at, n.now AS ended_at
+),
+resolved AS (
+    INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at)
+    SELECT 'dead_letter', d.task_id, d.queue,
+           jsonb_build_object(
+               'record', 'resolved', 'task_id', d.task_id, 'queue', d.queue,
+               'operator', d.operator, 'attempt', d.attempt, 'max_attempts', d.max_attempts,
+               'dead_reason', o.dead_reason, 'last_error', o.last_error,
+               'died_at', o.finished_at, 'resolved_at', d.ended_at),
+           %(trace_context)s, d.ended_at, d.ended_at
+    FROM done AS d JOIN old AS o ON o.task_id = d.task_id
+    WHERE o.status = 'Dead' AND taskplat_dead_letter_wanted(d.task_id)
+    RETURNING queue
+),
+notified AS (SELECT pg_notify('taskplat_outbox', queue) FROM resolved)
+SELECT d.*, (SELECT count(*) FROM notified) AS notified FROM done AS d
 
 -- name: close_attempt
 UPDATE task_attempts
@@ -314,6 +338,7 @@ UPDATE tasks AS t
 SET status = 'Queued',
     attempt = t.attempt + 1,
     replay_offset = t.attempt,
+    processing_attempts = 0,
     lease_token = NULL,
     lease_expires_at = NULL,
     deadline_at = NULL,

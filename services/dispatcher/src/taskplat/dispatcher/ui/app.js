@@ -236,6 +236,8 @@ async function taskView(taskId) {
   const [t, emitted] = await Promise.all([api("GET", `/tasks/${encodeURIComponent(taskId)}`),
     api("GET", `/tasks/${encodeURIComponent(taskId)}/events`)]);
   const fields = [["Status", status(t.status)], ["Attempt", `${t.attempt} (max_attempts ${t.max_attempts}, renewed by a replay)`],
+    ["Counted attempts", `${t.counted_attempts} of ${t.max_attempts}`],
+    ["Lost or drained attempts", `${t.processing_attempts} of ${t.max_processing_attempts}`],
     ["Queue", t.queue], ["Operator", t.operator],
     ["Job", t.job ? `${t.job.dag_name} / ${t.job.name}` : "—"], ["Worker", t.worker_id || "—"],
     ["Created", when(t.created_at)], ["Started", when(t.started_at)],
