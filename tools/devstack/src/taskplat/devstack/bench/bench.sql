@@ -109,3 +109,13 @@ VACUUM (ANALYZE) tasks, task_attempts;
 SELECT (SELECT count(*) FROM tasks)::bigint AS tasks,
        (SELECT count(*) FROM task_attempts)::bigint AS attempts,
        pg_total_relation_size('tasks') + pg_total_relation_size('task_attempts') AS bytes;
+
+-- name: w5_routed
+-- W5: each event of the buffered dataset (its cursor = the table's high mark at that write) and
+-- when its first downstream task was created.
+SELECT e."cursor", min(r.created_at) AS routed_at
+FROM task_events AS e
+JOIN event_routes AS r ON r.event_id = e.event_id
+WHERE e.dataset_uuid = %(dataset_uuid)s
+GROUP BY e."cursor"
+ORDER BY e."cursor"
