@@ -12,6 +12,7 @@ UV := $(TOOLS)/bin/uv
 VENV := .venv
 RUN := $(UV) run --frozen --no-sync
 PYTEST_ARGS ?=
+CHAOS_ARGS ?=
 
 export UV_PROJECT_ENVIRONMENT := $(abspath $(VENV))
 export UV_PYTHON := $(PYTHON)
@@ -36,8 +37,8 @@ lock: $(UV) ## Re-resolve uv.lock after a dependency change
 	@$(UV) lock
 
 .PHONY: sqs-deps
-sqs-deps: venv ## Install the local SQS endpoint (LocalStack in its own Python 3.13 virtualenv)
-	@$(RUN) python -m taskplat.devstack install-localstack
+sqs-deps: venv ## Install the local SQS endpoint (LocalStack in a Python 3.13 virtualenv; else moto)
+	@$(RUN) python -m taskplat.devstack install-localstack --optional
 
 .PHONY: up
 up: venv sqs-deps ## Start the platform: Postgres, SQS, every service and TASKPLAT_WORKERS (2) workers
@@ -50,6 +51,10 @@ demo: venv sqs-deps ## Private stack: 1,000 echo tasks and a three-job pipeline,
 .PHONY: bench
 bench: venv sqs-deps ## Benchmark on a private stack: prints the table, writes bench/results/latest.{json,md}
 	@$(RUN) python -m taskplat.devstack bench $(BENCH_ARGS)
+
+.PHONY: chaos
+chaos: venv sqs-deps ## Chaos run: 10,000 tasks under SQS faults, SIGKILLs, Postgres crashes; exits 1 on loss (CHAOS_ARGS)
+	@$(RUN) python -m taskplat.devstack chaos $(CHAOS_ARGS)
 
 .PHONY: browser-deps
 browser-deps: ## Install Debian's chromium and chromium-driver for the dashboard's browser tests (root)
@@ -75,7 +80,7 @@ test-e2e: venv sqs-deps ## Run the end-to-end suite only (every service as a rea
 lint: venv ## ruff and mypy --strict
 	@$(RUN) ruff check .
 	@$(RUN) ruff format --check .
-	@$(RUN) mypy libs/common/src libs/client/src tools/devstack/src $(wildcard services/*/src)
+	@$(RUN) mypy libs/common/src libs/client/src libs/lambda-runtime/src tools/devstack/src $(wildcard services/*/src)
 
 .PHONY: deploy-check
 deploy-check: venv ## cfn-lint and the policy check on every CloudFormation template (also in `make test`)
@@ -97,16 +102,26 @@ dispatcher: venv ## Run the dispatcher against DATABASE_URL (see README for its 
 
 SERVICES := dispatcher outbox-relay scheduler reaper sink worker-wrapper credential-broker
 IMAGE_TAG ?= dev
+# Every Python service but the worker wrapper builds from one Dockerfile (services/<dir>/Dockerfile
+# is a symlink to it), named by these build arguments; the worker base image has its own.
+PYTHON_SERVICE_DOCKERFILE := deploy/docker/python-service.Dockerfile
+IMAGE_ARGS_dispatcher := SERVICE=dispatcher LISTEN_PREFIX=TASKPLAT_DISPATCHER PORT=8080
+IMAGE_ARGS_outbox-relay := SERVICE=outbox-relay LISTEN_PREFIX=TASKPLAT_RELAY_OPS PORT=9464
+IMAGE_ARGS_scheduler := SERVICE=scheduler LISTEN_PREFIX=TASKPLAT_SCHEDULER_OPS PORT=9464
+IMAGE_ARGS_reaper := SERVICE=reaper LISTEN_PREFIX=TASKPLAT_REAPER_OPS PORT=9464
+IMAGE_ARGS_sink := SERVICE=sink LISTEN_PREFIX=TASKPLAT_SINK_OPS PORT=9464
+IMAGE_ARGS_credential-broker := SERVICE=credential-broker LISTEN_PREFIX=TASKPLAT_BROKER PORT=8090
 
 .PHONY: images
 images: ## Build every service image with Docker (needs a Docker engine; worker -> taskplat-worker-base)
 	@command -v docker >/dev/null || { echo "images: the docker client is not installed" >&2; exit 1; }
 	@docker info >/dev/null 2>&1 || { echo "images: no Docker engine answers; start one first" >&2; exit 1; }
-	@for svc in $(SERVICES); do \
-	  name=taskplat-$$svc; [ $$svc = worker-wrapper ] && name=taskplat-worker-base; \
-	  echo "building $$name:$(IMAGE_TAG)"; \
-	  docker build -f services/$$svc/Dockerfile -t $$name:$(IMAGE_TAG) . || exit 1; \
-	done
+	@echo "building taskplat-worker-base:$(IMAGE_TAG)"
+	@docker build -f services/worker-wrapper/Dockerfile -t taskplat-worker-base:$(IMAGE_TAG) .
+	@$(foreach svc,$(filter-out worker-wrapper,$(SERVICES)),\
+	  echo "building taskplat-$(svc):$(IMAGE_TAG)" && \
+	  docker build -f $(PYTHON_SERVICE_DOCKERFILE) $(addprefix --build-arg ,$(IMAGE_ARGS_$(svc))) \
+	    -t taskplat-$(svc):$(IMAGE_TAG) . &&) true
 
 .PHONY: clean
 clean: ## Remove the virtualenvs, caches and local stack state

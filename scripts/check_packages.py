@@ -3,7 +3,7 @@
 Invariant: a package that imports something it does not declare fails here, because its private
 environment (`uv sync --locked --package X --no-dev`) holds exactly its declared dependencies.
 The worker wrapper is also checked to hold no database code (no psycopg installed), and the client
-no server code (no taskplat.common installed).
+and the Lambda runtime no server code (no taskplat.common installed).
 Usage: python scripts/check_packages.py <uv> <scratch dir>
 """
 
@@ -29,6 +29,7 @@ PACKAGES = {
     "taskplat-sink": ("services/sink/src", "taskplat.sink", ()),
     "taskplat-worker-wrapper": ("services/worker-wrapper/src", "taskplat.worker_wrapper", ()),
     "taskplat-client": ("libs/client/src", "taskplat.client", ()),
+    "taskplat-lambda-runtime": ("libs/lambda-runtime/src", "taskplat.lambda_runtime", ()),
 }
 # Modules of a package that need one of its optional extras.
 EXTRA_MODULES = {
@@ -71,7 +72,7 @@ def check(uv: str, scratch: Path, name: str, module: str, extras: tuple[str, ...
         probe = subprocess.run([python, "-c", "import psycopg"], capture_output=True)
         if probe.returncode == 0:
             return f"{name}: psycopg is installed in the worker's environment"
-    if name == "taskplat-client":
+    if name in ("taskplat-client", "taskplat-lambda-runtime"):
         probe = subprocess.run([python, "-c", "import taskplat.common"], capture_output=True)
         if probe.returncode == 0:
             return f"{name}: server code (taskplat.common) is installed beside the client"

@@ -65,10 +65,29 @@ class ServiceSpec:
     uses_sqs: bool = False
     devstack_module: str | None = None  # `python -m` module the local stack runs
     health_port_env: str | None = None  # setting of the port serving its /healthz
+    # --build-arg values of the shared Python service Dockerfile (SERVICE, LISTEN_PREFIX, PORT);
+    # empty: the service directory's own Dockerfile (the worker base image).
+    build_args: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def args(self) -> dict[str, str]:
+        return dict(self.build_args)
+
+    @property
+    def dockerfile_path(self) -> str:
+        """The Dockerfile builds name (relative to the repository root): the shared file for
+        the Python services (BuildKit does not reliably follow a symlinked Dockerfile)."""
+        if self.build_args:
+            return SHARED_DOCKERFILE
+        return f"services/{self.service_dir}/Dockerfile"
 
     @property
     def dockerfile(self) -> Path:
-        return REPO / "services" / self.service_dir / "Dockerfile"
+        return REPO / self.dockerfile_path
+
+    def parsed_dockerfile(self) -> Dockerfile:
+        """The Dockerfile with this service's build arguments applied."""
+        return parse_dockerfile(self.dockerfile, self.args)
 
     def settings_classes(self) -> list[type[BaseSettings]]:
         classes = []
@@ -90,6 +109,17 @@ class ServiceSpec:
         for cls in self.settings_classes():
             names |= settings_env_names(cls)
         return names
+
+
+SHARED_DOCKERFILE = "deploy/docker/python-service.Dockerfile"
+# Variables an image sets for itself, read by no settings class (the HEALTHCHECK's probe).
+IMAGE_ONLY_ENV = frozenset({"TASKPLAT_HEALTHCHECK_URL"})
+
+
+def python_service_args(
+    service_dir: str, listen_prefix: str, port: int
+) -> tuple[tuple[str, str], ...]:
+    return (("SERVICE", service_dir), ("LISTEN_PREFIX", listen_prefix), ("PORT", str(port)))
 
 
 COLLECTOR = "collector"  # container name of the telemetry sidecar in every service task
@@ -118,6 +148,7 @@ SPECS: dict[str, ServiceSpec] = {
             SECRET_NAMES | LIBPQ_CREDENTIALS,
             devstack_module="taskplat.dispatcher",
             health_port_env="TASKPLAT_DISPATCHER_PORT",
+            build_args=python_service_args("dispatcher", "TASKPLAT_DISPATCHER", 8080),
         ),
         ServiceSpec(
             "outbox-relay",
@@ -130,6 +161,7 @@ SPECS: dict[str, ServiceSpec] = {
             uses_sqs=True,
             devstack_module="taskplat.outbox_relay",
             health_port_env="TASKPLAT_RELAY_OPS_PORT",
+            build_args=python_service_args("outbox-relay", "TASKPLAT_RELAY_OPS", 9464),
         ),
         ServiceSpec(
             "scheduler",
@@ -141,6 +173,7 @@ SPECS: dict[str, ServiceSpec] = {
             frozenset({"DATABASE_URL"}) | LIBPQ_CREDENTIALS,
             devstack_module="taskplat.scheduler",
             health_port_env="TASKPLAT_SCHEDULER_OPS_PORT",
+            build_args=python_service_args("scheduler", "TASKPLAT_SCHEDULER_OPS", 9464),
         ),
         ServiceSpec(
             "reaper",
@@ -152,6 +185,7 @@ SPECS: dict[str, ServiceSpec] = {
             frozenset({"DATABASE_URL"}) | LIBPQ_CREDENTIALS,
             devstack_module="taskplat.reaper",
             health_port_env="TASKPLAT_REAPER_OPS_PORT",
+            build_args=python_service_args("reaper", "TASKPLAT_REAPER_OPS", 9464),
         ),
         ServiceSpec(
             "sink",
@@ -176,6 +210,7 @@ SPECS: dict[str, ServiceSpec] = {
             uses_sqs=True,  # boto3 (STS) with LocalStack's dummy credentials under compose
             devstack_module=None,  # not part of `make up` yet
             health_port_env="TASKPLAT_BROKER_PORT",
+            build_args=python_service_args("credential-broker", "TASKPLAT_BROKER", 8090),
         ),
         ServiceSpec(
             "worker",
@@ -202,6 +237,7 @@ SPECS: dict[str, ServiceSpec] = {
                 "taskplat.common.settings:DatabaseSettings",
             ),
             frozenset({"DATABASE_URL"}),
+            build_args=python_service_args("dispatcher", "TASKPLAT_DISPATCHER", 8080),
         ),
     )
 }
@@ -486,8 +522,22 @@ class Dockerfile:
         assert isinstance(value, list), f"{self.path}: CMD must be exec form (a JSON list)"
         return [str(item) for item in value]
 
+    def command(self) -> list[str]:
+        """CMD with a program the final stage links to a virtualenv script resolved to that
+        script (`ln -s /app/.venv/bin/<script> /usr/local/bin/<program>`)."""
+        cmd = self.cmd()
+        for run in self.final.all("RUN"):
+            for script, program in re.findall(
+                r"ln -s /app/\.venv/bin/(\S+) /usr/local/bin/(\S+)", run
+            ):
+                if program == cmd[0]:
+                    return [script, *cmd[1:]]
+        return cmd
 
-def parse_dockerfile(path: Path) -> Dockerfile:
+
+def parse_dockerfile(path: Path, build_args: Mapping[str, str] | None = None) -> Dockerfile:
+    """The instructions of `path`, with `${ARG}` replaced by `build_args` (else the ARG's default)
+    as a build with those `--build-arg`s does."""
     logical: list[str] = []
     pending = ""
     for raw in path.read_text(encoding="utf-8").splitlines():
@@ -516,7 +566,16 @@ def parse_dockerfile(path: Path) -> Dockerfile:
             args[name] = default
         else:
             stages[-1].instructions.append((instruction, rest))
+    values = {**args, **(build_args or {})}
+    for stage in stages:
+        stage.instructions = [
+            (name, _substitute(rest, values)) for name, rest in stage.instructions
+        ]
     return Dockerfile(path, args, stages)
+
+
+def _substitute(text: str, values: Mapping[str, str]) -> str:
+    return re.sub(r"\$\{(\w+)\}", lambda m: values.get(m.group(1)) or m.group(0), text)
 
 
 # ------------------------------------------------------------------------- compose

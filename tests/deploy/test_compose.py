@@ -44,10 +44,10 @@ def test_same_command_and_image_as_ecs(
     container = next(c for c in ecs_containers if c.name == name)
     assert service["command"] == [str(part) for part in container.definition["Command"]]
     spec = SPECS[name]
-    assert service["build"] == {
-        "context": "..",
-        "dockerfile": f"services/{spec.service_dir}/Dockerfile",
-    }
+    expected_build: dict[str, Any] = {"context": "..", "dockerfile": spec.dockerfile_path}
+    if spec.build_args:
+        expected_build["args"] = spec.args
+    assert service["build"] == expected_build
     assert service["image"] == f"{spec.image}:dev"
 
 
@@ -85,7 +85,7 @@ def test_settings_are_those_of_make_up(compose: dict[str, Any]) -> None:
     checked = 0
     for name, spec in SPECS.items():
         # What the container sees: compose's value, else the image's ENV, else the default.
-        image_env = deploy_model.parse_dockerfile(spec.dockerfile).final.env()
+        image_env = spec.parsed_dockerfile().final.env()
         env = {**image_env, **deploy_model.compose_environment(_services(compose)[name])}
         accepted = spec.accepted_env()
         for variable, value in {**DEV_DEFAULTS, **shared}.items():

@@ -1,12 +1,14 @@
 """Each service's Dockerfile builds what the deployment runs, the way the issue asks.
 
-Checked: one Dockerfile per service directory; pinned bases (exact Python patch tag, the
-Makefile's uv version); a builder that syncs only this package from uv.lock (`--frozen`,
-`--no-dev`, `--no-editable`) and copies only its own code and the library; a runtime stage that
-takes only the virtualenv, runs as a non-root user and whose CMD is the package's console script;
-every ENV a setting the service reads; the build context (.dockerignore) keeps what the builds
-copy and drops local state; the worker base image holds no database driver; the example worker
-image is a valid extension of it.
+Checked: one Dockerfile per service directory, a symlink to the one shared Python service
+Dockerfile (built with the service's `SERVICE`, `LISTEN_PREFIX` and `PORT` build arguments) except
+the worker wrapper's own; the Makefile's `images` target passes each service's arguments; pinned
+bases (exact Python patch tag, the Makefile's uv version); a builder that syncs only this
+package from uv.lock (`--frozen`, `--no-dev`, `--no-editable`) and copies only its own code and
+the library; a runtime stage that takes only the virtualenv, runs as a non-root user and whose
+CMD is the package's console script; every ENV a setting the service reads; the build context
+(.dockerignore) keeps what the builds copy and drops local state; the worker base image holds no
+database driver; the example worker image is a valid extension of it.
 """
 
 from __future__ import annotations
@@ -43,13 +45,35 @@ def test_every_service_directory_has_a_dockerfile() -> None:
         "(add one; the platform template may already run it, see deploy_model.UPCOMING)"
     )
     assert SERVICE_DIRS and set(SERVICE_DIRS) == set(BUILT_BY)
+    shared = (REPO / deploy_model.SHARED_DOCKERFILE).resolve()
     for service_dir in SERVICE_DIRS:
-        assert (REPO / "services" / service_dir / "Dockerfile").is_file(), service_dir
+        path = REPO / "services" / service_dir / "Dockerfile"
+        assert path.is_file(), service_dir
+        if BUILT_BY[service_dir].build_args:
+            # Relative, so it holds in any checkout; builds name the shared file itself.
+            assert path.is_symlink() and not Path(path.readlink()).is_absolute(), service_dir
+            assert path.resolve() == shared, f"services/{service_dir}/Dockerfile -> {shared}"
+        else:
+            assert not path.is_symlink(), service_dir
+
+
+def test_makefile_builds_every_image_with_its_arguments() -> None:
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    for service_dir, spec in BUILT_BY.items():
+        if not spec.build_args:
+            assert f"-f services/{service_dir}/Dockerfile" in makefile, service_dir
+            continue
+        args = " ".join(f"{name}={value}" for name, value in spec.build_args)
+        assert f"IMAGE_ARGS_{service_dir} := {args}" in makefile, service_dir
+    assert f"PYTHON_SERVICE_DOCKERFILE := {deploy_model.SHARED_DOCKERFILE}" in makefile
+    assert "-f $(PYTHON_SERVICE_DOCKERFILE) $(addprefix --build-arg ,$(IMAGE_ARGS_$(svc)))" in (
+        makefile
+    )
 
 
 @pytest.mark.parametrize("service_dir", SERVICE_DIRS)
 def test_bases_are_pinned(service_dir: str) -> None:
-    dockerfile = deploy_model.parse_dockerfile(BUILT_BY[service_dir].dockerfile)
+    dockerfile = BUILT_BY[service_dir].parsed_dockerfile()
     python = dockerfile.args.get("PYTHON_IMAGE", "")
     assert re.fullmatch(r"python:3\.11\.\d+-slim-[a-z]+(@sha256:[0-9a-f]{64})?", python), python
     assert dockerfile.args.get("UV_VERSION") == _makefile_uv_version()
@@ -61,7 +85,7 @@ def test_bases_are_pinned(service_dir: str) -> None:
 
 @pytest.mark.parametrize("service_dir", SERVICE_DIRS)
 def test_builder_syncs_only_this_package_from_the_lock(service_dir: str) -> None:
-    dockerfile = deploy_model.parse_dockerfile(BUILT_BY[service_dir].dockerfile)
+    dockerfile = BUILT_BY[service_dir].parsed_dockerfile()
     builder = dockerfile.stage("builder")
     package = deploy_model.service_package(service_dir)
     syncs = [run for run in builder.all("RUN") if "uv sync" in run]
@@ -91,13 +115,13 @@ def test_builder_syncs_only_this_package_from_the_lock(service_dir: str) -> None
 @pytest.mark.parametrize("service_dir", SERVICE_DIRS)
 def test_runtime_is_the_venv_a_non_root_user_and_the_entry_point(service_dir: str) -> None:
     spec = BUILT_BY[service_dir]
-    dockerfile = deploy_model.parse_dockerfile(spec.dockerfile)
+    dockerfile = spec.parsed_dockerfile()
     runtime = dockerfile.final
     assert runtime.all("COPY") == ["--from=builder /app/.venv /app/.venv"]
     users = runtime.all("USER")
     assert users and re.fullmatch(r"[1-9]\d*:[1-9]\d*", users[-1]), f"USER {users}"
     assert runtime.instructions[-1][0] == "CMD"
-    assert dockerfile.cmd() == [spec.script]
+    assert dockerfile.command() == [spec.script]
     target = deploy_model.console_script_target(
         deploy_model.service_package(service_dir), spec.script
     )
@@ -107,7 +131,8 @@ def test_runtime_is_the_venv_a_non_root_user_and_the_entry_point(service_dir: st
     unknown = {
         name
         for name in env
-        if name not in deploy_model.PYTHON_RUNTIME_ENV and name.upper() not in spec.accepted_env()
+        if name not in deploy_model.PYTHON_RUNTIME_ENV | deploy_model.IMAGE_ONLY_ENV
+        and name.upper() not in spec.accepted_env()
     }
     assert not unknown, f"ENV {sorted(unknown)} is read by no settings class of {spec.name}"
 
@@ -116,12 +141,17 @@ def test_runtime_is_the_venv_a_non_root_user_and_the_entry_point(service_dir: st
 def test_health_check_probes_the_services_healthz(service_dir: str) -> None:
     spec = BUILT_BY[service_dir]
     assert spec.health_port_env, f"{spec.name} has no health endpoint in deploy_model.SPECS"
-    dockerfile = deploy_model.parse_dockerfile(spec.dockerfile)
+    dockerfile = spec.parsed_dockerfile()
     checks = dockerfile.final.all("HEALTHCHECK")
     assert len(checks) == 1, f"{spec.name}: {checks}"
     env = dockerfile.final.env()
     port = env[spec.health_port_env]
-    assert f"http://127.0.0.1:{port}/healthz" in checks[0]
+    url = f"http://127.0.0.1:{port}/healthz"
+    if "TASKPLAT_HEALTHCHECK_URL" in env:
+        assert env["TASKPLAT_HEALTHCHECK_URL"] == url
+        assert "os.environ['TASKPLAT_HEALTHCHECK_URL']" in checks[0]
+    else:
+        assert url in checks[0]
     assert "curl" not in checks[0] and "wget" not in checks[0], "slim images have neither"
     assert dockerfile.final.all("EXPOSE") == [port]
     if spec.name == "dispatcher":
@@ -167,7 +197,7 @@ def test_build_context_keeps_what_the_builds_copy_and_drops_local_state() -> Non
     ]:
         assert _ignored(state, patterns), f"{state} would be sent to the Docker daemon"
     for service_dir in SERVICE_DIRS:
-        builder = deploy_model.parse_dockerfile(BUILT_BY[service_dir].dockerfile).stage("builder")
+        builder = BUILT_BY[service_dir].parsed_dockerfile().stage("builder")
         for copy in builder.all("COPY"):
             if copy.startswith("--from="):
                 continue
@@ -238,3 +268,14 @@ def test_example_operators_file_is_valid_and_its_operator_runs(tmp_path: Path) -
     )
     envelope = json.loads(done.stdout.strip().splitlines()[-1])
     assert envelope == {"status": "succeeded", "payload": {"words": 5, "distinct": 4}}, done.stderr
+
+
+def test_deploy_guide_and_compose_build_with_the_same_arguments() -> None:
+    guide = (REPO / "docs" / "deploy.md").read_text(encoding="utf-8")
+    compose = (REPO / "deploy" / "docker-compose.yml").read_text(encoding="utf-8")
+    for service_dir, spec in BUILT_BY.items():
+        if not spec.build_args:
+            continue
+        args = spec.args
+        assert f"build {service_dir} {args['LISTEN_PREFIX']} {args['PORT']}\n" in guide, service_dir
+        assert f"x-build-{service_dir}: &build-{service_dir}" in compose, service_dir

@@ -29,6 +29,9 @@ NOT_TEMPLATE_NAMES = {
     "NOLOGIN",
     "Service",
     "Stack",
+    # Build arguments of deploy/docker/python-service.Dockerfile.
+    "SERVICE",
+    "PORT",
 }
 
 
@@ -109,5 +112,7 @@ def test_names_the_page_uses_exist(cfn_templates: dict[str, dict[str, Any]]) -> 
         assert f"deploy/cloudformation/{name}" in text
     assert "deploy/docker-compose.yml" in text and "deploy/worker-example/" in text
     settings = set().union(*(spec.accepted_env() for spec in SPECS.values()))
+    # The build argument LISTEN_PREFIX names a settings prefix (`<prefix>_HOST`, `<prefix>_PORT`).
+    settings |= {spec.args["LISTEN_PREFIX"] for spec in SPECS.values() if spec.build_args}
     variables = set(re.findall(r"\b(TASKPLAT_[A-Z0-9_]*[A-Z0-9])\b", text))
     assert not variables - settings, f"no service reads {sorted(variables - settings)}"

@@ -67,9 +67,9 @@ def test_image_is_built_by_the_services_dockerfile(
         assert repository is None
     else:
         assert repository == spec.image, f"{name} runs {repository}, expected {spec.image}"
-    dockerfile = deploy_model.parse_dockerfile(spec.dockerfile)
-    if spec.script == dockerfile.cmd()[0]:
-        assert dockerfile.cmd() == [str(part) for part in container.definition["Command"]]
+    dockerfile = spec.parsed_dockerfile()
+    if spec.script == dockerfile.command()[0]:
+        assert dockerfile.command() == [str(part) for part in container.definition["Command"]]
     else:
         # Another script of the same image (the migration task): its package and the database
         # driver it needs must be installed there.
@@ -319,7 +319,7 @@ def test_health_check_probes_the_services_healthz(
     command = container.definition["HealthCheck"]["Command"]
     assert command[:3] == ["CMD", "python", "-c"], command
     assert f"http://127.0.0.1:{port}/healthz" in command[3]
-    dockerfile = deploy_model.parse_dockerfile(spec.dockerfile)
+    dockerfile = spec.parsed_dockerfile()
     assert dockerfile.final.env()[spec.health_port_env] == port, "image and task disagree"
 
 

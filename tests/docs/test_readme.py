@@ -28,3 +28,18 @@ def test_the_commands_a_newcomer_needs_are_named() -> None:
     text = README.read_text(encoding="utf-8")
     for command in ("make up", "make test", "make demo", "make bench"):
         assert command in text, command
+
+
+def test_readme_lists_every_route_of_the_dispatcher() -> None:
+    from taskplat.dispatcher.route_table import ALL_ROUTES
+
+    text = README.read_text(encoding="utf-8")
+    missing = []
+    for spec in ALL_ROUTES:
+        # A route is listed as `METHOD /path` or, for a sibling of the previous one, `/suffix`.
+        listed = f"{spec.method} {spec.path}" in text or (
+            f"`/{spec.path.rsplit('/', 1)[1]}`" in text and spec.path.rsplit("/", 1)[0] in text
+        )
+        if not listed:
+            missing.append(f"{spec.method} {spec.path}")
+    assert not missing, f"README.md does not list these dispatcher routes: {missing}"

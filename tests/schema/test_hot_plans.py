@@ -133,10 +133,14 @@ VALUES: dict[str, Value] = {
     "delays": _const([1.0]),
     "grace_seconds": _const(30.0),
     "requeue_after_seconds": _const(60.0),
+    "busy_limit": _const(1),  # the scheduler's republish budget of a busy queue
+    "closed": _const(["default"]),  # busy queues whose budget is spent
     "retention_seconds": _const(7 * 86400.0),
     "events": lambda s: Jsonb([]),  # JSON arrays of a bundled completion
     "outputs": lambda s: Jsonb([]),
     "lease_token": lambda s: uuid4(),  # a new lease (claims); a fence names its task's own
+    "function_prefix": _const("taskplat-"),
+    "outbox_id": lambda s: s.last_outbox_id,
 }
 # Parameter names whose type differs between single and batch statements.
 BATCH_VALUES: dict[str, Value] = {
@@ -185,6 +189,11 @@ HOT_STATEMENTS: dict[tuple[str, str], dict[str, Task]] = {
         "claim_pending": "-",
         "mark_sent": "-",
         "mark_failed": "-",
+    },
+    ("taskplat.outbox_relay", "invoke.sql"): {
+        "claim_invocation": "-",
+        "claim_for_function": "queued",
+        "mark_skipped": "-",
     },
     ("taskplat.scheduler", "scheduler.sql"): {
         "promote_due_scheduled": "-",

@@ -170,3 +170,16 @@ def test_event_positions_are_checked_by_the_contract() -> None:
     ):
         with pytest.raises(ValidationError):
             Event.model_validate({**base, **bad})
+
+
+@pytest.mark.parametrize("timeout", [None, 901])
+def test_a_lambda_job_states_its_function_timeout(timeout: int | None) -> None:
+    fields = {"runtime": "lambda"} | ({"timeout_seconds": timeout} if timeout else {})
+    doc = parse_document(json.dumps({"jobs": {"fn": job(**fields)}}).encode(), "application/json")
+    with pytest.raises(ValidationFailed) as caught:
+        check_document(doc)
+    [problem] = caught.value.detail
+    assert problem["loc"] == ["body", "jobs", "fn", "timeout_seconds"]
+    assert problem["type"] == "lambda_timeout"
+    ok = {"jobs": {"fn": job(runtime="lambda", timeout_seconds=900), "w": job(runtime="ecs")}}
+    check_document(parse_document(json.dumps(ok).encode(), "application/json"))

@@ -3,9 +3,12 @@ attempt or lease token is refused with 409 and the reason, and writes nothing.""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from uuid import uuid4
 
+import psycopg
+import pytest
 from dispatcher_calls import (
     Lease,
     assert_rejected,
@@ -27,6 +30,8 @@ from dispatcher_rows import (
     task_row,
     task_state,
 )
+
+from taskplat.devstack.waiting import wait_for
 
 
 def ts(value: str) -> datetime:
@@ -175,3 +180,40 @@ def test_events_of_a_task_that_is_not_running_are_refused(
         emit_events(dispatcher, queued, [cursor_event(1)], with_token=False), "NotRunning"
     )
     assert row_counts(db_url) == counts
+
+
+@pytest.mark.parametrize("outcome", ["commit", "rollback"])
+def test_a_heartbeat_waits_for_the_claim_that_is_committing(
+    dispatcher: Dispatcher, db_url: str, outcome: str
+) -> None:
+    """A claim held open (the relay claims a Lambda attempt and invokes it in one transaction):
+    the attempt's first heartbeat waits for it, then holds the lease (commit) or is refused
+    (rollback), never refused while the claim is still committing."""
+    task_id = create_task(dispatcher)["task_id"]
+    lease = Lease(task_id, 1, str(uuid4()))
+    with psycopg.connect(db_url) as conn, ThreadPoolExecutor(1) as pool:
+        conn.execute(
+            "UPDATE tasks SET status = 'Running', lease_token = %s, started_at = %s, "
+            "lease_expires_at = %s WHERE task_id = %s",
+            (
+                lease.lease_token,
+                dispatcher.clock.now(),
+                dispatcher.clock.advance(0) + timedelta(seconds=60),
+                task_id,
+            ),
+        )
+        answer = pool.submit(heartbeat, dispatcher, lease)
+        wait_for(
+            lambda: conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock'"
+            ).fetchone()[0],  # type: ignore[index]
+            timeout=30,
+            what="the heartbeat to wait on the claim's row lock",
+        )
+        conn.commit() if outcome == "commit" else conn.rollback()
+        response = answer.result(timeout=30)
+    if outcome == "commit":
+        assert response.status_code == 200, response.text
+    else:
+        assert_rejected(response, "StaleLease")

@@ -229,3 +229,48 @@ def test_a_late_success_holding_the_row_wins_over_the_retry(
     task = rows.task(task_id)
     assert (task["status"], task["attempt"]) == ("Completed", 1)
     assert rows.outbox(task_id) == []
+
+
+def test_a_busy_queue_gets_its_budget_of_republishes_per_period_and_all_once_idle(
+    make_scheduler: MakeScheduler, rows: LoopRows, clock: FakeClock
+) -> None:
+    scheduler = make_scheduler(requeue_after_seconds=60, republish_busy_limit=1)
+    backlog = []
+    for _ in range(20):  # oldest first: each a millisecond older than the next
+        backlog.append(rows.insert_task(clock.now(), "Queued"))
+        clock.advance(0.001)
+    running = rows.insert_task(clock.now(), "Running", lease_expires_at=clock.now() + seconds(900))
+    idle = rows.insert_tasks(3, clock.now(), "Queued", queue="idle")
+
+    clock.advance(61)
+    # The busy queue (a Running task) gets its oldest stale task re-announced; the idle one all.
+    assert scheduler.run_once().republished == 1 + 3
+    assert len(rows.outbox(backlog[0])) == 1
+    assert all(len(rows.outbox(task_id)) == 1 for task_id in idle)
+    assert scheduler.run_once().republished == 0
+    clock.advance(30)
+    assert scheduler.run_once().republished == 0, "the busy queue's budget is spent"
+    clock.advance(30)
+    assert scheduler.run_once().republished == 1 + 3
+    assert len(rows.outbox(backlog[1])) == 1, "the next oldest, not the same task again"
+    assert len(rows.outbox(backlog[0])) == 1
+
+    # Its workers stop running its tasks: every stale task left is re-announced at once.
+    rows.finish_running_task(running, clock.now())
+    # The 18 never re-announced, and the first one again (its wake-up is a period old).
+    assert scheduler.run_once().republished == 18 + 1
+    assert [len(rows.outbox(task_id)) for task_id in backlog] == [2] + [1] * 19
+    assert rows.outbox(running) == []
+
+
+def test_a_second_replica_keeps_its_own_budget_and_no_task_is_republished_twice_a_period(
+    make_scheduler: MakeScheduler, rows: LoopRows, clock: FakeClock
+) -> None:
+    first, second = (make_scheduler(requeue_after_seconds=60) for _ in range(2))
+    backlog = rows.insert_tasks(5, clock.now(), "Queued")
+    rows.insert_task(clock.now(), "Running", lease_expires_at=clock.now() + seconds(900))
+    clock.advance(60)
+    assert first.run_once().republished == 1
+    assert second.run_once().republished == 1
+    assert first.run_once().republished == 0 and second.run_once().republished == 0
+    assert sorted(len(rows.outbox(task_id)) for task_id in backlog) == [0, 0, 0, 1, 1]

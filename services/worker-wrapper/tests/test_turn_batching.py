@@ -121,3 +121,25 @@ async def _until(condition: object, timeout: float = 5.0) -> None:
     async with asyncio.timeout(timeout):
         while not condition():
             await asyncio.sleep(0.001)
+
+
+def test_with_a_linger_items_of_later_turns_join_and_a_full_batch_goes_at_once() -> None:
+    async def scenario() -> None:
+        recorder = Recorder()
+        batcher = TurnBatcher(recorder.send, max_batch=3, parallel=4, linger_seconds=0.2)
+
+        async def later(item: int, delay: float) -> int:
+            await asyncio.sleep(delay)
+            return await batcher.submit(item)
+
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert await asyncio.gather(later(1, 0), later(2, 0.02)) == [10, 20]
+        assert recorder.batches == [[1, 2]], "the second turn's item joined the first's send"
+        assert loop.time() - started >= 0.2
+        started = loop.time()
+        assert await asyncio.gather(*(later(n, 0.01 * n) for n in (4, 5, 6))) == [40, 50, 60]
+        assert recorder.batches[-1] == [4, 5, 6]
+        assert loop.time() - started < 0.15, "a full batch does not wait for the linger"
+
+    asyncio.run(scenario())

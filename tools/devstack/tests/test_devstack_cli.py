@@ -51,6 +51,22 @@ def test_bad_port_is_a_usage_error(tmp_path: Path) -> None:
     assert "port out of range" in result.stderr
 
 
+def test_install_localstack_without_python313_fails_unless_optional(tmp_path: Path) -> None:
+    env = dict(os.environ, TASKPLAT_PYTHON313=str(tmp_path / "no-python3.13"))
+    argv = [*CLI, "install-localstack", "--venv", str(tmp_path / "venv")]
+    strict = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert strict.returncode == 1
+    assert "no working python3.13" in strict.stderr
+    optional = subprocess.run(
+        [*argv, "--optional"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert optional.returncode == 0, optional.stderr
+    assert optional.stdout == ""
+    assert "devstack: warning: LocalStack cannot be installed" in optional.stderr
+    assert "moto" in optional.stderr and "Traceback" not in optional.stderr
+    assert not (tmp_path / "venv").exists()
+
+
 def _wait_gone(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -48,6 +48,24 @@ def test_configured(database_url, sqs_endpoint_url):
 """
 
 
+FALLBACK_CONFTEST = """
+from taskplat.devstack import sqs
+from taskplat.devstack.errors import DevstackError
+
+
+def _no_localstack(*args, **kwargs):
+    raise DevstackError("simulated: no working python3.13 found")
+
+
+sqs.ensure_localstack_venv = _no_localstack
+"""
+
+FALLBACK_TESTS = """
+def test_sqs(sqs_endpoint_url):
+    assert sqs_endpoint_url.startswith("http://127.0.0.1:")
+"""
+
+
 def _inner_pytest(tmp_path: Path, source: str, env: dict[str, str]) -> str:
     (tmp_path / "pytest.ini").write_text("[pytest]\nfilterwarnings = error\n")
     (tmp_path / "test_inner.py").write_text(source)
@@ -72,7 +90,9 @@ def test_plugin_starts_real_servers_and_skips_testcontainers(tmp_path: Path) -> 
 def test_plugin_uses_configured_urls(tmp_path: Path) -> None:
     env = dict(os.environ)
     env.update(DATABASE_URL="postgresql://u@127.0.0.1:1/db", SQS_ENDPOINT_URL="http://127.0.0.1:2")
-    assert "1 passed" in _inner_pytest(tmp_path, CONFIGURED_TESTS, env)
+    out = _inner_pytest(tmp_path, CONFIGURED_TESTS, env)
+    assert "1 passed" in out
+    assert "stood in for LocalStack" not in out
 
 
 def test_docker_available_is_false_without_a_socket(
@@ -101,3 +121,15 @@ def test_docker_available_pings_the_socket(tmp_path: Path, monkeypatch: pytest.M
         monkeypatch.setenv("DOCKER_HOST", f"unix://{path}")
         assert docker_available() is True
         thread.join(timeout=5)
+
+
+def test_a_moto_fallback_is_named_in_the_run_summary(tmp_path: Path) -> None:
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("SQS_ENDPOINT_URL", "TASKPLAT_SQS_SERVER")
+    }
+    (tmp_path / "conftest.py").write_text(FALLBACK_CONFTEST)
+    out = _inner_pytest(tmp_path, FALLBACK_TESTS, env)
+    assert "1 passed" in out
+    summary = out[out.index("SQS: moto's server stood in for LocalStack") :]
+    assert "LocalStack cannot start: simulated: no working python3.13 found" in summary
+    assert "make sqs-deps" in summary

@@ -78,3 +78,27 @@ def test_start_failure_raises_with_the_server_log(tmp_path: Path) -> None:
             server.start()
     assert not server.is_running()
     server.stop(remove_data=True)
+
+
+def test_restart_immediate_crashes_and_recovers_on_the_same_port(tmp_path: Path) -> None:
+    server = PrivatePostgres(tmp_path / "pg", fsync=True)
+    url = server.start()
+    try:
+        held = psycopg.connect(url, connect_timeout=5, autocommit=True)
+        with psycopg.connect(url, connect_timeout=5, autocommit=True) as conn:
+            conn.execute("create table kept (x int)")
+            conn.execute("insert into kept values (7)")  # committed, never checkpointed
+        pid = server.pid
+        assert server.restart_immediate() == url
+        assert server.pid != pid and server.is_running()
+        assert pid is not None and not _alive(pid)
+        with pytest.raises(psycopg.OperationalError):  # its backend died with the server
+            held.execute("select 1")
+        held.close()
+        with psycopg.connect(url, connect_timeout=5) as conn:
+            assert conn.execute("select x from kept").fetchall() == [(7,)]
+        log = server.log_path.read_text()
+        assert "immediate shutdown request" in log
+        assert "database system was not properly shut down" in log
+    finally:
+        server.stop(remove_data=True)

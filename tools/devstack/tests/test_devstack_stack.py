@@ -192,3 +192,17 @@ def test_demo_percentiles_and_summary() -> None:
     assert summary.elapsed_seconds == 4.0
     assert summary.tasks_per_second == 0.25
     assert summary.latencies == [0.5, 1.0]
+
+
+def test_workers_get_no_signing_keys_nor_database(tmp_path: Path) -> None:
+    from taskplat.devstack.stack.services import worker_spec
+
+    shared = {
+        "DATABASE_URL": "postgresql://x",
+        "TASKPLAT_API_KEYS": "k",
+        "TASKPLAT_ATTEMPT_TOKEN_KEYS": '{"devstack": "secret"}',
+        "TASKPLAT_ATTEMPT_TOKEN_ACTIVE_KID": "devstack",
+        "TASKPLAT_WORKER_TOKEN": "t",
+    }
+    env = worker_spec("worker-1", "default", shared, {}, cwd=tmp_path).env
+    assert set(env) == {"TASKPLAT_WORKER_TOKEN", "TASKPLAT_WORKER_QUEUE"}

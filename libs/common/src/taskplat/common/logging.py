@@ -7,6 +7,7 @@ that name a secret are masked before rendering, so a token or password never rea
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from collections.abc import MutableMapping
@@ -18,6 +19,7 @@ _SECRET_MARKERS = ("token", "password", "secret", "api_key", "apikey", "authoriz
 _MASK = "***"
 
 
+@functools.lru_cache(maxsize=1024)  # keys are a small fixed set: decide each once
 def _is_secret_key(key: str) -> bool:
     lowered = key.lower()
     return any(marker in lowered for marker in _SECRET_MARKERS) and lowered != "lease_token"

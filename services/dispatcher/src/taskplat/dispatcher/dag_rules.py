@@ -140,6 +140,30 @@ def _reference_problems(doc: DagDocument) -> list[dict[str, Any]]:
     return problems
 
 
+# Lambda's longest function timeout: a `runtime: lambda` job's `timeout_seconds` is its function's.
+LAMBDA_MAX_TIMEOUT_SECONDS = 900
+
+
+def _runtime_problems(doc: DagDocument) -> list[dict[str, Any]]:
+    """A `runtime: lambda` job states its function's timeout (`timeout_seconds`, at most 900): the
+    relay leases each invocation for that long plus a grace."""
+    problems: list[dict[str, Any]] = []
+    for name, job in doc.jobs.items():
+        if job.runtime != "lambda":
+            continue
+        timeout = job.timeout_seconds
+        if timeout is None or timeout > LAMBDA_MAX_TIMEOUT_SECONDS:
+            problems.append(
+                _problem(
+                    ["jobs", name, "timeout_seconds"],
+                    f"job {name!r} runs on lambda: timeout_seconds (its function's timeout) is "
+                    f"required, at most {LAMBDA_MAX_TIMEOUT_SECONDS}",
+                    "lambda_timeout",
+                )
+            )
+    return problems
+
+
 def _dataset_problems(doc: DagDocument) -> list[dict[str, Any]]:
     problems: list[dict[str, Any]] = []
     kinds: dict[str, str] = {}
@@ -245,7 +269,7 @@ def find_cycle(graph: dict[str, list[str]]) -> list[str] | None:
 
 def check_document(doc: DagDocument) -> None:
     """Raise ValidationFailed naming every problem of the document (none: it may be applied)."""
-    problems = _reference_problems(doc) + _dataset_problems(doc)
+    problems = _reference_problems(doc) + _dataset_problems(doc) + _runtime_problems(doc)
     cycle = find_cycle(upstream_jobs(doc))
     if cycle is not None:
         problems.append(_problem(["jobs"], f"the jobs form a cycle: {' -> '.join(cycle)}", "cycle"))

@@ -6,7 +6,10 @@ Invariants:
   * A state change commits together with its attempt record, outputs, events and outbox rows.
   * A worker call from anything but the holder of the current (attempt, lease token) changes nothing
     and is answered with the reason (`StaleAttempt`, `StaleLease`, `NotRunning`, `Canceled`,
-    `NotFound`), classified from a read taken after the guarded statement failed.
+    `NotFound`), classified from a read taken after the guarded statement failed. A refused
+    heartbeat first waits for the task's row lock and judges the latest row, so it is never
+    refused because the claim that granted its lease was still committing (a Lambda attempt's
+    first call races the relay's commit).
   * A repeated accepted completion (same digest) is acknowledged and applies nothing again.
   * A late success of the current attempt after a timeout is accepted while no newer attempt started
     and the task was not canceled.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import json
 import random
+from typing import Any
 from uuid import UUID
 
 from psycopg import AsyncConnection
@@ -235,10 +239,17 @@ class TaskService:
         }
         async with self._pool.connection() as conn:
             row = await repo.heartbeat(conn, params)
+            if row is None:
+                # The guarded UPDATE judges the committed row: a claim committing right now (the
+                # relay claims a Lambda attempt and invokes it in one open transaction) would be
+                # missed. Before refusing, wait for the row lock and judge the latest row.
+                async with conn.transaction():
+                    fence = await repo.read_fence(conn, request.task_id, for_update=True)
+                    if _holds_lease(fence, request):
+                        row = await repo.heartbeat(conn, params)
             if row is not None:
                 self._recorder.heartbeat(row)
                 return HeartbeatResponse(lease_expires_at=row["lease_expires_at"])
-            fence = await repo.read_fence(conn, request.task_id)
         raise classify_rejection(fence, request.attempt, request.lease_token)
 
     async def events(self, request: EventsRequest) -> EventsAcceptedResponse:
@@ -304,3 +315,12 @@ class TaskService:
         return CreateTasksResponse(
             results=[CreatedTask(created=flag, task=view) for view, flag in created]
         )
+
+
+def _holds_lease(fence: dict[str, Any] | None, request: HeartbeatRequest) -> bool:
+    return (
+        fence is not None
+        and fence["status"] == "Running"
+        and fence["attempt"] == request.attempt
+        and fence["lease_token"] == request.lease_token
+    )

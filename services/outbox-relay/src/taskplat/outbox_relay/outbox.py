@@ -25,7 +25,7 @@ from taskplat.common.db.queries import load_queries
 Q = load_queries("taskplat.outbox_relay", "outbox.sql")
 
 Conn = Connection[DictRow]
-OutboxKind = Literal["enqueue_task", "dead_letter", "route_event"]
+OutboxKind = Literal["enqueue_task", "dead_letter", "route_event", "invoke_lambda"]
 
 
 @dataclass(frozen=True, slots=True)

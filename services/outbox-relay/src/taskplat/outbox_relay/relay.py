@@ -32,7 +32,9 @@ Invariants:
     transaction, so the downstream tasks, their `enqueue_task` rows and the row marked sent commit
     together; those wake-ups go out in a following batch (the batch reports `more`);
   * `run_once()` returns what it did; `run(stop)` only waits (interval, NOTIFY on
-    `taskplat_outbox`, or stop) and calls it.
+    `taskplat_outbox`, or stop) and calls it, in `loops` threads: like replicas, SKIP LOCKED keeps
+    their batches apart, so a row created while one batch is sending and committing is claimed
+    by another loop at once instead of waiting for that batch to end.
   * each row is sent inside its own "outbox.send" span, child of the row's stored trace context,
     and its message carries that span's context (`metrics`), so one task attempt is one trace
     from `POST /tasks` through the relay to the worker.
@@ -197,7 +199,21 @@ class Relay:
         return accepted, failures
 
     def run(self, stop: threading.Event) -> None:
-        """Repeat `run_once` until `stop`, waking on the dispatcher's NOTIFY or the interval."""
+        """Repeat `run_once` until `stop`, waking on the dispatcher's NOTIFY or the interval, in
+        `loops` threads at once (each its own LISTEN connection and batch transaction)."""
+        threads = [
+            threading.Thread(target=self._run_one, args=(stop,), name=f"relay-loop-{index}")
+            for index in range(1, self._settings.loops)
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            self._run_one(stop)
+        finally:
+            for thread in threads:
+                thread.join()
+
+    def _run_one(self, stop: threading.Event) -> None:
         waker = PgNotifyWaker(self._settings.database_url.get_secret_value(), OUTBOX_CHANNEL, stop)
         run_loop(
             LOOP_NAME,

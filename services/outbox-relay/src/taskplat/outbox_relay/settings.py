@@ -4,6 +4,9 @@ Invariants: read once in `__main__` (or a test) and passed down; every default i
 production-sensible value; a batch is bounded (`batch_size`), so one transaction never holds more
 than `batch_size` outbox row locks. `/metrics` and `/healthz` are served only when
 `TASKPLAT_RELAY_OPS_PORT` is set; traces are exported only with `OTEL_EXPORTER_OTLP_ENDPOINT`.
+Lambda invocations (`invoke_lambda` rows) sign attempt tokens with the dispatcher's keys
+(`TASKPLAT_ATTEMPT_TOKEN_KEYS`, `TASKPLAT_ATTEMPT_TOKEN_ACTIVE_KID`); without them such rows are
+never invoked and carry that error (`attempt_token_key_settings` is None).
 """
 
 from __future__ import annotations
@@ -12,11 +15,24 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from taskplat.common.ops_server import OpsSettings
-from taskplat.common.settings import DatabaseSettings, ServiceSettings, SqsSettings
+from taskplat.common.settings import (
+    AttemptTokenSettings,
+    DatabaseSettings,
+    ServiceSettings,
+    SqsSettings,
+)
 from taskplat.common.telemetry import TelemetrySettings
+from taskplat.common.tokens.keys import TokenKeySettings, key_settings
 
 
-class RelaySettings(ServiceSettings, DatabaseSettings, SqsSettings, TelemetrySettings, OpsSettings):
+class RelaySettings(
+    ServiceSettings,
+    DatabaseSettings,
+    SqsSettings,
+    TelemetrySettings,
+    OpsSettings,
+    AttemptTokenSettings,
+):
     model_config = SettingsConfigDict(
         env_prefix="TASKPLAT_RELAY_",
         extra="ignore",
@@ -33,6 +49,13 @@ class RelaySettings(ServiceSettings, DatabaseSettings, SqsSettings, TelemetrySet
         gt=0,
         le=3600,
         description="Longest wait between batches when no NOTIFY arrives (the fallback poll).",
+    )
+    loops: int = Field(
+        2,
+        ge=1,
+        le=16,
+        description="Relay loops in this process, each its own batch transaction (SKIP LOCKED "
+        "keeps them apart, as replicas): a new row need not wait for the batch in flight.",
     )
     send_concurrency: int = Field(
         4, ge=1, le=32, description="SendMessageBatch calls of one batch run in parallel."
@@ -51,8 +74,52 @@ class RelaySettings(ServiceSettings, DatabaseSettings, SqsSettings, TelemetrySet
         300.0, ge=0, description="Cap of the backoff before re-sending a failed row."
     )
 
+    lambda_endpoint_url: str | None = Field(
+        None, description="Lambda API endpoint; unset means AWS's own endpoint for the region."
+    )
+    lambda_function_prefix: str = Field(
+        "",
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_-]*$",
+        description="The function a `runtime: lambda` job invokes is this prefix + its operator.",
+    )
+    lambda_grace_seconds: float = Field(
+        60.0,
+        ge=0,
+        le=3600,
+        description="A Lambda attempt's first lease is its function timeout (the job's "
+        "`timeout_seconds`) plus this grace.",
+    )
+    lambda_default_timeout_seconds: int = Field(
+        900,
+        ge=1,
+        le=900,
+        description="Function timeout assumed for a Lambda task that states none (a DAG's "
+        "`runtime: lambda` job must state `timeout_seconds`).",
+    )
+    lambda_concurrency: int = Field(
+        4, ge=1, le=32, description="Lambda invocations in flight at once (one row each)."
+    )
+    lambda_batch_size: int = Field(
+        50, ge=1, le=1000, description="Lambda invocations performed per batch of the invoker."
+    )
+    lambda_invoke_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=120,
+        description="Longest wait for Lambda to accept one invocation; longer counts as failed "
+        "(retried with backoff; the unanswered invocation can change nothing).",
+    )
+
+    def attempt_token_key_settings(self) -> TokenKeySettings | None:
+        """The keys that sign Lambda attempts' tokens (the dispatcher's); None when unset."""
+        return key_settings(
+            self.attempt_token_keys, self.attempt_token_active_kid, what="attempt token keys"
+        )
+
     @model_validator(mode="after")
     def _cap_not_below_base(self) -> RelaySettings:
         if self.retry_max_seconds < self.retry_base_seconds:
             raise ValueError("retry_max_seconds must be >= retry_base_seconds")
+        self.attempt_token_key_settings()
         return self

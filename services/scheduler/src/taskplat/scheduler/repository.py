@@ -39,13 +39,27 @@ def retry_due_failed(conn: Conn, *, now: datetime | None, limit: int) -> list[Ro
 
 
 def republish_unclaimed(
-    conn: Conn, *, now: datetime | None, limit: int, requeue_after_seconds: float
+    conn: Conn,
+    *,
+    now: datetime | None,
+    limit: int,
+    requeue_after_seconds: float,
+    busy_limit: int | None = None,
+    closed: Iterable[str] = (),
 ) -> list[Row]:
-    """A fresh wake-up for Queued tasks unclaimed for `requeue_after_seconds`."""
+    """A fresh wake-up for Queued tasks unclaimed for `requeue_after_seconds`: every such task of
+    an idle queue, at most `busy_limit` (None: `limit`) of a queue with a Running task, none of
+    a busy queue named in `closed`. Each row also says whether its queue was busy (`busy`)."""
     return _rows(
         conn,
         "republish_unclaimed",
-        {"now": now, "limit": limit, "requeue_after_seconds": requeue_after_seconds},
+        {
+            "now": now,
+            "limit": limit,
+            "requeue_after_seconds": requeue_after_seconds,
+            "busy_limit": limit if busy_limit is None else busy_limit,
+            "closed": sorted(set(closed)),
+        },
     )
 
 

@@ -10,6 +10,12 @@ Invariants:
   * A retry increments `attempt` on the same row; it never creates a task.
   * Re-publishing sets `last_wakeup_at` to now and leaves `queued_at` alone: `queued_at` keeps
     meaning "when the task became Queued", so schedule lag counts from then.
+  * Re-publishing is limited where it is mostly waste: a queue with a Running task (its workers
+    are taking its wake-ups; under a backlog its stale tasks are still waiting their turn in SQS)
+    gets at most `republish_busy_limit` re-publications per requeue period from this replica, its
+    oldest stale tasks first; an idle queue gets all its stale tasks re-announced each period.
+    No lost wake-up starves: its task is re-announced once its turn in the busy budget comes
+    (oldest first) or at the latest once its queue has no Running task.
   * Time comes from the injected clock (`clock.sql_now()`; None lets the database decide).
   * Each moved task is logged and counted once, after its step committed (`metrics`); with a
     `Telemetry` the loop also records its batch durations, sizes and errors (`run_loop`).
@@ -70,6 +76,8 @@ class Scheduler:
         self._clock = clock or SystemClock()
         self._telemetry = telemetry
         self._metrics = SchedulerMetrics(telemetry)
+        # Busy queues -> when this replica last re-announced one of their tasks (their budget).
+        self._busy_republished: dict[str, datetime] = {}
 
     def _step(self, event: str, step: Step) -> int:
         now = self._clock.sql_now()
@@ -78,6 +86,36 @@ class Scheduler:
             repo.notify_outbox(conn, (row["queue"] for row in rows))
         self._metrics.moved(event, rows)
         return len(rows)
+
+    def _republish(self) -> int:
+        """Re-announce stale Queued tasks, within each busy queue's budget for the period."""
+        s = self._settings
+        at = self._clock.now()
+        closed = [
+            queue
+            for queue, last in self._busy_republished.items()
+            if (at - last).total_seconds() < s.requeue_after_seconds
+        ]
+        for queue in set(self._busy_republished) - set(closed):
+            del self._busy_republished[queue]
+        moved: list[repo.Row] = []
+
+        def step(conn: repo.Conn, now: datetime | None) -> list[repo.Row]:
+            moved[:] = repo.republish_unclaimed(
+                conn,
+                now=now,
+                limit=s.republish_batch_size,
+                requeue_after_seconds=s.requeue_after_seconds,
+                busy_limit=s.republish_busy_limit,
+                closed=closed,
+            )
+            return moved
+
+        count = self._step(REPUBLISHED, step)
+        for row in moved:
+            if row.get("busy"):
+                self._busy_republished[row["queue"]] = at
+        return count
 
     def run_once(self) -> SchedulerBatch:
         s = self._settings
@@ -89,15 +127,7 @@ class Scheduler:
             RETRIED,
             lambda conn, now: repo.retry_due_failed(conn, now=now, limit=s.retry_batch_size),
         )
-        republished = self._step(
-            REPUBLISHED,
-            lambda conn, now: repo.republish_unclaimed(
-                conn,
-                now=now,
-                limit=s.republish_batch_size,
-                requeue_after_seconds=s.requeue_after_seconds,
-            ),
-        )
+        republished = self._republish()
         runs_started = self._step(
             RUN_STARTED,
             lambda conn, now: schedules.start_due_runs(conn, now=now, limit=s.schedule_batch_size),

@@ -90,13 +90,25 @@ SELECT task_id, attempt, queue, operator FROM moved
 -- set last_wakeup_at to now, so the task is re-announced at most once per period (queued_at keeps
 -- the time it became Queued, for schedule lag). Tasks already past expires_at are left for the
 -- reaper.
+-- A queue with a Running task is busy: its workers are taking its wake-ups, so under a backlog its
+-- stale tasks are mostly still waiting their turn in SQS and a fresh wake-up would only queue
+-- behind the old one. A busy queue gets at most %(busy_limit)s re-publications (its oldest stale
+-- tasks) per statement, and none while it is in %(closed)s (the caller's list of busy queues whose
+-- budget for the period is spent). An idle queue's stale tasks are all re-announced, as before, so
+-- a lost wake-up waits at most until its queue is idle or its turn in the busy budget comes.
+-- Each returned row says whether its queue was busy.
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+busy AS MATERIALIZED (
+    SELECT DISTINCT r.queue FROM tasks AS r WHERE r.status = 'Running'
+),
 due AS (
-    SELECT t.task_id, t.attempt
+    SELECT t.task_id, t.queue, greatest(t.queued_at, t.last_wakeup_at) AS woken
     FROM tasks AS t, n
     WHERE t.status = 'Queued'
       -- A paused queue's tasks wait: they are re-announced when it resumes, not meanwhile.
       AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.name = t.queue AND q.paused)
+      AND NOT (t.queue = ANY(%(closed)s::text[])
+               AND EXISTS (SELECT 1 FROM busy AS b WHERE b.queue = t.queue))
       AND (greatest(t.queued_at, t.last_wakeup_at) IS NULL
            OR greatest(t.queued_at, t.last_wakeup_at)
               <= n.now - make_interval(secs => %(requeue_after_seconds)s::double precision))
@@ -105,6 +117,15 @@ due AS (
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED
 ),
+ranked AS (
+    SELECT d.task_id,
+           EXISTS (SELECT 1 FROM busy AS b WHERE b.queue = d.queue) AS busy,
+           row_number() OVER (PARTITION BY d.queue ORDER BY d.woken NULLS FIRST) AS rank
+    FROM due AS d
+),
+picked AS (
+    SELECT task_id, busy FROM ranked WHERE NOT busy OR rank <= %(busy_limit)s
+),
 moved AS (
     UPDATE tasks AS t
     SET last_wakeup_at = n.now,
@@ -112,7 +133,7 @@ moved AS (
     FROM n
     -- Locked as Queued by `due` (FOR UPDATE re-tests its WHERE), so no status test here: it
     -- would let the planner read the whole Queued index instead of the primary key.
-    WHERE t.task_id = ANY(ARRAY(SELECT task_id FROM due))
+    WHERE t.task_id = ANY(ARRAY(SELECT task_id FROM picked))
     RETURNING t.task_id, t.attempt, t.queue, t.operator
 ),
 ob AS (
@@ -121,7 +142,9 @@ ob AS (
            n.now, n.now
     FROM moved AS m, n
 )
-SELECT task_id, attempt, queue, operator FROM moved
+SELECT m.task_id, m.attempt, m.queue, m.operator, p.busy
+FROM moved AS m
+JOIN picked AS p USING (task_id)
 
 -- name: notify_outbox
 -- Wake the outbox relay; delivered on commit, so only if the outbox rows were committed.

@@ -42,6 +42,14 @@ class SchedulerSettings(ServiceSettings, DatabaseSettings, TelemetrySettings, Op
     schedule_batch_size: int = Field(
         100, ge=1, le=10_000, description="Jobs whose cron tick has come started per batch."
     )
+    republish_busy_limit: int = Field(
+        1,
+        ge=0,
+        le=10_000,
+        description="Re-publications per requeue period for a queue with a Running task (its "
+        "workers are taking its wake-ups: under a backlog a stale task is mostly still waiting "
+        "its turn). An idle queue's stale tasks are all re-announced.",
+    )
     requeue_after_seconds: float = Field(
         60.0,
         gt=0,

@@ -2,7 +2,8 @@
 
 Invariants:
   * While the task runs, heartbeats renew the lease (a fraction of the time it has left, with a
-    floor) and the message's visibility is renewed; both run until the completion was answered.
+    floor) and the message's visibility is renewed (the intake renewed it to the full timeout
+    early, see `intake`); both run until the completion was answered.
     A task claimed ahead has no message: nothing to renew, nothing to delete.
   * A rejected heartbeat or event call stops the operator: `Canceled` is reported as a Canceled
     completion; any other rejection (the attempt or lease is no longer current) reports nothing.
@@ -377,7 +378,8 @@ class RunningTask:
             fields["error"] = request.error_message[:500] if request.error_message else None
             fields["retry_after_seconds"] = request.retry_after_seconds
         self.log.info(f"task_{request.status.lower()}", **fields)
-        await self._delete("completed")
+        if self.delivery is not None:  # in the background: the slot is free at once
+            self.x.intake.delete_soon(self.delivery, "completed")
         return request.status
 
 

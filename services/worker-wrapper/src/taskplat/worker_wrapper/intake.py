@@ -4,13 +4,22 @@ Invariants:
   * boto3 is blocking: every call runs on this intake's own thread pool, never on the event loop,
     and never competes with other work for the default executor.
   * A receive asks for at most 10 messages (the SQS maximum) and sets the visibility timeout
-    explicitly, so the wrapper's extension schedule does not depend on the queue's default.
+    explicitly, so the wrapper's extension schedule does not depend on the queue's default. It
+    sets the short `receive_visibility_seconds`: a long poll left open by a wrapper that died
+    (SQS still answers it, to nobody) hides the wake-up it takes for that long only, not for the
+    full visibility timeout. A message this wrapper still handles when half of that has passed
+    since the receive (a slow claim, a running task, a deletion in flight) is renewed once to the
+    full `visibility_timeout_seconds`; one deleted or released before costs no request. `extend`
+    renews a message to the full timeout.
   * `delete`, `extend` and `release` never raise: a failure is logged and reported as False; an
     undeleted message only comes back later, and a claim then answers NotClaimed.
   * With batching on, deletions are batched by turn (`turn_batching`): those asked for in one
     event-loop turn go together (the stale wake-ups of one claim batch, the messages of one
     completion batch), one DeleteMessageBatch per 10, a lone one as DeleteMessage, at most
-    `parallel_deletes` requests in flight. Each message's outcome is its own entry's.
+    `parallel_deletes` requests in flight. Each message's outcome is its own entry's. With
+    `delete_linger_seconds`, a deletion waits that long for others (10 go at once), so under load
+    batches fill; nobody waits on it for speed: a completed task's message is deleted in the
+    background (`delete_soon`), its slot already free.
   * The queue URL is resolved on first use and cached; an error forgets it, so a queue created
     after the wrapper started is found.
   * A receive asks for every message attribute: the W3C trace context (`traceparent`,
@@ -23,6 +32,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -53,6 +63,7 @@ class Delivery:
     body: str
     receive_count: int
     trace_context: Mapping[str, str] = field(default_factory=dict)
+    received_at: float = 0.0  # time.monotonic() when the receive returned
 
 
 class SqsIntake:
@@ -67,19 +78,33 @@ class SqsIntake:
         telemetry: WrapperTelemetry | None = None,
         batch_deletes: bool = False,
         parallel_deletes: int = 4,
+        receive_visibility_seconds: int | None = None,
+        delete_linger_seconds: float = 0.0,
     ) -> None:
         self._client = client
         self.queue_name = queue_name
         self._urls = QueueUrls(client)
         self._wait = wait_time_seconds
-        self._visibility = visibility_timeout_seconds
+        self.visibility_timeout = visibility_timeout_seconds
+        self.receive_visibility = min(
+            receive_visibility_seconds or visibility_timeout_seconds, visibility_timeout_seconds
+        )
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sqs")
         self._telemetry = telemetry or WrapperTelemetry()
         self._deletes: TurnBatcher[Delivery, bool] | None = (
-            TurnBatcher(self._send_deletes, max_batch=SQS_MAX_BATCH, parallel=parallel_deletes)
+            TurnBatcher(
+                self._send_deletes,
+                max_batch=SQS_MAX_BATCH,
+                parallel=parallel_deletes,
+                linger_seconds=delete_linger_seconds,
+            )
             if batch_deletes
             else None
         )
+        self._background: set[asyncio.Future[bool]] = set()
+        self._background_any: set[asyncio.Future[bool]] = set()
+        # Receipt handle -> the pending early renewal of a message received with the short timeout.
+        self._early: dict[str, asyncio.TimerHandle] = {}
 
     async def _call(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
@@ -98,14 +123,15 @@ class SqsIntake:
                     QueueUrl=self._url(),
                     MaxNumberOfMessages=count,
                     WaitTimeSeconds=self._wait,
-                    VisibilityTimeout=self._visibility,
+                    VisibilityTimeout=self.receive_visibility,
                     MessageSystemAttributeNames=["ApproximateReceiveCount"],
                     MessageAttributeNames=["All"],
                 )
             except (BotoCoreError, ClientError):
                 self._urls.forget(self.queue_name)
                 raise
-            return [_delivery(message) for message in answer.get("Messages", [])]
+            now = time.monotonic()
+            return [_delivery(message, now) for message in answer.get("Messages", [])]
 
         try:
             deliveries = await self._call(call)
@@ -113,7 +139,26 @@ class SqsIntake:
             self._telemetry.sqs_error("receive")
             raise
         self._telemetry.received(len(deliveries))
+        if self.receive_visibility < self.visibility_timeout:
+            loop = asyncio.get_running_loop()
+            for delivery in deliveries:
+                delay = delivery.received_at + self.receive_visibility / 2 - time.monotonic()
+                self._early[delivery.receipt_handle] = loop.call_later(
+                    max(0.0, delay), self._renew_early, delivery
+                )
         return deliveries
+
+    def _renew_early(self, delivery: Delivery) -> None:
+        if self._early.pop(delivery.receipt_handle, None) is not None:
+            task = asyncio.ensure_future(self.extend(delivery))
+            self._background_any.add(task)
+            task.add_done_callback(self._background_any.discard)
+
+    def _handled(self, delivery: Delivery) -> None:
+        """The message is deleted or handed back: no early renewal for it."""
+        pending = self._early.pop(delivery.receipt_handle, None)
+        if pending is not None:
+            pending.cancel()
 
     async def delete(self, delivery: Delivery, why: DeleteWhy, **fields: object) -> bool:
         """Delete the message; log `message_deleted` (with `fields`) and count it by `why`."""
@@ -122,9 +167,23 @@ class SqsIntake:
         else:
             deleted = await self._delete_one(delivery)
         if deleted:
+            self._handled(delivery)
             self._telemetry.deleted(why)
             get_logger().info("message_deleted", why=why, message_id=delivery.message_id, **fields)
         return deleted
+
+    def delete_soon(self, delivery: Delivery, why: DeleteWhy, **fields: object) -> None:
+        """`delete` in the background: the caller (a finished task's slot) does not wait for it.
+        `settle` waits for those still running."""
+        task = asyncio.ensure_future(self.delete(delivery, why, **fields))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def settle(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for the background deletions (a stop); an undeleted
+        message only comes back after its visibility timeout and is answered NotClaimed."""
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=timeout)
 
     async def _delete_one(self, delivery: Delivery) -> bool:
         self._telemetry.sqs_request("delete")
@@ -181,10 +240,11 @@ class SqsIntake:
 
     async def extend(self, delivery: Delivery) -> bool:
         """Renew the message's visibility timeout (it stays hidden while the task runs)."""
-        return await self._set_visibility(delivery, self._visibility)
+        return await self._set_visibility(delivery, self.visibility_timeout)
 
     async def release(self, delivery: Delivery) -> bool:
         """Make the message visible again at once (a wrapper that stops hands it back)."""
+        self._handled(delivery)
         return await self._set_visibility(delivery, 0)
 
     async def _set_visibility(self, delivery: Delivery, seconds: int) -> bool:
@@ -234,12 +294,16 @@ class SqsIntake:
 
     def close(self) -> None:
         """Stop the thread pool (a receive in flight finishes its long poll in the background)."""
+        for pending in self._early.values():
+            pending.cancel()
+        self._early.clear()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _delivery(message: Any) -> Delivery:
+def _delivery(message: Any, received_at: float) -> Delivery:
     attributes = message.get("Attributes") or {}
     return Delivery(
+        received_at=received_at,
         message_id=str(message.get("MessageId", "")),
         receipt_handle=str(message["ReceiptHandle"]),
         body=str(message.get("Body", "")),

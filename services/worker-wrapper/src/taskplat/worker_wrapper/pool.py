@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from taskplat.common.logging import get_logger
 from taskplat.worker_wrapper.isolation import Isolation
@@ -35,14 +34,11 @@ from taskplat.worker_wrapper.outcomes import (
     failure,
 )
 from taskplat.worker_wrapper.process import (
-    Process,
-    StderrTail,
+    OperatorProcess,
     describe_exit,
     dispose,
     kill_group,
-    operator_env,
     signal_group,
-    spawn_operator,
     wait_exit,
     write_input,
 )
@@ -57,6 +53,7 @@ from taskplat.worker_wrapper.protocol import (
 from taskplat.worker_wrapper.racing import cancel_and_wait, deadline_message, race
 from taskplat.worker_wrapper.runner import (
     STDERR_SETTLE_SECONDS,
+    OperatorProcesses,
     PerTaskRunner,
     RunnerLimits,
     envelope_outcome,
@@ -66,17 +63,7 @@ from taskplat.worker_wrapper.runner import (
 )
 
 
-@dataclass(eq=False)
-class PooledProcess:
-    proc: Process
-    stderr: StderrTail
-
-    @property
-    def alive(self) -> bool:
-        return self.proc.returncode is None
-
-
-class PooledRunner:
+class PooledRunner(OperatorProcesses):
     def __init__(
         self,
         name: str,
@@ -85,15 +72,11 @@ class PooledRunner:
         environ: Mapping[str, str],
         telemetry: WrapperTelemetry | None = None,
     ) -> None:
-        self._name = name
-        self._spec = spec
-        self._limits = limits
-        self._environ = environ
-        self._telemetry = telemetry or WrapperTelemetry()
-        self._slots: asyncio.Queue[PooledProcess | None] = asyncio.Queue()
+        super().__init__(name, spec, limits, environ, telemetry)
+        self._slots: asyncio.Queue[OperatorProcess | None] = asyncio.Queue()
         for _ in range(spec.processes):
             self._slots.put_nowait(None)
-        self._live: set[PooledProcess] = set()
+        self._live: set[OperatorProcess] = set()
         self.started = 0  # processes started so far (observability and tests)
 
     async def run(
@@ -116,7 +99,7 @@ class PooledRunner:
                 + " (no free process of the pooled operator)"
             )
         slot = take.result()
-        keep: PooledProcess | None = None
+        keep: OperatorProcess | None = None
         try:
             reused = slot is not None and slot.alive
             if slot is None or not slot.alive:
@@ -146,26 +129,21 @@ class PooledRunner:
                 self._live.discard(slot)
             self._slots.put_nowait(keep)
 
-    async def _start(self) -> PooledProcess:
-        env = operator_env(self._name, self._spec, self._environ)
-        proc = await spawn_operator(
-            self._spec.argv(), env, line_limit=self._limits.stdout.line_max_bytes
-        )
-        slot = PooledProcess(proc, StderrTail(proc.stderr, self._limits.stderr_tail_bytes))
+    async def _start(self) -> OperatorProcess:
+        slot = await self._start_process()
         self._live.add(slot)
         self.started += 1
-        self._telemetry.operator_started(self._name, self._spec.mode)
-        get_logger().info("pooled_operator_started", operator=self._name, pid=proc.pid)
+        get_logger().info("pooled_operator_started", operator=self._name, pid=slot.proc.pid)
         return slot
 
-    async def _retire(self, slot: PooledProcess) -> None:
+    async def _retire(self, slot: OperatorProcess) -> None:
         self._live.discard(slot)
         await kill_group(slot.proc, self._limits.kill_grace_seconds)
         await dispose(slot.proc, slot.stderr)
 
     async def _serve(
         self,
-        slot: PooledProcess,
+        slot: OperatorProcess,
         task: TaskInput,
         deadline: float | None,
         forward: EventSink,
@@ -208,7 +186,7 @@ class PooledRunner:
         finally:
             await cancel_and_wait(session)
 
-    async def _session(self, slot: PooledProcess, task: TaskInput, forward: EventSink) -> Answer:
+    async def _session(self, slot: OperatorProcess, task: TaskInput, forward: EventSink) -> Answer:
         assert slot.proc.stdout is not None
         if not await write_input(slot.proc, task.line(), close=False):
             return EndOfOutput()

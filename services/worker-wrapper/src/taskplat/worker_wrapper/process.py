@@ -16,6 +16,9 @@ Invariants:
     transport outlives the task.
   * Exit is detected by polling `returncode`, not `Process.wait()`, which (from Python 3.12) also
     waits for the pipes, which a grandchild may hold open.
+  * `start_operator` is the one way the runners (per-task and pooled) start an operator: its
+    environment, scratch directory, user, process group, death signal, pipes, stderr tail and
+    start count are set up there and nowhere else.
 """
 
 from __future__ import annotations
@@ -26,9 +29,11 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from taskplat.worker_wrapper.isolation import OperatorIdentity
+from taskplat.worker_wrapper.observability import WrapperTelemetry
 from taskplat.worker_wrapper.operators import OperatorSpec
 
 _PR_SET_PDEATHSIG = 1
@@ -190,6 +195,44 @@ async def dispose(proc: Process, stderr: StderrTail, timeout: float = 2.0) -> No
     transport = getattr(proc, "_transport", None)  # no public close; ends a pipe still held
     if transport is not None and not transport.is_closing():
         transport.close()
+
+
+@dataclass(eq=False)
+class OperatorProcess:
+    """A started operator process and the drained tail of its stderr."""
+
+    proc: Process
+    stderr: StderrTail
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.returncode is None
+
+
+async def start_operator(
+    name: str,
+    spec: OperatorSpec,
+    environ: Mapping[str, str],
+    *,
+    line_limit: int,
+    stderr_tail_bytes: int,
+    telemetry: WrapperTelemetry,
+    task_vars: Mapping[str, str] | None = None,
+    identity: OperatorIdentity | None = None,
+    scratch: Path | None = None,
+) -> OperatorProcess:
+    """Start operator `name` as `spawn_operator` does, with `operator_env`'s environment (plus
+    `task_vars`); with a `scratch` directory, that directory is its cwd, HOME and TMPDIR. Counts
+    the start; its stderr is drained into a tail of `stderr_tail_bytes`. Raises OSError when the
+    process cannot start."""
+    env = operator_env(name, spec, environ, task_vars)
+    if scratch is not None:
+        env.update(HOME=str(scratch), TMPDIR=str(scratch), TASKPLAT_SCRATCH_DIR=str(scratch))
+    proc = await spawn_operator(
+        spec.argv(), env, line_limit=line_limit, identity=identity, cwd=scratch
+    )
+    telemetry.operator_started(name, spec.mode)
+    return OperatorProcess(proc, StderrTail(proc.stderr, stderr_tail_bytes))
 
 
 async def write_input(proc: Process, data: bytes, *, close: bool) -> bool:

@@ -45,14 +45,13 @@ from taskplat.worker_wrapper.outcomes import (
     failure,
 )
 from taskplat.worker_wrapper.process import (
+    OperatorProcess,
     Process,
-    StderrTail,
     describe_exit,
     dispose,
     kill_group,
-    operator_env,
     signal_group,
-    spawn_operator,
+    start_operator,
     wait_exit,
     write_input,
 )
@@ -113,7 +112,45 @@ def envelope_outcome(envelope: ResultEnvelope, returncode: int | None, stderr: s
     return Succeeded(envelope.payload, tuple(envelope.outputs), tuple(envelope.events))
 
 
-class PerTaskRunner:
+class OperatorProcesses:
+    """What the per-task and the pooled runner share: how one operator's processes start (its
+    environment from `environ`, its limits, the telemetry that counts them)."""
+
+    def __init__(
+        self,
+        name: str,
+        spec: OperatorSpec,
+        limits: RunnerLimits,
+        environ: Mapping[str, str],
+        telemetry: WrapperTelemetry | None = None,
+    ) -> None:
+        self._name = name
+        self._spec = spec
+        self._limits = limits
+        self._environ = environ
+        self._telemetry = telemetry or WrapperTelemetry()
+
+    async def _start_process(
+        self,
+        task_vars: Mapping[str, str] | None = None,
+        identity: OperatorIdentity | None = None,
+        scratch: Path | None = None,
+    ) -> OperatorProcess:
+        """Start one process of the operator (see `start_operator`); raises OSError."""
+        return await start_operator(
+            self._name,
+            self._spec,
+            self._environ,
+            line_limit=self._limits.stdout.line_max_bytes,
+            stderr_tail_bytes=self._limits.stderr_tail_bytes,
+            telemetry=self._telemetry,
+            task_vars=task_vars,
+            identity=identity,
+            scratch=scratch,
+        )
+
+
+class PerTaskRunner(OperatorProcesses):
     def __init__(
         self,
         name: str,
@@ -123,11 +160,7 @@ class PerTaskRunner:
         telemetry: WrapperTelemetry | None = None,
         isolation: Isolation | None = None,
     ) -> None:
-        self._name = name
-        self._spec = spec
-        self._limits = limits
-        self._environ = environ
-        self._telemetry = telemetry or WrapperTelemetry()
+        super().__init__(name, spec, limits, environ, telemetry)
         self._isolation = isolation or Isolation()
 
     async def run(
@@ -159,25 +192,15 @@ class PerTaskRunner:
             return abort.stopped()
         if deadline is not None and deadline <= loop.time():
             return failure("deadline passed before the operator started")
-        env = operator_env(self._name, self._spec, self._environ, task.env)
-        if scratch is not None:
-            env.update(HOME=str(scratch), TMPDIR=str(scratch), TASKPLAT_SCRATCH_DIR=str(scratch))
         started = loop.time()
         try:
-            proc = await spawn_operator(
-                self._spec.argv(),
-                env,
-                line_limit=self._limits.stdout.line_max_bytes,
-                identity=identity,
-                cwd=scratch,
-            )
+            child = await self._start_process(task.env, identity, scratch)
         except OSError as exc:
             return failure(f"cannot start operator {self._name!r}: {exc}")
-        self._telemetry.operator_started(self._name, self._spec.mode)
+        proc, stderr = child.proc, child.stderr
         get_logger().info(
             "operator_started", operator=self._name, mode=self._spec.mode, pid=proc.pid
         )
-        stderr = StderrTail(proc.stderr, self._limits.stderr_tail_bytes)
         session = asyncio.ensure_future(self._session(proc, task, forward))
         try:
             finish = await race(session, abort, deadline)

@@ -70,6 +70,14 @@ class WrapperSettings(
         le=43_200,
         description="Visibility timeout set on received messages and renewed while a task runs.",
     )
+    receive_visibility_timeout_seconds: int = Field(
+        1,
+        ge=1,
+        le=43_200,
+        description="Visibility timeout a receive sets: short, so a wake-up a dead wrapper's "
+        "long poll took comes back within seconds; renewed to `visibility_timeout_seconds` once "
+        "its task has run for half of it.",
+    )
     visibility_extension_seconds: float = Field(
         20.0,
         gt=0,
@@ -166,6 +174,13 @@ class WrapperSettings(
         "(`task-claim-batch`), completions (`task-complete-batch`) and message deletions "
         "(DeleteMessageBatch), up to 10 per call.",
     )
+    delete_linger_seconds: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="With `batch_calls`: how long a message deletion waits for others to fill a "
+        "DeleteMessageBatch (10 go at once). Deletions run after the task's slot is free.",
+    )
     parallel_calls: int = Field(
         4,
         ge=1,
@@ -178,6 +193,10 @@ class WrapperSettings(
 
     @model_validator(mode="after")
     def _coherent(self) -> Self:
+        if self.receive_visibility_timeout_seconds > self.visibility_timeout_seconds:
+            raise ValueError(
+                "receive_visibility_timeout_seconds must not exceed visibility_timeout_seconds"
+            )
         if self.visibility_extension_seconds >= self.visibility_timeout_seconds:
             raise ValueError(
                 "visibility_extension_seconds must be shorter than visibility_timeout_seconds"

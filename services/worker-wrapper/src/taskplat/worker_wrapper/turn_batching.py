@@ -1,9 +1,11 @@
 """Calls asked for in one event-loop turn, sent together at the end of that turn.
 
 Invariants:
-  * No timer: an item submitted in a turn is sent at the end of that same turn (with the others
-    of the turn), unless `parallel` sends are in flight; items submitted while they all are wait,
-    and go together when one returns. An item never waits for later ones.
+  * Without `linger_seconds` (the default) there is no timer: an item submitted in a turn is sent
+    at the end of that same turn (with the others of the turn), unless `parallel` sends are in
+    flight; items submitted while they all are wait, and go together when one returns. An item
+    never waits for later ones. With `linger_seconds`, the first item of a send waits that long
+    for others (at once when `max_batch` are waiting): for calls nobody waits on for speed.
   * A send carries at most `max_batch` items, in submission order.
   * A send of one item runs in its submitter's context (its span stays in the submitter's
     trace); a send of several runs in a fresh context: it is no one's child.
@@ -36,8 +38,16 @@ class _Waiting(Generic[Item, Result]):
 class TurnBatcher(Generic[Item, Result]):
     """Sends the items of one loop turn together with `send`, which answers each item in order."""
 
-    def __init__(self, send: SendBatch[Item, Result], *, max_batch: int, parallel: int) -> None:
+    def __init__(
+        self,
+        send: SendBatch[Item, Result],
+        *,
+        max_batch: int,
+        parallel: int,
+        linger_seconds: float = 0.0,
+    ) -> None:
         self._send_batch = send
+        self._linger = max(0.0, linger_seconds)
         self._max_batch = max(1, max_batch)
         self._parallel = max(1, parallel)
         self._in_flight = 0
@@ -50,9 +60,14 @@ class TurnBatcher(Generic[Item, Result]):
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
         self._waiting.append(_Waiting(item, future, contextvars.copy_context()))
-        if not self._flush_scheduled:
+        if self._linger and len(self._waiting) >= self._max_batch:
+            loop.call_soon(self._flush)  # a full batch does not linger
+        elif not self._flush_scheduled:
             self._flush_scheduled = True
-            loop.call_soon(self._flush)
+            if self._linger:
+                loop.call_later(self._linger, self._flush)
+            else:
+                loop.call_soon(self._flush)
         return await future
 
     def _flush(self) -> None:

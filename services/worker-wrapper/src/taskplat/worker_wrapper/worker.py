@@ -160,6 +160,7 @@ class WorkerWrapper:
             stop_wait.cancel()
             self.log.info("worker_wrapper_stopping", running=len(self._running))
             await asyncio.gather(self._drain(), self._hand_back(abandoned))
+            await self.intake.settle(self.drain.report_timeout_seconds)
             self.log.info("worker_wrapper_stopped")
 
     def _start_all(self, deliveries: list[Delivery]) -> None:
@@ -314,6 +315,8 @@ def build_wrapper(
         sqs_queue_name(settings, settings.queue),
         wait_time_seconds=settings.wait_time_seconds,
         visibility_timeout_seconds=settings.visibility_timeout_seconds,
+        receive_visibility_seconds=settings.receive_visibility_timeout_seconds,
+        delete_linger_seconds=settings.delete_linger_seconds,
         threads=settings.concurrency + 2,
         telemetry=instruments,
         batch_deletes=settings.batch_calls,

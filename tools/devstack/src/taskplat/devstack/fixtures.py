@@ -11,6 +11,8 @@ Invariants:
 - The testcontainers fixtures skip cleanly, with a reason, when no Docker engine is reachable or
   testcontainers is not installed; testcontainers is imported only inside them.
 - Importing this module starts nothing.
+- When moto's server stood in for LocalStack anywhere in the run (this plugin's endpoint or a
+  stack a test started), the run's terminal summary says so, with the reason and the fix.
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ import pytest
 from taskplat.devstack.dockerprobe import docker_available
 from taskplat.devstack.errors import DevstackError
 from taskplat.devstack.postgres import PrivatePostgres
-from taskplat.devstack.sqs import LocalSqs
+from taskplat.devstack.sqs import LocalSqs, fallbacks
 
 __all__ = [
     "database_url",
     "docker_available",
+    "pytest_terminal_summary",
     "sqs_endpoint_url",
     "testcontainers_localstack_url",
     "testcontainers_postgres_url",
@@ -107,3 +110,17 @@ def testcontainers_localstack_url() -> Iterator[str]:
     with container.with_services("sqs", "sts", "s3", "iam") as started:
         url: str = started.get_url()
         yield url
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """A section of the run's summary when LocalStack could not start and moto stood in."""
+    reasons = fallbacks()
+    if not reasons:
+        return
+    terminalreporter.write_sep("=", "SQS: moto's server stood in for LocalStack", yellow=True)
+    for reason in dict.fromkeys(r.splitlines()[0] if r else "unknown error" for r in reasons):
+        terminalreporter.write_line(f"LocalStack cannot start: {reason}")
+    terminalreporter.write_line(
+        f"{len(reasons)} SQS server(s) of this run were moto's, not LocalStack; install "
+        "python3.13 (or set TASKPLAT_PYTHON313) and run `make sqs-deps` to test against LocalStack"
+    )

@@ -172,6 +172,31 @@ class PrivatePostgres:
         if remove_data:
             self._remove_data()
 
+    def restart_immediate(self, timeout: float = 30.0) -> str:
+        """Crash and restart the server this object runs: ``pg_ctl stop -m immediate`` (every
+        backend ends at once, no checkpoint; the next start replays the WAL, as after a power
+        cut), then a start on the same port and data. Returns the (unchanged) URL."""
+        if self._child is None or self._port is None:
+            raise DevstackError("PrivatePostgres is not running")
+        data = self._existing_data_dir() or self.data_dir
+        who = server_identity()
+        argv = [
+            str(postgres_bin_dir() / "pg_ctl"),
+            "stop",
+            "-D",
+            str(data),
+            "-m",
+            "immediate",
+            "-w",
+            "-t",
+            str(int(timeout)),
+        ]
+        self._run_tool(argv, who, "pg_ctl stop -m immediate")
+        if not self._child.wait(timeout):
+            self._child.stop_group(sig=signal.SIGKILL, timeout=10.0)
+        self._child = self._launch(postgres_bin_dir(), data, who, self._port)
+        return self.url
+
     def __enter__(self) -> PrivatePostgres:
         self.start()
         return self

@@ -5,7 +5,9 @@ Invariants:
 - The server listens on 127.0.0.1:<port> only; the endpoint URL is ``http://127.0.0.1:<port>``
   and the queue URLs it hands out point at that same address.
 - ``start()`` returns only once an SQS ``ListQueues`` call succeeds. If LocalStack cannot be
-  installed or started, it logs a warning and starts moto instead; ``kind`` says which one runs.
+  installed or started, it logs a warning and starts moto instead; ``kind`` says which one runs,
+  ``fallback_reason`` why moto stands in, and ``fallbacks()`` lists every such fallback of this
+  process (the pytest plugin prints them in the run's summary).
 - The server leads its own process group; ``stop()`` ends the whole group (SIGTERM, then SIGKILL
   after a deadline) and is idempotent. State lives only under ``base_dir``.
 - ``sqs_client`` never reads ~/.aws nor any credential provider (so it never asks the EC2
@@ -35,12 +37,18 @@ from taskplat.devstack.venvs import ensure_localstack_venv, ensure_moto_venv
 if TYPE_CHECKING:
     from types_boto3_sqs.client import SQSClient
 
-__all__ = ["LocalSqs", "SqsKind", "ensure_localstack_venv", "sqs_client"]
+__all__ = ["LocalSqs", "SqsKind", "ensure_localstack_venv", "fallbacks", "sqs_client"]
 
 log = logging.getLogger(__name__)
 
 SqsKind = Literal["localstack", "moto"]
 _PROBE_CONFIG = Config(connect_timeout=1, read_timeout=5, retries={"max_attempts": 1})
+_FALLBACKS: list[str] = []
+
+
+def fallbacks() -> list[str]:
+    """Why LocalStack could not start, once per moto server started in its place by this process."""
+    return list(_FALLBACKS)
 
 
 def sqs_client(
@@ -100,6 +108,7 @@ class LocalSqs:
         self._port: int | None = None
         self._kind: SqsKind | None = None
         self._child: Child | None = None
+        self.fallback_reason: str | None = None
 
     @property
     def endpoint_url(self) -> str:
@@ -134,6 +143,8 @@ class LocalSqs:
                 child = self._start_localstack(port)
             except DevstackError as exc:
                 log.warning("LocalStack is unavailable, falling back to moto: %s", exc)
+                self.fallback_reason = str(exc)
+                _FALLBACKS.append(self.fallback_reason)
             else:
                 self._child, self._kind, self._port = child, "localstack", port
                 return self.endpoint_url

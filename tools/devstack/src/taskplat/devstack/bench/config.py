@@ -59,6 +59,8 @@ class Sizes:
     w3_sleep_seconds: float = 30.0
     w3_kill_after_seconds: float = 2.0
     w3_lease_ttls: tuple[float, ...] = (5.0, 30.0)
+    # W3 again on a stack with one worker wrapper (its own restart is the only consumer left).
+    w3_one_wrapper: bool = True
     w4_rows: int = 1_000_000
     in_flight: int = 32  # W1/W4 submission: requests open at once
     batch_size: int = 100  # tasks per request when a bulk create endpoint exists

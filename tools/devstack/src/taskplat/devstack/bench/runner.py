@@ -28,9 +28,11 @@ from tqdm import tqdm
 from taskplat.devstack.bench import machine
 from taskplat.devstack.bench.buffered import measure_buffered
 from taskplat.devstack.bench.config import LEASE_TTL, BenchConfig, Variant
+from taskplat.devstack.bench.floor import measure_floor
 from taskplat.devstack.bench.harness import BenchStack
 from taskplat.devstack.bench.recovery import measure_recovery
 from taskplat.devstack.bench.report import (
+    ONE_WRAPPER,
     missing_figures,
     render_table,
     ttl_key,
@@ -102,6 +104,19 @@ class _VariantRun:
             except _FAILURES as exc:
                 say(f"[{variant.name}] the lease {ttl:g}s stack failed: {exc}")
                 self.errors[f"W3 lease {ttl:g}s"] = f"{type(exc).__name__}: {exc}"
+        if ttls and self.config.sizes.w3_one_wrapper and self.config.workers != 1:
+            for ttl in ttls:
+                extra = {**env, LEASE_TTL: f"{ttl:g}"}
+                name = f"W3 lease {ttl:g}s one wrapper"
+                try:
+                    with BenchStack(
+                        base / f"lease-{ttl:g}s-one-wrapper", extra, workers=1, say=say
+                    ) as bs:
+                        self._describe(bs)
+                        self._w3_one_wrapper(bs, name)
+                except _FAILURES as exc:
+                    say(f"[{variant.name}] the one-wrapper lease {ttl:g}s stack failed: {exc}")
+                    self.errors[name] = f"{type(exc).__name__}: {exc}"
         return self._result()
 
     def _describe(self, bs: BenchStack) -> None:
@@ -155,11 +170,19 @@ class _VariantRun:
         runs = self.runs.setdefault("W2", [])
         for number in range(1, self.config.runs + 1):
             label = self.label("W2", number)
-            figures = measure_latency(bs, self.config.sizes, label)
+            sizes = self.config.sizes
+            # The transport floor first, in the same run: a plain client through the same SQS.
+            floor = measure_floor(bs, n=sizes.w2_tasks, rate=sizes.w2_rate)
+            figures = measure_latency(bs, sizes, label)
+            figures["floor"] = floor
+            for p in ("p50", "p99"):
+                if floor[f"{p}_ms"] > 0:
+                    figures[f"{p}_ratio_to_floor"] = round(figures[f"{p}_ms"] / floor[f"{p}_ms"], 2)
             runs.append(figures)
             say(
                 f"{label}: p50 {figures['p50_ms']:.1f} ms, p95 {figures['p95_ms']:.1f} ms, "
-                f"p99 {figures['p99_ms']:.1f} ms at {figures['rate']:.0f}/s"
+                f"p99 {figures['p99_ms']:.1f} ms at {figures['rate']:.0f}/s; SQS floor p50 "
+                f"{floor['p50_ms']:.1f} ms, p99 {floor['p99_ms']:.1f} ms"
             )
 
     def _w4(self, bs: BenchStack, batch_path: str | None) -> None:
@@ -185,12 +208,16 @@ class _VariantRun:
     def _w3_on(self, bs: BenchStack) -> None:
         self.attempt(f"W3 lease {bs.lease_ttl:g}s", lambda: self._w3(bs))
 
-    def _w3(self, bs: BenchStack) -> None:
-        key = ttl_key(bs.lease_ttl)
+    def _w3_one_wrapper(self, bs: BenchStack, name: str) -> None:
+        self.attempt(name, lambda: self._w3(bs, ONE_WRAPPER))
+
+    def _w3(self, bs: BenchStack, suffix: str = "") -> None:
+        key = ttl_key(bs.lease_ttl) + suffix
         runs = self.runs.setdefault("W3", {}).setdefault(key, [])
         sizes = self.config.sizes
         for number in range(1, self.config.runs + 1):
-            label = self.label("W3", number, f" lease {bs.lease_ttl:g}s")
+            extra = f" lease {bs.lease_ttl:g}s" + (" one wrapper" if suffix else "")
+            label = self.label("W3", number, extra)
             figures = measure_recovery(
                 bs,
                 sleep_seconds=sizes.w3_sleep_seconds,

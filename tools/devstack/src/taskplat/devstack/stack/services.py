@@ -30,7 +30,12 @@ SERVICES: dict[str, str] = {
 }
 WORKER_MODULE = "taskplat.worker_wrapper"
 WORKER_GROUP = "worker"  # key of `service_env` that applies to every worker wrapper
-_NOT_FOR_WORKERS = ("DATABASE_URL", "TASKPLAT_API_KEYS")
+_NOT_FOR_WORKERS = (
+    "DATABASE_URL",
+    "TASKPLAT_API_KEYS",
+    "TASKPLAT_ATTEMPT_TOKEN_KEYS",
+    "TASKPLAT_ATTEMPT_TOKEN_ACTIVE_KID",
+)
 _STOP_TIMEOUTS = {
     "dispatcher": 25.0,
     "relay": 10.0,

@@ -15,14 +15,16 @@ Invariants:
   and report to the dispatcher), then the other services, then SQS, then Postgres. Idempotent.
 - Postgres and SQS are started only when the config names no `database_url` / `sqs_endpoint_url`;
   Postgres keeps its data in `<run_dir>/postgres` across restarts unless `keep_data` is false.
-- Worker wrappers get no database URL and no API keys (DESIGN: workers never hold database
-  credentials); every service gets the same environment otherwise.
+- Worker wrappers get no database URL, no API keys and no attempt-token signing keys (DESIGN:
+  workers never hold database credentials); every service gets the same environment otherwise.
 - Servers are started with die-with-parent from the thread that calls `start()`: call it from a
   thread that outlives the stack (the main thread, or a pytest fixture).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +52,13 @@ from taskplat.devstack.stack.services import (
 )
 from taskplat.devstack.stack.supervisor import Supervisor
 from taskplat.devstack.waiting import wait_for
+
+DEV_ATTEMPT_KID = "devstack"
+
+
+def attempt_key(worker_token: str) -> str:
+    """The stack's attempt-token signing key (stable for a run directory's worker token)."""
+    return hashlib.sha256(f"taskplat-attempt-token:{worker_token}".encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -288,6 +297,10 @@ class Stack:
             TASKPLAT_DISPATCHER_PORT=str(port),
             # The queue registry: POST /tasks accepts the stack's queues only.
             TASKPLAT_DISPATCHER_QUEUES=",".join(config.queues),
+            # The dispatcher verifies and the relay signs (Lambda attempts) attempt tokens with
+            # one key, derived from the worker token; workers never get it.
+            TASKPLAT_ATTEMPT_TOKEN_KEYS=json.dumps({DEV_ATTEMPT_KID: attempt_key(worker_token)}),
+            TASKPLAT_ATTEMPT_TOKEN_ACTIVE_KID=DEV_ATTEMPT_KID,
             PYTHONUNBUFFERED="1",
         )
         env.update(config.env)
@@ -378,6 +391,12 @@ class Stack:
         if self._sqs is None or not self._sqs.is_running():
             return None
         return self._sqs.kind, self._sqs.log_path
+
+    def restart_postgres(self) -> None:
+        """Crash the private Postgres (immediate mode) and start it again on the same port."""
+        if self._postgres is None:
+            raise DevstackError("this stack runs no Postgres of its own")
+        self._postgres.restart_immediate()
 
     def services(self) -> list[str]:
         return self._require_supervisor().names()

@@ -1,0 +1,74 @@
+"""The shared operator API under the worker wrapper's protocol (`serve`): one envelope line per
+task line, events as protocol lines resolved from the task's outputs, failures as envelopes, and
+`print` kept off the protocol; the same function is the Lambda handler's operator."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import pytest
+
+from taskplat.lambda_runtime import (
+    OperatorFailure,
+    Result,
+    Task,
+    emit_event,
+    resolve_event,
+    run_operator,
+    serve,
+)
+
+OUTPUT = {"output_index": 0, "dataset_uuid": "d-1", "dataset_version": "v-1", "location": "x"}
+
+
+def line(**fields: Any) -> str:
+    doc = {"task_id": "t-1", "attempt": 2, "lease_token": "l-1", "config": {}, "outputs": [OUTPUT]}
+    return json.dumps({**doc, **fields}) + "\n"
+
+
+def handle(task: Task) -> dict[str, Any] | Result:
+    print("stray output")  # must not reach the protocol
+    if task.config.get("fail"):
+        raise OperatorFailure("asked to fail")
+    if task.config.get("boom"):
+        raise ValueError("boom")
+    emit_event(output_index=0, cursor=task.attempt)
+    if task.config.get("full"):
+        return Result(payload={"n": 1}, events=[{"output_index": 0, "cursor": 9}])
+    return {"attempt": task.attempt}
+
+
+def answers(*lines: str) -> list[dict[str, Any]]:
+    out = io.StringIO()
+    assert serve(handle, stdin=io.StringIO("".join(lines)), stdout=out) == 0
+    return [json.loads(each) for each in out.getvalue().splitlines()]
+
+
+def test_serve_speaks_the_wrapper_protocol() -> None:
+    event = {"event": {"dataset_uuid": "d-1", "dataset_version": "v-1", "cursor": 2}}
+    assert answers(line(), "\n", line(config={"fail": True})) == [
+        event,
+        {"status": "succeeded", "payload": {"attempt": 2}},
+        {"status": "failed", "error": "asked to fail"},
+    ]
+    [_, full] = answers(line(config={"full": True}))
+    assert full["events"] == [{"dataset_uuid": "d-1", "dataset_version": "v-1", "cursor": 9}]
+    assert answers(line(config={"boom": True})) == [
+        {"status": "failed", "error": "ValueError: boom"}
+    ]
+
+
+def test_run_operator_hands_events_to_its_emitter_and_never_raises() -> None:
+    seen: list[list[dict[str, Any]]] = []
+    task = Task.from_document(json.loads(line()))
+    assert run_operator(handle, task, seen.append) == {
+        "status": "succeeded",
+        "payload": {"attempt": 2},
+    }
+    assert seen == [[{"dataset_uuid": "d-1", "dataset_version": "v-1", "cursor": 2}]]
+    missing = run_operator(lambda t: resolve_event(output_index=5, task=t), task, seen.append)
+    assert missing == {"status": "failed", "error": "the task's job has no output 5 (outputs: [0])"}
+    with pytest.raises(OperatorFailure):
+        emit_event(cursor=1)  # outside a running handler

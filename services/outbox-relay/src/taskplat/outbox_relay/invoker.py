@@ -1,0 +1,310 @@
+"""The Lambda invoker: `invoke_lambda` outbox rows -> a claim made on the function's behalf and
+one asynchronous invocation (`InvocationType=Event`) carrying the claim.
+
+A row is performed in ONE transaction, held open around the Invoke call:
+
+    lock the row (SKIP LOCKED) -> claim its task (Queued -> Running, fresh lease token, attempt
+    record) -> sign the attempt token -> Invoke -> mark the row sent -> commit
+
+and, when Invoke fails (throttled, refused, unreachable, no answer within
+`lambda_invoke_timeout_seconds`), the claim is rolled back to a savepoint and the row gets
+`send_attempts + 1`, `last_error` and `available_at = now + full-jitter backoff` instead.
+
+Invariants:
+  * a task is claimed for a function only by a transaction that also marks its row sent, and the
+    row is marked sent only after Lambda accepted the invocation (202). Whatever the crash point,
+    at most one invocation per attempt can act on the task:
+      - crash (or lost connection) before Invoke: nothing committed, the row is due again;
+      - crash after Invoke, before the commit (or a commit that fails, or an Invoke whose answer
+        was lost): the claim never committed. That invocation carries a lease token the task row
+        never held, so its heartbeat, events and completion are refused by the dispatcher's lease
+        guards; the row is still pending and is performed again with a new claim and a new lease;
+      - crash after the commit: the claim and the mark are both durable, the row is never taken
+        again; the function holds the only lease.
+    The function's first call is a heartbeat (taskplat.lambda_runtime), and nothing runs before
+    it is answered. While the relay's transaction is open the task row is locked; a heartbeat
+    the committed row refuses waits in the dispatcher for that lock and is judged on the latest
+    row: after the commit it holds the lease, after a rollback it is refused. So an invocation
+    whose claim did not commit runs no operator code at all, and one whose claim committed is
+    never refused for having been too quick;
+  * Lambda's own retries are off (`EventInvokeConfig.MaximumRetryAttempts: 0`, the deploy
+    template), botocore retries nothing (`total_max_attempts=1`): a failed Invoke is retried
+    here only, with backoff, by a new claim;
+  * the attempt's deadline is the function's timeout (the task's `timeout_seconds`, which DAG
+    validation requires of a `runtime: lambda` job; `lambda_default_timeout_seconds` otherwise)
+    and its first lease that timeout plus `lambda_grace_seconds`; from then on the attempt is
+    like any other: heartbeats extend the lease, the reaper expires it, the scheduler retries it;
+  * a row whose task is not claimable (not Queued, expired, queue paused, gone) is marked sent
+    with `skipped` and nothing is invoked; every transition into Queued writes a new row;
+  * without attempt-token keys nothing is claimed nor invoked: rows are pushed back with that
+    error, visible on the row and in `taskplat.outbox.failed{kind="invoke_lambda"}`;
+  * this path never touches the SQS batches: `claim_pending` leaves `invoke_lambda` rows alone
+    and this loop runs on its own thread and connections.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+from uuid import uuid4
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+from psycopg import Connection
+from psycopg.rows import DictRow
+from psycopg_pool import ConnectionPool
+
+from taskplat.common.backoff import full_jitter_delay
+from taskplat.common.clock import Clock, SystemClock
+from taskplat.common.contracts import ClaimedResponse, ClaimTask
+from taskplat.common.db.notify import OUTBOX_CHANNEL, PgNotifyWaker
+from taskplat.common.db.queries import load_queries
+from taskplat.common.logging import get_logger
+from taskplat.common.loops import LoopHealth, run_loop
+from taskplat.common.telemetry import Telemetry
+from taskplat.common.tokens.attempt import attempt_key_ring, issue_attempt_token
+from taskplat.common.tokens.keys import KeyRing
+from taskplat.outbox_relay import outbox
+from taskplat.outbox_relay.metrics import RelayMetrics
+from taskplat.outbox_relay.outbox import Failure, OutboxRow
+from taskplat.outbox_relay.settings import RelaySettings
+
+if TYPE_CHECKING:
+    from types_boto3_lambda.client import LambdaClient
+else:
+    LambdaClient = Any
+
+Q = load_queries("taskplat.outbox_relay", "invoke.sql")
+
+LOOP_NAME = "lambda_invoker"
+LOCAL_HOSTS = ("://127.0.0.1", "://localhost", "://[::1]")
+MAX_ERROR_CHARS = 2000
+NO_KEYS = (
+    "attempt token keys are not configured (TASKPLAT_ATTEMPT_TOKEN_KEYS and "
+    "TASKPLAT_ATTEMPT_TOKEN_ACTIVE_KID): a Lambda attempt needs a signed attempt token"
+)
+_CLAIM_TASK_FIELDS = tuple(ClaimTask.model_fields)
+
+
+class InvokeFailed(Exception):
+    """Lambda did not accept the invocation; the claim made for it is rolled back."""
+
+
+@dataclass(frozen=True, slots=True)
+class InvokerBatch:
+    invoked: int
+    skipped: int
+    failed: int
+    more: bool
+
+
+def function_name(settings: RelaySettings, operator: str) -> str:
+    """The function a `runtime: lambda` task of `operator` invokes."""
+    return f"{settings.lambda_function_prefix}{operator}"
+
+
+def invocation_payload(row: dict[str, Any], attempt_token: str) -> bytes:
+    """The event the function receives: the claim as `task-claim` answers it (the `task-fetch`
+    task, the attempt, its lease token and expiry) plus the attempt token."""
+    task = {field: row[field] for field in _CLAIM_TASK_FIELDS if field in row}
+    claimed = ClaimedResponse(
+        attempt=row["attempt"],
+        lease_token=row["lease_token"],
+        lease_expires_at=row["lease_expires_at"],
+        task=ClaimTask.model_validate(task),
+        attempt_token=attempt_token,
+    )
+    return claimed.model_dump_json().encode()
+
+
+def lambda_client(settings: RelaySettings, *, max_pool_connections: int = 10) -> LambdaClient:
+    """A boto3 Lambda client that retries nothing (the invoker does, with a new claim)."""
+    config = Config(
+        retries={"total_max_attempts": 1, "mode": "standard"},
+        max_pool_connections=max_pool_connections,
+        connect_timeout=min(5.0, settings.lambda_invoke_timeout_seconds),
+        read_timeout=settings.lambda_invoke_timeout_seconds,
+    )
+    kwargs: dict[str, Any] = {"region_name": settings.aws_region, "config": config}
+    if settings.lambda_endpoint_url:
+        kwargs["endpoint_url"] = settings.lambda_endpoint_url
+        if any(local in settings.lambda_endpoint_url for local in LOCAL_HOSTS):
+            # A local endpoint (LocalStack, the tests' LocalLambda) takes any credentials.
+            kwargs["aws_access_key_id"] = "test"
+            kwargs["aws_secret_access_key"] = "test"
+    client: LambdaClient = boto3.session.Session().client("lambda", **kwargs)
+    return client
+
+
+class Invoker:
+    def __init__(
+        self,
+        settings: RelaySettings,
+        *,
+        pool: ConnectionPool[Connection[DictRow]],
+        client: LambdaClient,
+        clock: Clock | None = None,
+        rand: random.Random | None = None,
+        telemetry: Telemetry | None = None,
+    ) -> None:
+        self._settings = settings
+        self._pool = pool
+        self._client = client
+        self._clock: Clock = clock or SystemClock()
+        self._rand = rand or random.Random()
+        self._rand_lock = threading.Lock()
+        keys = settings.attempt_token_key_settings()
+        self._ring: KeyRing | None = attempt_key_ring(keys) if keys is not None else None
+        self._grace = timedelta(seconds=settings.lambda_grace_seconds)
+        self.health = LoopHealth()
+        self._telemetry = telemetry
+        self._metrics = RelayMetrics(telemetry)
+        self._log = get_logger().bind(loop=LOOP_NAME)
+
+    def run_once(self) -> InvokerBatch:
+        """Perform up to `lambda_batch_size` due invocations, `lambda_concurrency` at a time,
+        each in its own transaction."""
+        budget = self._settings.lambda_batch_size
+        lock = threading.Lock()
+        outcomes: list[str] = []
+
+        def worker() -> None:
+            while True:
+                with lock:
+                    if len(outcomes) >= budget:
+                        return
+                    outcomes.append("pending")
+                    index = len(outcomes) - 1
+                outcome = self.invoke_one()
+                with lock:
+                    outcomes[index] = outcome or "none"
+                if outcome is None:
+                    return
+
+        workers = min(self._settings.lambda_concurrency, budget)
+        if workers == 1:
+            worker()
+        else:
+            with ThreadPoolExecutor(workers, thread_name_prefix="lambda-invoke") as executor:
+                futures = [executor.submit(worker) for _ in range(workers)]
+                for future in futures:
+                    future.result()
+        return InvokerBatch(
+            invoked=outcomes.count("invoked"),
+            skipped=outcomes.count("skipped"),
+            failed=outcomes.count("failed"),
+            more="none" not in outcomes and len(outcomes) >= budget,
+        )
+
+    def invoke_one(self) -> str | None:
+        """Perform one due invocation row: "invoked", "skipped", "failed", or None (no row)."""
+        now = self._clock.sql_now()
+        with self._pool.connection() as conn, conn.transaction():
+            found = conn.execute(Q["claim_invocation"], {"now": now}).fetchone()
+            if found is None:
+                return None
+            row = OutboxRow(**found)
+            if self._ring is None:
+                self._fail(conn, row, NO_KEYS, now)
+                return "failed"
+            try:
+                with conn.transaction():  # a savepoint: a failed Invoke undoes the claim
+                    claimed = self._claim(conn, row, now)
+                    if claimed is not None:
+                        self._invoke(claimed)
+            except InvokeFailed as exc:
+                self._fail(conn, row, str(exc), now)
+                return "failed"
+            if claimed is None:
+                conn.execute(Q["mark_skipped"], {"outbox_id": row.outbox_id, "now": now})
+                outcome = "skipped"
+            else:
+                outbox.mark_sent(conn, [row.outbox_id], now=now)
+                outcome = "invoked"
+        # Committed: the claim and the mark are durable together.
+        if outcome == "skipped":
+            self._metrics.skipped([row])
+        else:
+            self._metrics.sent([row])
+            self._log.info(
+                "lambda_invoked",
+                task_id=str(row.task_id),
+                attempt=claimed["attempt"] if claimed else None,
+                function=claimed["worker_id"] if claimed else None,
+            )
+        self._metrics.relayed([row])
+        return outcome
+
+    def _claim(
+        self, conn: Connection[DictRow], row: OutboxRow, now: datetime | None
+    ) -> dict[str, Any] | None:
+        params = {
+            "task_id": row.task_id,
+            "lease_token": uuid4(),
+            "function_prefix": self._settings.lambda_function_prefix,
+            "default_timeout_seconds": self._settings.lambda_default_timeout_seconds,
+            "grace_seconds": self._settings.lambda_grace_seconds,
+            "now": now,
+        }
+        return conn.execute(Q["claim_for_function"], params).fetchone()
+
+    def _invoke(self, claimed: dict[str, Any]) -> None:
+        assert self._ring is not None
+        lease_end: datetime = claimed["lease_expires_at"]
+        deadline: datetime | None = claimed["deadline_at"]
+        token = issue_attempt_token(
+            self._ring,
+            claimed["task_id"],
+            claimed["attempt"],
+            now=claimed["started_at"],
+            expires_at=max(deadline or lease_end, lease_end) + self._grace,
+        )
+        name = function_name(self._settings, claimed["operator"])
+        try:
+            answer = self._client.invoke(
+                FunctionName=name,
+                InvocationType="Event",
+                Payload=invocation_payload(claimed, token),
+            )
+        except ClientError as exc:
+            error = exc.response.get("Error", {})
+            raise InvokeFailed(
+                f"invoke {name}: {error.get('Code', 'ClientError')}: {error.get('Message', exc)}"
+            ) from exc
+        except BotoCoreError as exc:
+            raise InvokeFailed(f"invoke {name}: {type(exc).__name__}: {exc}") from exc
+        status = answer.get("StatusCode")
+        if status != 202:
+            raise InvokeFailed(f"invoke {name}: Lambda answered {status}, not 202 (accepted)")
+
+    def _fail(
+        self, conn: Connection[DictRow], row: OutboxRow, error: str, now: datetime | None
+    ) -> None:
+        with self._rand_lock:
+            delay = full_jitter_delay(
+                self._settings.retry_base_seconds,
+                self._settings.retry_max_seconds,
+                row.send_attempts + 1,
+                self._rand,
+            )
+        outbox.mark_failed(conn, [Failure(row.outbox_id, error[:MAX_ERROR_CHARS], delay)], now=now)
+        self._metrics.failed([row])
+        self._log.warning("lambda_invoke_failed", task_id=str(row.task_id), error=error)
+
+    def run(self, stop: threading.Event) -> None:
+        """Repeat `run_once` until `stop`, waking on the outbox NOTIFY or the interval."""
+        waker = PgNotifyWaker(self._settings.database_url.get_secret_value(), OUTBOX_CHANNEL, stop)
+        run_loop(
+            LOOP_NAME,
+            self.run_once,
+            stop,
+            interval=self._settings.interval_seconds,
+            waker=waker,
+            health=self.health,
+            telemetry=self._telemetry,
+        )

@@ -1,0 +1,37 @@
+"""The operator of the Lambda tests, one function for both runtimes: `handler` for Lambda (run
+by `awslambdaric` in `LocalLambda`), `serve` for the worker wrapper.
+
+Config: `marker` (a file: one line `<task_id> <attempt>` appended per run that reached the end),
+`fail` (fail with OperatorFailure), `fail_attempts` (fail on these attempts), `crash_attempts`
+(exit the process on these attempts, without answering), `seconds` (sleep first), `events`
+(emitted one by one). Returns `{"attempt": N}`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from taskplat.lambda_runtime import OperatorFailure, Task, emit_event, serve, taskplat_handler
+
+
+def handle(task: Task) -> dict[str, Any]:
+    config = task.config
+    if task.attempt in config.get("crash_attempts", []):
+        os._exit(3)
+    time.sleep(float(config.get("seconds", 0)))
+    if config.get("fail") or task.attempt in config.get("fail_attempts", []):
+        raise OperatorFailure(f"asked to fail attempt {task.attempt}")
+    for event in config.get("events", []):
+        emit_event(event)
+    if config.get("marker"):
+        with open(config["marker"], "a", encoding="utf-8") as marker:
+            marker.write(f"{task.task_id} {task.attempt}\n")
+    return {"attempt": task.attempt}
+
+
+handler = taskplat_handler(handle)
+
+if __name__ == "__main__":
+    raise SystemExit(serve(handle))

@@ -1,0 +1,21 @@
+-- Rows of the claim-guard comparison (tests/schema/test_claim_guards.py).
+
+-- name: insert_task
+INSERT INTO tasks (task_id, status, queue, operator, max_attempts, backoff_base_seconds,
+                   backoff_max_seconds, timeout_seconds, expires_at, next_retry_at, lease_token,
+                   lease_expires_at, finished_at, scheduled_for, queued_at, created_at,
+                   updated_at)
+VALUES (%(task_id)s, %(status)s, %(queue)s, 'probe', 3, 1, 60, 30, %(expires_at)s,
+        CASE WHEN %(status)s = 'Failed' THEN %(now)s::timestamptz END,
+        CASE WHEN %(status)s = 'Running' THEN gen_random_uuid() END,
+        CASE WHEN %(status)s = 'Running' THEN %(now)s::timestamptz END,
+        CASE WHEN %(status)s IN ('Completed', 'Dead', 'Canceled') THEN %(now)s::timestamptz END,
+        CASE WHEN %(status)s = 'Scheduled' THEN %(now)s::timestamptz + interval '1 hour' END,
+        %(now)s, %(now)s, %(now)s)
+
+-- name: pause_queue
+INSERT INTO queues (name, paused) VALUES (%(queue)s, true)
+ON CONFLICT (name) DO UPDATE SET paused = true
+
+-- name: attempts
+SELECT count(*) AS attempts FROM task_attempts WHERE task_id = %(task_id)s

@@ -1,0 +1,587 @@
+"""`make chaos`: N tasks through a private stack while SQS loses, duplicates and fails messages,
+services die by SIGKILL and Postgres crashes; then what went wrong, counted two ways.
+
+The run:
+1. A private stack (`Stack`): its own Postgres (fsync on: a crash must not lose a commit), every
+   service, `workers` worker wrappers running the chaos operator (`recording_operator.py`, pooled),
+   all talking to SQS through an `SqsFaultInjector` in front of a local SQS endpoint (LocalStack, or
+   the one given). The stack's intervals are short so that a lost wake-up is re-published by the
+   scheduler, and a killed wrapper's lease expires, well within the run.
+2. The fault window (`fault_seconds`): the injector's rates are on; tasks are submitted in
+   batches (`POST /tasks/batch`, idempotency keys, retried while the dispatcher is down) spread
+   over the first part of the window; at random moments (mean `kill_every` seconds apart) a
+   random service (dispatcher, relay, scheduler, reaper, a worker wrapper) gets SIGKILL and the
+   supervisor restarts it; `postgres_restarts` times, at random moments, Postgres is stopped in
+   immediate mode and started again.
+3. The faults stop (rates 0, no more kills); the run waits, up to `drain_seconds`, for every task
+   to be Completed, then for the SQS task queue to empty (no wake-up left that could start a run).
+4. The verdict, from the database (tasks, task_attempts) and from the operators' own record file:
+   tasks lost (not Completed; in the record: no run at all), tasks completed twice (two accepted
+   completions; in the record: one attempt run to the end twice), attempts that overlapped (two
+   attempts' lease periods; in the record: two runs' [start, end]). Any of them: exit 1.
+
+Invariants:
+- Every random choice comes from `random.Random(seed)` (the injector has its own stream from the
+  same seed); the seed is printed, so a run's schedule can be replayed (timing still differs).
+- Processes (services, Postgres) are started and restarted from the calling thread only (their
+  death signal is tied to it); the submitter thread only speaks HTTP.
+- Faults and kills never continue into the drain: the drain measures convergence.
+- The summary is printed and written as JSON to `<run_dir>/chaos-summary.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, LiteralString
+
+import httpx
+import psycopg
+from psycopg.rows import dict_row
+
+from taskplat.common.db.queries import load_queries
+from taskplat.devstack.chaos.injector import FaultRates, SqsFaultInjector
+from taskplat.devstack.errors import DevstackError
+from taskplat.devstack.sqs import LocalSqs, sqs_client
+from taskplat.devstack.stack import Stack, StackConfig
+from taskplat.devstack.waiting import wait_for
+
+QUERIES = load_queries("taskplat.devstack.chaos", "chaos.sql")
+OPERATOR_SCRIPT = str(Path(__file__).with_name("recording_operator.py").absolute())
+LOOPS = ("dispatcher", "relay", "scheduler", "reaper")
+BATCH = 100
+Say = Callable[[str], None]
+
+# The stack's settings: short leases and a quick re-publish, so recovery happens within the run.
+STACK_ENV: dict[str, str] = {
+    "TASKPLAT_LOG_FORMAT": "json",
+    "TASKPLAT_LOG_LEVEL": "WARNING",
+    "TASKPLAT_DISPATCHER_LEASE_TTL_SECONDS": "6",
+    "TASKPLAT_REAPER_INTERVAL_SECONDS": "1",
+    "TASKPLAT_REAPER_DEADLINE_GRACE_SECONDS": "5",
+    "TASKPLAT_SCHEDULER_INTERVAL_SECONDS": "0.5",
+    "TASKPLAT_SCHEDULER_REQUEUE_AFTER_SECONDS": "8",
+    "TASKPLAT_WORKER_CONCURRENCY": "8",
+    "TASKPLAT_WORKER_WAIT_TIME_SECONDS": "2",
+    "TASKPLAT_WORKER_VISIBILITY_TIMEOUT_SECONDS": "10",
+    "TASKPLAT_WORKER_VISIBILITY_EXTENSION_SECONDS": "4",
+    "TASKPLAT_WORKER_DRAIN_TIMEOUT_SECONDS": "3",
+    "TASKPLAT_WORKER_KILL_GRACE_SECONDS": "1",
+    "TASKPLAT_WORKER_SHUTDOWN_REPORT_TIMEOUT_SECONDS": "3",
+}
+OPERATORS_YAML = """\
+# Written by `make chaos`: the operator that records each run in its own file.
+operators:
+  chaos:
+    command: ["{{python}}", {script}]
+    mode: pooled
+    pool_size: 8
+"""
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    run_dir: Path
+    tasks: int = 10_000
+    fault_seconds: float = 90.0
+    drain_seconds: float = 300.0
+    rates: FaultRates = field(
+        default_factory=lambda: FaultRates(
+            lose=0.05, duplicate=0.05, fail_receive=0.05, fail_delete=0.05
+        )
+    )
+    kill_every: float = 5.0  # mean seconds between two SIGKILLs (0: none)
+    postgres_restarts: int = 2
+    workers: int = 2
+    task_sleep: float = 0.005  # seconds each task's operator sleeps
+    seed: int | None = None
+    sqs_endpoint_url: str | None = None  # a running SQS endpoint to put the injector in front of
+
+    def __post_init__(self) -> None:
+        if self.tasks < 1:
+            raise DevstackError("chaos needs at least one task")
+        if self.fault_seconds <= 0 or self.drain_seconds <= 0:
+            raise DevstackError("the fault and drain windows must be positive")
+        if self.workers < 1:
+            raise DevstackError("chaos needs at least one worker wrapper")
+
+
+@dataclass
+class Verdict:
+    """What went wrong, from the database and from the operators' records."""
+
+    lost_db: list[str] = field(default_factory=list)
+    lost_records: list[str] = field(default_factory=list)
+    completed_twice_db: list[str] = field(default_factory=list)
+    completed_twice_records: list[str] = field(default_factory=list)
+    overlapped_db: list[str] = field(default_factory=list)
+    overlapped_records: list[str] = field(default_factory=list)
+    unrecorded_completions: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not any(asdict(self).values())
+
+
+@dataclass
+class ChaosResult:
+    seed: int
+    tasks: int
+    verdict: Verdict
+    injected: dict[str, int]
+    sqs_requests: dict[str, int]
+    kills: dict[str, int]
+    postgres_restarts: int
+    attempt_outcomes: dict[str, int]
+    runs_recorded: int
+    tasks_run_more_than_once: int
+    submit_seconds: float
+    drain_seconds: float | None
+    queue_empty: bool
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _Submitter(threading.Thread):
+    """Creates the run's tasks in batches spread over `spread` seconds (HTTP only)."""
+
+    def __init__(
+        self, url: str, api_key: str, bodies: list[dict[str, Any]], spread: float, run: str
+    ) -> None:
+        super().__init__(name="chaos-submitter", daemon=True)
+        self.url = url
+        self.headers = {"Authorization": f"Bearer {api_key}"}
+        self.bodies = bodies
+        self.spread = spread
+        self.run_key = run
+        self.error: BaseException | None = None
+        self.finished_at: float | None = None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        try:
+            self._submit()
+        except BaseException as exc:
+            self.error = exc
+        self.finished_at = time.monotonic()
+
+    def _submit(self) -> None:
+        batches = [self.bodies[i : i + BATCH] for i in range(0, len(self.bodies), BATCH)]
+        started = time.monotonic()
+        with httpx.Client(base_url=self.url, headers=self.headers, timeout=10.0) as client:
+            for number, batch in enumerate(batches):
+                due = started + self.spread * number / len(batches)
+                if self.stop.wait(max(0.0, due - time.monotonic())):
+                    return
+                self._post(client, batch)
+
+    def _post(self, client: httpx.Client, batch: list[dict[str, Any]]) -> None:
+        def attempt() -> bool:
+            try:
+                response = client.post("/tasks/batch", json={"tasks": batch})
+            except httpx.TransportError:
+                return False
+            if response.status_code >= 500:
+                return False
+            if response.status_code not in (200, 201):
+                raise DevstackError(f"POST /tasks/batch: {response.status_code} {response.text}")
+            return True
+
+        wait_for(attempt, timeout=120, what="POST /tasks/batch to succeed", interval=0.2)
+
+
+def _records(path: Path) -> list[tuple[str, int, float, float, int]]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 5:
+            rows.append((parts[0], int(parts[1]), float(parts[2]), float(parts[3]), int(parts[4])))
+    return rows
+
+
+def judge(
+    records: list[tuple[str, int, float, float, int]],
+    task_ids: set[str],
+    db: Callable[[str], list[dict[str, Any]]],
+) -> tuple[Verdict, int]:
+    """The verdict from the database (`db(query name)`) and the operators' records; also how
+    many tasks were run to the end more than once (at-least-once execution, not an error)."""
+    verdict = Verdict()
+    verdict.lost_db = sorted(
+        {row["task_id"] for row in db("not_completed")} | (task_ids - _all_tasks(db))
+    )
+    verdict.completed_twice_db = sorted(row["task_id"] for row in db("completed_twice"))
+    verdict.overlapped_db = sorted(
+        f"{row['task_id']} attempts {row['earlier']}/{row['later']}"
+        for row in db("overlapping_attempts")
+    )
+    runs: dict[str, list[tuple[int, float, float, int]]] = defaultdict(list)
+    for task_id, attempt, start, end, pid in records:
+        runs[task_id].append((attempt, start, end, pid))
+    verdict.lost_records = sorted(task_ids - set(runs))
+    per_attempt = Counter((task_id, attempt) for task_id, attempt, *_ in records)
+    verdict.completed_twice_records = sorted(
+        f"{task_id} attempt {attempt}" for (task_id, attempt), n in per_attempt.items() if n > 1
+    )
+    for task_id, task_runs in runs.items():
+        ordered = sorted(task_runs, key=lambda run: run[1])
+        latest = ordered[0]  # the run that ends last among those started so far
+        for run in ordered[1:]:
+            if run[1] < latest[2]:
+                verdict.overlapped_records.append(f"{task_id} attempts {latest[0]}/{run[0]}")
+            if run[2] > latest[2]:
+                latest = run
+    completed = {(row["task_id"], row["attempt"]) for row in db("completed_attempts")}
+    verdict.unrecorded_completions = sorted(
+        f"{task_id} attempt {attempt}"
+        for task_id, attempt in completed
+        if (task_id, attempt) not in per_attempt
+    )
+    rerun = sum(1 for task_runs in runs.values() if len(task_runs) > 1)
+    return verdict, rerun
+
+
+def _all_tasks(db: Callable[[str], list[dict[str, Any]]]) -> set[str]:
+    return {row["task_id"] for row in db("task_ids")}
+
+
+class ChaosRun:
+    def __init__(self, config: ChaosConfig, say: Say) -> None:
+        self.config = config
+        self.say = say
+        self.seed = config.seed if config.seed is not None else random.randrange(1 << 31)
+        self.rng = random.Random(self.seed)
+        self.tag = uuid.uuid4().hex
+        self.record = config.run_dir / "operator-runs.txt"
+        self.kills: Counter[str] = Counter()
+        self.postgres_restarts = 0
+
+    def run(self) -> ChaosResult:
+        config = self.config
+        config.run_dir.mkdir(parents=True, exist_ok=True)
+        self.record.unlink(missing_ok=True)
+        sqs: LocalSqs | None = None
+        upstream = config.sqs_endpoint_url
+        if upstream is None:
+            sqs = LocalSqs(config.run_dir / "sqs", die_with_parent=True)
+            upstream = sqs.start()
+        try:
+            injector = SqsFaultInjector(upstream, FaultRates(), seed=self.seed)
+            with injector:
+                return self._run(injector)
+        finally:
+            if sqs is not None:
+                sqs.stop()
+
+    def _stack_config(self, sqs_url: str) -> StackConfig:
+        operators = self.config.run_dir / "operators.yaml"
+        operators.write_text(OPERATORS_YAML.format(script=json.dumps(OPERATOR_SCRIPT)))
+        env = {**STACK_ENV, "TASKPLAT_WORKER_OPERATORS_FILE": str(operators)}
+        if os.environ.get("PYTHONPATH"):
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        return StackConfig(
+            run_dir=self.config.run_dir / "stack",
+            workers=self.config.workers,
+            dispatcher_port=None,
+            sqs_endpoint_url=sqs_url,
+            queue_prefix=f"chaos-{self.tag[:8]}-",
+            dead_letter_queue=f"chaos-{self.tag[:8]}-dead-letters",
+            keep_data=False,
+            fsync=True,
+            inherit_environment=False,
+            env=env,
+        )
+
+    def _run(self, injector: SqsFaultInjector) -> ChaosResult:
+        config = self.config
+        self.say(
+            f"chaos: seed {self.seed}, {config.tasks} tasks, faults for {config.fault_seconds:g}s"
+        )
+        stack = Stack(self._stack_config(injector.url))
+        stack.start()
+        conn_box: list[psycopg.Connection[dict[str, Any]]] = []
+        try:
+            conn_box.append(
+                psycopg.connect(stack.info.database_url, autocommit=True, row_factory=dict_row)
+            )
+            return self._drive(stack, injector, conn_box)
+        finally:
+            for conn in conn_box:
+                conn.close()
+            self.say("chaos: stopping the stack ...")
+            stack.stop()
+
+    def _query(self, conn: psycopg.Connection[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+        sql: LiteralString = QUERIES[name]
+        return conn.execute(sql, {"tag": self.tag}).fetchall()
+
+    def _safe_query(
+        self, stack: Stack, conn_box: list[psycopg.Connection[dict[str, Any]]], name: str
+    ) -> list[dict[str, Any]] | None:
+        """A query that survives Postgres restarts: None while the database is away."""
+        try:
+            return self._query(conn_box[0], name)
+        except psycopg.OperationalError:
+            try:
+                conn_box[0].close()
+                conn_box[0] = psycopg.connect(
+                    stack.info.database_url,
+                    autocommit=True,
+                    row_factory=dict_row,
+                    connect_timeout=2,
+                )
+            except psycopg.OperationalError:
+                return None
+            return None
+
+    def _drive(
+        self,
+        stack: Stack,
+        injector: SqsFaultInjector,
+        conn_box: list[psycopg.Connection[dict[str, Any]]],
+    ) -> ChaosResult:
+        """Faults, submission, drain, verdict; `conn_box[0]` is the database connection (replaced
+        after a Postgres restart)."""
+        config = self.config
+        run_key = uuid.uuid4().hex
+        bodies = [
+            {
+                "operator": "chaos",
+                "config": {"tag": self.tag, "record": str(self.record), "sleep": config.task_sleep},
+                "max_attempts": 100,
+                "idempotency_key": f"{run_key}-{n}",
+            }
+            for n in range(config.tasks)
+        ]
+        spread = config.fault_seconds * 0.6
+        submitter = _Submitter(
+            stack.info.dispatcher_url, stack.info.api_key, bodies, spread, run_key
+        )
+        started = time.monotonic()
+        window_end = started + config.fault_seconds
+        restarts = sorted(
+            started + self.rng.uniform(0.15, 0.85) * config.fault_seconds
+            for _ in range(config.postgres_restarts)
+        )
+        next_kill = self._next_kill(started)
+        injector.set_rates(config.rates)
+        submitter.start()
+        self.say(f"chaos: faults on ({_rates_text(config.rates)})")
+        last_report = started
+        while time.monotonic() < window_end or submitter.is_alive():
+            now = time.monotonic()
+            if submitter.error is not None:
+                break
+            if restarts and now >= restarts[0]:
+                restarts.pop(0)
+                self.say("chaos: Postgres: immediate stop and restart")
+                stack.restart_postgres()
+                self.postgres_restarts += 1
+            elif next_kill is not None and now >= next_kill and now < window_end:
+                self._kill_one(stack)
+                next_kill = self._next_kill(now)
+            if now - last_report >= 10:
+                last_report = now
+                progress = self._safe_query(stack, conn_box, "progress")
+                if progress:
+                    self.say(f"chaos: {progress[0]['completed']} of {config.tasks} completed")
+            time.sleep(0.05)
+        injector.set_rates(FaultRates())
+        if submitter.error is not None:
+            raise DevstackError(f"submitting the tasks failed: {submitter.error}")
+        submit_seconds = (submitter.finished_at or time.monotonic()) - started
+        faults_off = time.monotonic()
+        self.say(f"chaos: faults off after {faults_off - started:.1f}s; draining ...")
+        drain_seconds, queue_empty, notes = self._drain(stack, conn_box, faults_off)
+
+        def db(name: str) -> list[dict[str, Any]]:
+            return self._query_fresh(stack, conn_box, name)
+
+        task_ids = {row["task_id"] for row in db("task_ids")}
+        records = _records(self.record)
+        verdict, rerun = judge(records, task_ids | self._missing(task_ids), db)
+        outcomes = {row["outcome"]: row["attempts"] for row in db("attempt_outcomes")}
+        return ChaosResult(
+            seed=self.seed,
+            tasks=config.tasks,
+            verdict=verdict,
+            injected={k: v for k, v in injector.counts.items() if not k.startswith("action:")},
+            sqs_requests={
+                k.removeprefix("action:"): v
+                for k, v in injector.counts.items()
+                if k.startswith("action:")
+            },
+            kills=dict(self.kills),
+            postgres_restarts=self.postgres_restarts,
+            attempt_outcomes=outcomes,
+            runs_recorded=len(records),
+            tasks_run_more_than_once=rerun,
+            submit_seconds=round(submit_seconds, 1),
+            drain_seconds=drain_seconds,
+            queue_empty=queue_empty,
+            notes=notes,
+        )
+
+    def _missing(self, task_ids: set[str]) -> set[str]:
+        """Placeholders for submitted tasks the database does not hold (each one is lost)."""
+        return {f"missing-{n}" for n in range(max(0, self.config.tasks - len(task_ids)))}
+
+    def _query_fresh(
+        self, stack: Stack, conn_box: list[psycopg.Connection[dict[str, Any]]], name: str
+    ) -> list[dict[str, Any]]:
+        def answer() -> tuple[list[dict[str, Any]]] | None:
+            rows = self._safe_query(stack, conn_box, name)
+            return None if rows is None else (rows,)
+
+        answered = wait_for(answer, timeout=60, what=f"the database to answer {name}", interval=0.2)
+        assert answered is not None
+        return answered[0]
+
+    def _next_kill(self, now: float) -> float | None:
+        if self.config.kill_every <= 0:
+            return None
+        return now + self.rng.expovariate(1 / self.config.kill_every)
+
+    def _kill_one(self, stack: Stack) -> None:
+        running = stack.pids()
+        candidates = [name for name in stack.services() if name in running]
+        if not candidates:
+            return
+        victim = self.rng.choice(sorted(candidates))
+        try:
+            stack.kill(victim, signal.SIGKILL)
+        except DevstackError:
+            return  # it died or is restarting already
+        self.kills[victim if victim in LOOPS else "worker"] += 1
+        self.say(f"chaos: SIGKILL {victim}")
+
+    def _drain(
+        self, stack: Stack, conn_box: list[psycopg.Connection[dict[str, Any]]], since: float
+    ) -> tuple[float | None, bool, list[str]]:
+        config = self.config
+        deadline = since + config.drain_seconds
+        notes: list[str] = []
+
+        def all_completed() -> bool:
+            rows = self._safe_query(stack, conn_box, "progress")
+            return rows is not None and bool(rows) and rows[0]["completed"] == config.tasks
+
+        try:
+            wait_for(
+                all_completed,
+                timeout=max(deadline - time.monotonic(), 0.1),
+                what="every task to complete",
+                interval=0.2,
+            )
+        except TimeoutError:
+            notes.append(f"not every task completed within {config.drain_seconds:g}s")
+            return None, False, notes
+        drained = round(time.monotonic() - since, 1)
+        client = sqs_client(stack.info.sqs_endpoint_url, stack.config.aws_region)
+        try:
+            url = client.get_queue_url(QueueName=f"{stack.config.queue_prefix}default")["QueueUrl"]
+
+            def queue_empty() -> bool:
+                attributes = client.get_queue_attributes(
+                    QueueUrl=url,
+                    AttributeNames=[
+                        "ApproximateNumberOfMessages",
+                        "ApproximateNumberOfMessagesNotVisible",
+                        "ApproximateNumberOfMessagesDelayed",
+                    ],
+                )["Attributes"]
+                return sum(int(v) for v in attributes.values()) == 0
+
+            try:
+                wait_for(
+                    queue_empty,
+                    timeout=max(deadline - time.monotonic(), 30.0),
+                    what="the task queue to empty",
+                    interval=0.5,
+                )
+            except TimeoutError:
+                notes.append("the task queue still held wake-ups at the end")
+                return drained, False, notes
+        finally:
+            client.close()
+        return drained, True, notes
+
+
+def _rates_text(rates: FaultRates) -> str:
+    return (
+        f"lose {rates.lose:.0%}, duplicate {rates.duplicate:.0%}, "
+        f"fail receive {rates.fail_receive:.0%}, fail delete {rates.fail_delete:.0%}"
+    )
+
+
+def report(result: ChaosResult, config: ChaosConfig) -> str:
+    v = result.verdict
+    injected = result.injected
+    kills = ", ".join(f"{name} {n}" for name, n in sorted(result.kills.items())) or "none"
+    outcomes = ", ".join(f"{k} {n}" for k, n in sorted(result.attempt_outcomes.items()))
+    drained = f"{result.drain_seconds}s" if result.drain_seconds is not None else "not reached"
+    lines = [
+        f"chaos run: {result.tasks} tasks, seed {result.seed}, faults for "
+        f"{config.fault_seconds:g}s ({_rates_text(config.rates)}), {config.workers} workers",
+        f"injected: {injected.get('lost', 0)} messages lost, "
+        f"{injected.get('duplicated', 0)} duplicated, "
+        f"{injected.get('failed_receives', 0)} receives and "
+        f"{injected.get('failed_deletes', 0)} deletes failed",
+        "SQS requests: "
+        + ", ".join(f"{name} {n}" for name, n in sorted(result.sqs_requests.items())),
+        f"SIGKILLs: {kills}; Postgres immediate restarts: {result.postgres_restarts}",
+        f"submitted in {result.submit_seconds}s; every task Completed {drained} after the "
+        f"faults stopped; task queue empty at the end: {'yes' if result.queue_empty else 'no'}",
+        f"attempts: {outcomes}; operator runs recorded: {result.runs_recorded} "
+        f"({result.tasks_run_more_than_once} tasks run more than once, allowed)",
+        "",
+        f"{'':34}{'database':>10}{'operators':>11}",
+        f"{'tasks lost':34}{len(v.lost_db):>10}{len(v.lost_records):>11}",
+        f"{'tasks completed twice':34}{len(v.completed_twice_db):>10}"
+        f"{len(v.completed_twice_records):>11}",
+        f"{'attempts that overlapped':34}{len(v.overlapped_db):>10}{len(v.overlapped_records):>11}",
+        f"{'completions no operator recorded':34}{len(v.unrecorded_completions):>10}{'':>11}",
+    ]
+    for note in result.notes:
+        lines.append(f"note: {note}")
+    for name, items in asdict(v).items():
+        if items:
+            lines.append(f"{name}: {', '.join(items[:10])}{' ...' if len(items) > 10 else ''}")
+    lines.append("result: " + ("PASS" if v.ok else "FAIL"))
+    return "\n".join(lines)
+
+
+def main(config: ChaosConfig, say: Say | None = None) -> int:
+    def default_say(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    say = say or default_say
+    result = ChaosRun(config, say).run()
+    text = report(result, config)
+    print(text, flush=True)
+    (config.run_dir / "chaos-summary.json").write_text(
+        json.dumps(
+            {"config": _config_json(config), "result": result.to_json(), "text": text}, indent=2
+        )
+    )
+    return 0 if result.verdict.ok else 1
+
+
+def _config_json(config: ChaosConfig) -> dict[str, Any]:
+    data = asdict(config)
+    data["run_dir"] = str(config.run_dir)
+    return data
