@@ -327,7 +327,6 @@ class Sink:
             if inserted:
                 repo.store_event(
                     conn,
-                    task_id=table["producer_task_id"],
                     dataset_uuid=dataset_uuid,
                     dataset_version=table["dataset_version"],
                     cursor=repo.high_mark(conn, table["table_name"]),
