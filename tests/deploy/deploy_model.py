@@ -198,6 +198,7 @@ SPECS: dict[str, ServiceSpec] = {
             uses_sqs=True,
             devstack_module="taskplat.sink",
             health_port_env="TASKPLAT_SINK_OPS_PORT",
+            build_args=python_service_args("sink", "TASKPLAT_SINK_OPS", 9464),
         ),
         ServiceSpec(
             "credential-broker",
