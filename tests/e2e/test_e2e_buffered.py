@@ -108,8 +108,11 @@ def test_records_from_a_task_and_a_plain_client_land_once_and_start_the_downstre
         stack.sqs.send_message(QueueUrl=view["buffer_queue_url"], MessageBody=message)
     wait_for(lambda: row_count(stack, view) == 350, timeout=60, what="350 distinct rows")
 
-    events = stack.api.get(f"/datasets/{view['dataset_uuid']}/events").json()["events"]
-    assert events and all(e["routed"] for e in events)
+    def routed() -> list[dict[str, Any]]:
+        found = stack.api.get(f"/datasets/{view['dataset_uuid']}/events").json()["events"]
+        return found if found and all(e["routed"] for e in found) else []
+
+    events = wait_for(routed, timeout=30, what="every event of the dataset routed")
     cursors = sorted(e["cursor"] for e in events)
     assert len(set(cursors)) == len(cursors)
     react = stack.api.get("/tasks", params={"dag": "alerts", "job": "react"}).json()["tasks"]
