@@ -125,4 +125,4 @@ images: ## Build every service image with Docker (needs a Docker engine; worker 
 
 .PHONY: clean
 clean: ## Remove the virtualenvs, caches and local stack state
-	rm -rf $(VENV) $(TOOLS) .run .cache .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(TOOLS) .run .cache .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -15,8 +15,8 @@
 # The Makefile's `images` target, deploy/docker-compose.yml and docs/deploy.md pass these
 # (SERVICE, LISTEN_PREFIX, PORT): dispatcher TASKPLAT_DISPATCHER 8080; credential-broker
 # TASKPLAT_BROKER 8090; outbox-relay TASKPLAT_RELAY_OPS, scheduler TASKPLAT_SCHEDULER_OPS, reaper
-# TASKPLAT_REAPER_OPS and sink TASKPLAT_SINK_OPS on 9464 (the loops serve /metrics and /healthz on
-# an ops port).
+# TASKPLAT_REAPER_OPS and sink TASKPLAT_SINK_OPS on 9464 (the loops serve /metrics and /healthz
+# on an ops port).
 #
 # Pinned bases: PYTHON_IMAGE is an exact patch tag; in production also pin its digest
 # (`python:3.11.13-slim-bookworm@sha256:<digest>`, the digest printed by

@@ -44,6 +44,7 @@ SECRET_NAMES = frozenset(
         "TASKPLAT_WORKER_TOKEN",
         "TASKPLAT_API_KEYS",
         "TASKPLAT_CAPABILITY_TOKEN_KEYS",
+        "TASKPLAT_ATTEMPT_TOKEN_KEYS",
     }
 )
 # Read by libpq when the URL names no user or password: the database role's rotated credentials,
@@ -157,7 +158,8 @@ SPECS: dict[str, ServiceSpec] = {
             "taskplat-outbox-relay",
             "taskplat-outbox-relay",
             ("taskplat.outbox_relay.settings:RelaySettings",),
-            frozenset({"DATABASE_URL"}) | LIBPQ_CREDENTIALS,
+            # The attempt-token keys sign Lambda attempts' tokens.
+            frozenset({"DATABASE_URL", "TASKPLAT_ATTEMPT_TOKEN_KEYS"}) | LIBPQ_CREDENTIALS,
             uses_sqs=True,
             devstack_module="taskplat.outbox_relay",
             health_port_env="TASKPLAT_RELAY_OPS_PORT",

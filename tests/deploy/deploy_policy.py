@@ -35,6 +35,8 @@ STAR_RESOURCE_ACTIONS = frozenset(
         "xray:PutTelemetryRecords",
         "xray:GetSamplingRules",
         "xray:GetSamplingTargets",
+        # A function in a VPC: Lambda lists the network interfaces it made for it.
+        "ec2:DescribeNetworkInterfaces",
     }
 )
 # Roles a principal other than ECS tasks of this account may assume: logical id -> the role
@@ -102,7 +104,20 @@ def star_resource_only_where_required(name: str, template: Template) -> Iterator
                     )
 
 
+def _function_roles(template: Template) -> set[str]:
+    """Logical ids of the roles that are a Lambda function's execution role."""
+    roles: set[str] = set()
+    for function in deploy_model.resources_of_type(template, "AWS::Lambda::Function").values():
+        role = function["Properties"].get("Role")
+        if isinstance(role, dict) and "Fn::GetAtt" in role:
+            roles.add(role["Fn::GetAtt"][0])
+    return roles
+
+
 def roles_trust_only_their_tasks(name: str, template: Template) -> Iterator[Finding]:
+    """A role trusts ECS tasks of this account, or, for a function's execution role, Lambda in
+    this account; the data role trusts the credential broker's role only."""
+    function_roles = _function_roles(template)
     for logical_id, role in deploy_model.resources_of_type(template, "AWS::IAM::Role").items():
         for statement in _statements(role["Properties"]["AssumeRolePolicyDocument"]):
             principal = statement.get("Principal", {})
@@ -112,12 +127,12 @@ def roles_trust_only_their_tasks(name: str, template: Template) -> Iterator[Find
                     yield Finding(name, logical_id, "trust", f"trusts {principal}")
                 continue
             account = {"StringEquals": {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}}
-            if (
-                principal != {"Service": "ecs-tasks.amazonaws.com"}
-                or statement.get("Condition") != account
-            ):
+            service = "ecs-tasks.amazonaws.com"
+            if logical_id in function_roles:
+                service = "lambda.amazonaws.com"
+            if principal != {"Service": service} or statement.get("Condition") != account:
                 yield Finding(
-                    name, logical_id, "trust", "must trust ecs-tasks of this account only"
+                    name, logical_id, "trust", f"must trust {service} of this account only"
                 )
 
 
@@ -237,6 +252,21 @@ def alarms_notify(name: str, template: Template) -> Iterator[Finding]:
             yield Finding(name, logical_id, "alarm-actions", "does not notify AlarmTopicArn")
 
 
+def lambda_retries_are_off(name: str, template: Template) -> Iterator[Finding]:
+    """Taskplat owns attempts: every function has an EventInvokeConfig with no Lambda retry."""
+    configs = deploy_model.resources_of_type(template, "AWS::Lambda::EventInvokeConfig")
+    configured = {
+        str(config["Properties"].get("FunctionName", {}).get("Ref"))
+        for config in configs.values()
+        if config["Properties"].get("MaximumRetryAttempts") == 0
+    }
+    for logical_id in deploy_model.resources_of_type(template, "AWS::Lambda::Function"):
+        if logical_id not in configured:
+            yield Finding(
+                name, logical_id, "lambda-retries", "needs EventInvokeConfig MaximumRetryAttempts 0"
+            )
+
+
 RULES: tuple[Rule, ...] = (
     no_wildcard_actions,
     star_resource_only_where_required,
@@ -251,6 +281,7 @@ RULES: tuple[Rule, ...] = (
     load_balancers_are_strict,
     worker_api_is_encrypted_by_default,
     alarms_notify,
+    lambda_retries_are_off,
 )
 
 

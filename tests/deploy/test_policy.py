@@ -31,7 +31,7 @@ def test_the_make_target_runs_the_same_check() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"{len(deploy_policy.RULES)} rules, 3 templates, 0 findings" in result.stderr
+    assert f"{len(deploy_policy.RULES)} rules, 4 templates, 0 findings" in result.stderr
 
 
 def _resources(templates: Templates, name: str) -> dict[str, Any]:
@@ -63,6 +63,18 @@ def _star_resource(t: Templates) -> None:
 def _open_trust(t: Templates) -> None:
     role = _resources(t, "worker-pool.yaml")["WorkerTaskRole"]["Properties"]
     del role["AssumeRolePolicyDocument"]["Statement"][0]["Condition"]
+
+
+def _lambda_trusts_ecs(t: Templates) -> None:
+    role = _resources(t, "lambda-operator.yaml")["FunctionRole"]["Properties"]
+    role["AssumeRolePolicyDocument"]["Statement"][0]["Principal"] = {
+        "Service": "ecs-tasks.amazonaws.com"
+    }
+
+
+def _lambda_retries(t: Templates) -> None:
+    config = _resources(t, "lambda-operator.yaml")["EventInvokeConfig"]["Properties"]
+    config["MaximumRetryAttempts"] = 2
 
 
 def _any_repository(t: Templates) -> None:
@@ -137,6 +149,8 @@ BREAKAGES: dict[str, tuple[str, Callable[[Templates], None]]] = {
     "wildcard action": ("no-wildcard-actions", _wildcard_action),
     "star resource": ("star-resource", _star_resource),
     "trust any account": ("trust", _open_trust),
+    "function role trusts another service": ("trust", _lambda_trusts_ecs),
+    "Lambda retries its invocations": ("lambda-retries", _lambda_retries),
     "pull from any repository": ("ecr-scope", _any_repository),
     "unencrypted queue": ("queue-encryption", _unencrypted_queue),
     "logs kept forever": ("log-retention", _eternal_logs),

@@ -49,7 +49,7 @@ def test_all_migrations_on_an_empty_database_give_the_committed_schema(
         "datasets", "dataset_versions", "dags", "jobs", "job_inputs", "job_outputs",
         "event_routes", "task_pins",
         "queues",
-        "dataset_tables", "dataset_buffers", "task_steps",
+        "dataset_buffers", "dataset_tables", "task_steps",
     }  # fmt: skip
     snapshot("db_schema", schema)
     # The tests' template databases are migrated by the same runner: same schema.

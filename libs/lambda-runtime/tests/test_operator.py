@@ -18,6 +18,7 @@ from taskplat.lambda_runtime import (
     resolve_event,
     run_operator,
     serve,
+    step,
 )
 
 OUTPUT = {"output_index": 0, "dataset_uuid": "d-1", "dataset_version": "v-1", "location": "x"}
@@ -30,6 +31,8 @@ def line(**fields: Any) -> str:
 
 def handle(task: Task) -> dict[str, Any] | Result:
     print("stray output")  # must not reach the protocol
+    if task.config.get("step"):
+        return {"first": step("first", lambda: task.attempt)}
     if task.config.get("fail"):
         raise OperatorFailure("asked to fail")
     if task.config.get("boom"):
@@ -60,15 +63,37 @@ def test_serve_speaks_the_wrapper_protocol() -> None:
     ]
 
 
-def test_run_operator_hands_events_to_its_emitter_and_never_raises() -> None:
-    seen: list[list[dict[str, Any]]] = []
-    task = Task.from_document(json.loads(line()))
-    assert run_operator(handle, task, seen.append) == {
-        "status": "succeeded",
-        "payload": {"attempt": 2},
+class Recorder:
+    def __init__(self) -> None:
+        self.seen: list[list[dict[str, Any]]] = []
+        self.steps: dict[str, Any] = {}
+
+    def events(self, events: list[dict[str, Any]]) -> None:
+        self.seen.append(events)
+
+    def step(self, name: str, result: Any) -> Any:
+        return self.steps.setdefault(name, result)
+
+
+def test_steps_are_recorded_once_and_reused_by_later_attempts() -> None:
+    assert answers(line(config={"step": True})) == [
+        {"step": {"name": "first", "result": 2}},
+        {"status": "succeeded", "payload": {"first": 2}},
+    ]
+    later = line(attempt=3, config={"step": True}, steps={"first": 2})
+    channel = Recorder()
+    assert run_operator(handle, Task.from_document(json.loads(later)), channel)["payload"] == {
+        "first": 2
     }
-    assert seen == [[{"dataset_uuid": "d-1", "dataset_version": "v-1", "cursor": 2}]]
-    missing = run_operator(lambda t: resolve_event(output_index=5, task=t), task, seen.append)
+    assert channel.steps == {}  # a recorded step is neither run nor recorded again
+
+
+def test_run_operator_hands_events_to_its_channel_and_never_raises() -> None:
+    channel = Recorder()
+    task = Task.from_document(json.loads(line()))
+    assert run_operator(handle, task, channel) == {"status": "succeeded", "payload": {"attempt": 2}}
+    assert channel.seen == [[{"dataset_uuid": "d-1", "dataset_version": "v-1", "cursor": 2}]]
+    missing = run_operator(lambda t: resolve_event(output_index=5, task=t), task, channel)
     assert missing == {"status": "failed", "error": "the task's job has no output 5 (outputs: [0])"}
     with pytest.raises(OperatorFailure):
         emit_event(cursor=1)  # outside a running handler

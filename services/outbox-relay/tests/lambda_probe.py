@@ -4,7 +4,8 @@ by `awslambdaric` in `LocalLambda`), `serve` for the worker wrapper.
 Config: `marker` (a file: one line `<task_id> <attempt>` appended per run that reached the end),
 `fail` (fail with OperatorFailure), `fail_attempts` (fail on these attempts), `crash_attempts`
 (exit the process on these attempts, without answering), `seconds` (sleep first), `events`
-(emitted one by one). Returns `{"attempt": N}`.
+(emitted one by one), `step` (record step `first` = this attempt before anything else). Returns
+`{"attempt": N}` (and `first`, the step's standing result, with `step`).
 """
 
 from __future__ import annotations
@@ -13,13 +14,21 @@ import os
 import time
 from typing import Any
 
-from taskplat.lambda_runtime import OperatorFailure, Task, emit_event, serve, taskplat_handler
+from taskplat.lambda_runtime import (
+    OperatorFailure,
+    Task,
+    emit_event,
+    serve,
+    step,
+    taskplat_handler,
+)
 
 
 def handle(task: Task) -> dict[str, Any]:
     config = task.config
     if task.attempt in config.get("crash_attempts", []):
         os._exit(3)
+    first = step("first", lambda: task.attempt) if config.get("step") else None
     time.sleep(float(config.get("seconds", 0)))
     if config.get("fail") or task.attempt in config.get("fail_attempts", []):
         raise OperatorFailure(f"asked to fail attempt {task.attempt}")
@@ -28,7 +37,7 @@ def handle(task: Task) -> dict[str, Any]:
     if config.get("marker"):
         with open(config["marker"], "a", encoding="utf-8") as marker:
             marker.write(f"{task.task_id} {task.attempt}\n")
-    return {"attempt": task.attempt}
+    return {"attempt": task.attempt} | ({"first": first} if config.get("step") else {})
 
 
 handler = taskplat_handler(handle)

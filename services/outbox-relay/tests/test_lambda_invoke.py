@@ -276,14 +276,15 @@ def test_a_stale_attempt_is_refused(
     d: Dispatcher, invoker: Invoker, lam: LocalLambda, tmp_path: Path
 ) -> None:
     marker = tmp_path / "marker"
-    task_id = run(d, "once", marker=str(marker), fail_attempts=[1])
+    task_id = run(d, "once", marker=str(marker), fail_attempts=[1], step=True)
     invoker.run_once()
     [first] = finished(lam, 1)
     assert task(d, task_id)["status"] == "Dead"
     assert d.api.post(f"/tasks/{task_id}/retry").status_code == 200
     assert invoker.run_once().invoked == 1  # the replay's wake-up is an invocation too
     finished(lam, 2)
-    assert task(d, task_id)["status"] == "Completed"
+    # Attempt 2 got attempt 1's step result with its claim, and did not run the step again.
+    assert task(d, task_id)["result"] == {"attempt": 2, "first": 1}
     stale = lam.wait_state(lam.replay(first), *FINISHED)
     assert stale.response["status"] == "Refused"
     view = task(d, task_id)

@@ -86,6 +86,8 @@ def test_falls_back_to_moto_when_localstack_cannot_be_installed(
         raise DevstackError("simulated: LocalStack cannot be installed")
 
     monkeypatch.setattr(sqs_module, "ensure_localstack_venv", broken_install)
+    # This simulated fallback must not reach the run's summary (it lists real ones).
+    monkeypatch.setattr(sqs_module, "_FALLBACKS", [])
     sqs = LocalSqs(tmp_path / "sqs")
     with caplog.at_level(logging.WARNING, logger="taskplat.devstack"):
         with sqs:
@@ -93,3 +95,5 @@ def test_falls_back_to_moto_when_localstack_cannot_be_installed(
             _round_trip(sqs.endpoint_url)
     assert "falling back to moto" in caplog.text
     assert "simulated" in caplog.text
+    assert sqs.fallback_reason == "simulated: LocalStack cannot be installed"
+    assert sqs_module.fallbacks() == [sqs.fallback_reason]

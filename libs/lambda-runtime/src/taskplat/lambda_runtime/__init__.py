@@ -25,6 +25,7 @@ from taskplat.lambda_runtime.operator import (
     resolve_event,
     run_operator,
     serve,
+    step,
 )
 
 __all__ = [
@@ -39,5 +40,6 @@ __all__ = [
     "resolve_event",
     "run_operator",
     "serve",
+    "step",
     "taskplat_handler",
 ]

@@ -62,6 +62,10 @@ class AttemptApi:
     def events(self, events: list[dict[str, Any]]) -> dict[str, Any]:
         return self._post("/internal/events", {"events": events})
 
+    def step(self, name: str, result: Any) -> Any:
+        """Record a step's result; the one that stands (the first recorded)."""
+        return self._post("/internal/steps", {"step": name, "result": result}).get("result")
+
     def complete(self, status: str, **fields: Any) -> dict[str, Any]:
         body = {"status": status, **{key: value for key, value in fields.items() if value}}
         return self._post("/internal/task-complete", body)

@@ -13,7 +13,8 @@ Invariants:
   * while the operator runs, a heartbeat every third of the lease keeps the attempt; a refused
     heartbeat means the attempt was taken away (canceled, expired): the completion will be
     refused too, and events are refused at once;
-  * the operator's events go to `/internal/events` as it emits them, with the lease token;
+  * the operator's events go to `/internal/events` as it emits them, and its step results to
+    `/internal/steps`, with the lease token;
   * the completion is sent once: `Completed` with the result, or `Failed` with the error of an
     exception, or `Failed` "timed out" when the operator has not finished `margin_seconds`
     before the earlier of the function's limit (`context.get_remaining_time_in_millis()`) and the
@@ -102,7 +103,7 @@ class _Invocation:
             left = min(left, self._deadline_left - (time.monotonic() - self._started))
         return left
 
-    def _emit(self, events: list[dict[str, Any]]) -> None:
+    def events(self, events: list[dict[str, Any]]) -> None:
         if self.lease_lost.is_set():
             raise LeaseLost("the attempt lost its lease; its events are refused")
         try:
@@ -110,6 +111,15 @@ class _Invocation:
         except Refused as exc:
             self.lease_lost.set()
             raise LeaseLost(f"events refused: {exc.reason}") from None
+
+    def step(self, name: str, result: Any) -> Any:
+        if self.lease_lost.is_set():
+            raise LeaseLost("the attempt lost its lease; its steps are refused")
+        try:
+            return self.api.step(name, result)
+        except Refused as exc:
+            self.lease_lost.set()
+            raise LeaseLost(f"step refused: {exc.reason}") from None
 
     def _heartbeats(self, interval: float) -> None:
         while not self._stop.wait(interval):
@@ -142,7 +152,7 @@ class _Invocation:
         context = contextvars.copy_context()
 
         def work() -> None:
-            outcome.update(context.run(run_operator, self._operator, self.task, self._emit))
+            outcome.update(context.run(run_operator, self._operator, self.task, self))
 
         running = threading.Thread(target=work, daemon=True, name="operator")
         running.start()

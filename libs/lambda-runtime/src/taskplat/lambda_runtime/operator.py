@@ -20,7 +20,12 @@ Invariants (the same as the wrapper's `sdk`, whose protocol `serve` speaks):
   * a handler that raises fails the task with `<ExceptionType>: <message>`; `OperatorFailure`
     fails it with just its message; a result that is not JSON fails it too;
   * `emit_event(output_index=N, ...)` fills `dataset_uuid`/`dataset_version` from the task's
-    resolved output N; an index the job does not have fails the task before anything is sent.
+    resolved output N; an index the job does not have fails the task before anything is sent;
+  * `step(name, fn)` returns the result an earlier attempt recorded for `name` (claimed with the
+    task), else runs `fn` and records its result (a `step` line under `serve`, `/internal/steps`
+    under Lambda, where the first recorded result wins and is returned).
+  * `publish_records` (buffered datasets) is the wrapper's alone: a function has no queue to
+    publish to.
 Standard library only: a function package needs nothing else.
 """
 
@@ -32,12 +37,21 @@ import sys
 import traceback
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO, TypeVar
 
-Emitter = Callable[[list[dict[str, Any]]], None]
 
-_emitter: contextvars.ContextVar[Emitter | None] = contextvars.ContextVar(
-    "taskplat_emitter", default=None
+class Channel(Protocol):
+    """Where a running operator's events and step results go (the wrapper or the dispatcher)."""
+
+    def events(self, events: list[dict[str, Any]]) -> None: ...
+
+    def step(self, name: str, result: Any) -> Any:
+        """Record `result` for step `name`; the result that stands (the first recorded)."""
+        ...
+
+
+_emitter: contextvars.ContextVar[Channel | None] = contextvars.ContextVar(
+    "taskplat_channel", default=None
 )
 _current_task: contextvars.ContextVar[Task | None] = contextvars.ContextVar(
     "taskplat_task", default=None
@@ -62,6 +76,8 @@ class Task:
     timeout_seconds: int | None
     document: dict[str, Any] = field(repr=False)
     outputs: list[dict[str, Any]] = field(default_factory=list)
+    # Step results earlier attempts recorded ({step: result}); `step` adds this attempt's.
+    steps: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_document(cls, doc: Mapping[str, Any]) -> Task:
@@ -79,6 +95,7 @@ class Task:
             timeout_seconds=doc.get("timeout_seconds"),
             document=dict(doc),
             outputs=[dict(output) for output in doc.get("outputs") or []],
+            steps=dict(doc.get("steps") or {}),
         )
 
     def output(self, index: int) -> dict[str, Any]:
@@ -120,11 +137,38 @@ def resolve_event(
     return resolved
 
 
+def _channel(what: str) -> Channel:
+    channel = _emitter.get()
+    if channel is None:
+        raise OperatorFailure(f"{what} works only inside a handler run by serve or Lambda")
+    return channel
+
+
 def _emit(events: list[dict[str, Any]]) -> None:
-    emitter = _emitter.get()
-    if emitter is None:
-        raise OperatorFailure("events are emitted only inside a handler run by serve or Lambda")
-    emitter(events)
+    _channel("emitting events").events(events)
+
+
+T = TypeVar("T")
+
+
+def step(name: str, fn: Callable[[], T]) -> T:
+    """The result of the task's step `name`: recorded by an earlier attempt, else `fn()`
+    (recorded for later attempts). The result must be JSON."""
+    task = _current_task.get()
+    channel = _channel("step")
+    if task is None:
+        raise OperatorFailure("step needs the task (call it inside a running handler)")
+    if name in task.steps:
+        stored: T = task.steps[name]
+        return stored
+    result = fn()
+    try:
+        json.dumps(result, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise OperatorFailure(f"step {name!r}: the result is not JSON: {exc}") from None
+    standing: T = channel.step(name, result)
+    task.steps[name] = standing
+    return standing
 
 
 def emit_event(event: Mapping[str, Any] | None = None, **fields: Any) -> None:
@@ -139,8 +183,8 @@ def emit_events(events: Iterable[Mapping[str, Any]]) -> None:
         _emit(batch)
 
 
-def run_operator(handler: Handler, task: Task, emitter: Emitter) -> dict[str, Any]:
-    """Run `handler` on `task` with `emitter` taking its events; the result envelope
+def run_operator(handler: Handler, task: Task, emitter: Channel) -> dict[str, Any]:
+    """Run `handler` on `task` with `emitter` taking its events and steps; the result envelope
     (`{"status": "succeeded", "payload", "outputs"?, "events"?}` or `{"status": "failed",
     "error"}`), never an exception."""
     task_token = _current_task.set(task)
@@ -180,8 +224,15 @@ def serve(handler: Handler, *, stdin: TextIO | None = None, stdout: TextIO | Non
         out.write(json.dumps(obj, separators=(",", ":")) + "\n")
         out.flush()
 
-    def emitter(events: list[dict[str, Any]]) -> None:
-        write({"event": events[0]} if len(events) == 1 else {"events": events})
+    class Lines:
+        def events(self, events: list[dict[str, Any]]) -> None:
+            write({"event": events[0]} if len(events) == 1 else {"events": events})
+
+        def step(self, name: str, result: Any) -> Any:
+            write({"step": {"name": name, "result": result}})
+            return result
+
+    emitter = Lines()
 
     real_stdout = sys.stdout
     sys.stdout = sys.stderr

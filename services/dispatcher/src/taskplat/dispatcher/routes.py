@@ -86,7 +86,8 @@ class ListTasksQuery(Contract):
 
 
 class FetchQuery(Contract):
-    task_id: str
+    # Parsed by the handler (a 422 naming task_id); documented as what it must be, a UUID.
+    task_id: Annotated[str, Field(json_schema_extra={"format": "uuid"})]
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,8 @@ claimed AS (
     RETURNING t.task_id, t.attempt, t.job, t.operator, t.queue, t.config, t.inputs,
               t.timeout_seconds, t.deadline_at, t.lease_token, t.lease_expires_at,
               t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset,
-              taskplat_job_outputs(t.job) AS outputs, taskplat_job_trust(t.job) AS trust
+              taskplat_job_outputs(t.job) AS outputs, taskplat_job_trust(t.job) AS trust,
+              taskplat_task_steps(t.task_id, t.attempt) AS steps
 ),
 history AS (
     INSERT INTO task_attempts (task_id, attempt, worker_id, lease_token, started_at)

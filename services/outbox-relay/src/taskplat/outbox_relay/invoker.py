@@ -37,7 +37,10 @@ Invariants:
   * a row whose task is not claimable (not Queued, expired, queue paused, gone) is marked sent
     with `skipped` and nothing is invoked; every transition into Queued writes a new row;
   * without attempt-token keys nothing is claimed nor invoked: rows are pushed back with that
-    error, visible on the row and in `taskplat.outbox.failed{kind="invoke_lambda"}`;
+    error, visible on the row and in `taskplat.lambda.invocations{outcome="failed"}`;
+  * every performed row counts once in `taskplat.lambda.invocations{outcome}` (`invoked`,
+    `failed`, `skipped`), after its transaction committed; rows that left the outbox also count in
+    `taskplat.outbox.relayed{kind}` (and skipped ones in `taskplat.outbox.skipped{kind}`);
   * this path never touches the SQS batches: `claim_pending` leaves `invoke_lambda` rows alone
     and this loop runs on its own thread and connections.
 """
@@ -164,6 +167,14 @@ class Invoker:
         self.health = LoopHealth()
         self._telemetry = telemetry
         self._metrics = RelayMetrics(telemetry)
+        self._invocations: Any = (
+            telemetry.counter(
+                "taskplat.lambda.invocations",
+                description="invoke_lambda rows performed, by outcome (invoked, failed, skipped).",
+            )
+            if telemetry is not None
+            else None
+        )
         self._log = get_logger().bind(loop=LOOP_NAME)
 
     def run_once(self) -> InvokerBatch:
@@ -209,36 +220,37 @@ class Invoker:
             if found is None:
                 return None
             row = OutboxRow(**found)
-            if self._ring is None:
-                self._fail(conn, row, NO_KEYS, now)
-                return "failed"
-            try:
-                with conn.transaction():  # a savepoint: a failed Invoke undoes the claim
-                    claimed = self._claim(conn, row, now)
-                    if claimed is not None:
-                        self._invoke(claimed)
-            except InvokeFailed as exc:
-                self._fail(conn, row, str(exc), now)
-                return "failed"
-            if claimed is None:
+            outcome = self._perform(conn, row, now)
+            if outcome == "skipped":
                 conn.execute(Q["mark_skipped"], {"outbox_id": row.outbox_id, "now": now})
-                outcome = "skipped"
-            else:
+            elif outcome == "invoked":
                 outbox.mark_sent(conn, [row.outbox_id], now=now)
-                outcome = "invoked"
-        # Committed: the claim and the mark are durable together.
+        # Committed: the claim and the mark (or the back-off) are durable together.
+        self._count(outcome)
+        if outcome == "failed":
+            return outcome
         if outcome == "skipped":
             self._metrics.skipped([row])
         else:
-            self._metrics.sent([row])
-            self._log.info(
-                "lambda_invoked",
-                task_id=str(row.task_id),
-                attempt=claimed["attempt"] if claimed else None,
-                function=claimed["worker_id"] if claimed else None,
-            )
+            self._log.info("lambda_invoked", task_id=str(row.task_id))
         self._metrics.relayed([row])
         return outcome
+
+    def _perform(self, conn: Connection[DictRow], row: OutboxRow, now: datetime | None) -> str:
+        """Claim and invoke inside a savepoint; a failed Invoke rolls the claim back and backs
+        the row off."""
+        if self._ring is None:
+            self._fail(conn, row, NO_KEYS, now)
+            return "failed"
+        try:
+            with conn.transaction():  # a savepoint: a failed Invoke undoes the claim
+                claimed = self._claim(conn, row, now)
+                if claimed is not None:
+                    self._invoke(claimed)
+        except InvokeFailed as exc:
+            self._fail(conn, row, str(exc), now)
+            return "failed"
+        return "skipped" if claimed is None else "invoked"
 
     def _claim(
         self, conn: Connection[DictRow], row: OutboxRow, now: datetime | None
@@ -282,6 +294,10 @@ class Invoker:
         if status != 202:
             raise InvokeFailed(f"invoke {name}: Lambda answered {status}, not 202 (accepted)")
 
+    def _count(self, outcome: str) -> None:
+        if self._invocations is not None:
+            self._invocations.add(1, {"outcome": outcome})
+
     def _fail(
         self, conn: Connection[DictRow], row: OutboxRow, error: str, now: datetime | None
     ) -> None:
@@ -293,7 +309,6 @@ class Invoker:
                 self._rand,
             )
         outbox.mark_failed(conn, [Failure(row.outbox_id, error[:MAX_ERROR_CHARS], delay)], now=now)
-        self._metrics.failed([row])
         self._log.warning("lambda_invoke_failed", task_id=str(row.task_id), error=error)
 
     def run(self, stop: threading.Event) -> None:

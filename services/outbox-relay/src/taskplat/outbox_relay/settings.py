@@ -11,7 +11,7 @@ never invoked and carry that error (`attempt_token_key_settings` is None).
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from taskplat.common.ops_server import OpsSettings
@@ -74,6 +74,18 @@ class RelaySettings(
         300.0, ge=0, description="Cap of the backoff before re-sending a failed row."
     )
 
+    # The relay signs the attempt tokens of Lambda attempts with the dispatcher's keys.
+    attempt_token_keys: dict[str, SecretStr] | None = Field(
+        None,
+        validation_alias=AliasChoices("TASKPLAT_ATTEMPT_TOKEN_KEYS"),
+        description='The dispatcher\'s attempt-token keys (JSON `{"<kid>": "<secret>"}`): the '
+        "relay signs Lambda attempts' tokens with them; unset: Lambda jobs are not invoked.",
+    )
+    attempt_token_active_kid: str | None = Field(
+        None,
+        validation_alias=AliasChoices("TASKPLAT_ATTEMPT_TOKEN_ACTIVE_KID"),
+        description="Key id of `TASKPLAT_ATTEMPT_TOKEN_KEYS` that signs (the dispatcher's).",
+    )
     lambda_endpoint_url: str | None = Field(
         None, description="Lambda API endpoint; unset means AWS's own endpoint for the region."
     )

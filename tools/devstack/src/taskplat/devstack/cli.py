@@ -3,8 +3,9 @@
 Subcommands: ``install-localstack`` (build the cached LocalStack venv), ``postgres --dir D``
 and ``sqs --dir D`` (start, print ``DATABASE_URL=...`` / ``SQS_ENDPOINT_URL=...`` on stdout, stay
 in the foreground until SIGINT/SIGTERM, then stop); ``up`` (the whole platform, see
-``taskplat.devstack.stack``), ``demo`` (see ``taskplat.devstack.demo``) and ``bench`` (see
-``taskplat.devstack.bench``).
+``taskplat.devstack.stack``), ``demo`` (see ``taskplat.devstack.demo``), ``bench`` (see
+``taskplat.devstack.bench``) and ``chaos`` (see ``taskplat.devstack.chaos.run``; exit 1 when the
+run lost a task, completed one twice or overlapped two attempts).
 
 Invariants:
 - Expected failures print ``devstack: error: ...`` on stderr and exit 1 (usage errors: 2),

@@ -26,7 +26,8 @@ from taskplat.common.contracts.base import (
 from taskplat.common.contracts.internal import PartitionKey
 from taskplat.common.contracts.public import IdempotencyKey
 
-Name = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_-]+$")]
+NAME_PATTERN = r"^[A-Za-z0-9_-]+$"
+Name = Annotated[str, Field(min_length=1, max_length=100, pattern=NAME_PATTERN)]
 DatasetKind = Literal["external", "postgres", "buffered_postgres", "s3"]
 Runtime = Literal["ecs", "lambda"]
 Trust = Literal["trusted", "untrusted"]
@@ -103,7 +104,19 @@ class JobSpec(Contract):
 class DagDocument(Contract):
     """The body of `PUT /dags/{dag_name}` (JSON, or YAML with `Content-Type: application/yaml`)."""
 
-    jobs: Annotated[dict[Name, JobSpec], Field(min_length=1, max_length=500)]
+    # pydantic documents the key pattern as `patternProperties` alone, which would let other keys
+    # through with any value; such keys are refused, and the schema says so.
+    jobs: Annotated[
+        dict[Name, JobSpec],
+        Field(
+            min_length=1,
+            max_length=500,
+            json_schema_extra={
+                "propertyNames": {"minLength": 1, "maxLength": 100, "pattern": NAME_PATTERN},
+                "additionalProperties": False,
+            },
+        ),
+    ]
 
 
 class ResolvedInput(Contract):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 from uuid import UUID
 
-from pydantic import AwareDatetime, Field, model_validator
+from pydantic import AwareDatetime, ConfigDict, Field, model_validator
 
 from taskplat.common.contracts.base import Contract, OperatorName, QueueName, ShortText
 from taskplat.common.contracts.public import TaskStatus
@@ -36,8 +36,20 @@ class QueueList(Contract):
     queues: list[QueueView]
 
 
+_BULK_FILTERS = ("status", "queue", "operator", "dag", "job", "limit")
+
+
 class BulkRetryRequest(Contract):
     """`{ids}` or a filter; an empty body replays up to `limit` Dead tasks."""
+
+    # The either-or rule of `_ids_or_filter`, stated in the JSON schema too (OpenAPI clients and
+    # the API fuzzer see it): with `ids`, every filter is absent or null.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"required": ["ids"], "properties": {"ids": {"type": "array"}}},
+            "then": {"properties": {name: {"type": "null"} for name in _BULK_FILTERS}},
+        }
+    )
 
     ids: Annotated[list[UUID], Field(min_length=1, max_length=MAX_REPLAY)] | None = None
     status: Literal["Dead", "Canceled"] | None = None
@@ -49,7 +61,7 @@ class BulkRetryRequest(Contract):
 
     @model_validator(mode="after")
     def _ids_or_filter(self) -> BulkRetryRequest:
-        filters = (self.status, self.queue, self.operator, self.dag, self.job, self.limit)
+        filters = [getattr(self, name) for name in _BULK_FILTERS]
         if self.ids is not None and any(value is not None for value in filters):
             raise ValueError(
                 "give either `ids` or a filter (status, queue, operator, dag, job, limit)"

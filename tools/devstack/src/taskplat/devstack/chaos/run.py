@@ -58,7 +58,7 @@ from taskplat.devstack.waiting import wait_for
 
 QUERIES = load_queries("taskplat.devstack.chaos", "chaos.sql")
 OPERATOR_SCRIPT = str(Path(__file__).with_name("recording_operator.py").absolute())
-LOOPS = ("dispatcher", "relay", "scheduler", "reaper")
+LOOPS = ("dispatcher", "relay", "scheduler", "reaper")  # with the worker wrappers: the victims
 BATCH = 100
 Say = Callable[[str], None]
 
@@ -70,7 +70,7 @@ STACK_ENV: dict[str, str] = {
     "TASKPLAT_REAPER_INTERVAL_SECONDS": "1",
     "TASKPLAT_REAPER_DEADLINE_GRACE_SECONDS": "5",
     "TASKPLAT_SCHEDULER_INTERVAL_SECONDS": "0.5",
-    "TASKPLAT_SCHEDULER_REQUEUE_AFTER_SECONDS": "8",
+    "TASKPLAT_SCHEDULER_REQUEUE_AFTER_SECONDS": "20",
     "TASKPLAT_WORKER_CONCURRENCY": "8",
     "TASKPLAT_WORKER_WAIT_TIME_SECONDS": "2",
     "TASKPLAT_WORKER_VISIBILITY_TIMEOUT_SECONDS": "10",
@@ -139,7 +139,7 @@ class ChaosResult:
     tasks: int
     verdict: Verdict
     injected: dict[str, int]
-    sqs_requests: dict[str, int]
+    sqs_requests: dict[str, int]  # during the fault window
     kills: dict[str, int]
     postgres_restarts: int
     attempt_outcomes: dict[str, int]
@@ -401,6 +401,7 @@ class ChaosRun:
                     self.say(f"chaos: {progress[0]['completed']} of {config.tasks} completed")
             time.sleep(0.05)
         injector.set_rates(FaultRates())
+        during = injector.counts
         if submitter.error is not None:
             raise DevstackError(f"submitting the tasks failed: {submitter.error}")
         submit_seconds = (submitter.finished_at or time.monotonic()) - started
@@ -421,9 +422,7 @@ class ChaosRun:
             verdict=verdict,
             injected={k: v for k, v in injector.counts.items() if not k.startswith("action:")},
             sqs_requests={
-                k.removeprefix("action:"): v
-                for k, v in injector.counts.items()
-                if k.startswith("action:")
+                k.removeprefix("action:"): v for k, v in during.items() if k.startswith("action:")
             },
             kills=dict(self.kills),
             postgres_restarts=self.postgres_restarts,
@@ -458,7 +457,11 @@ class ChaosRun:
 
     def _kill_one(self, stack: Stack) -> None:
         running = stack.pids()
-        candidates = [name for name in stack.services() if name in running]
+        candidates = [
+            name
+            for name in stack.services()
+            if name in running and (name in LOOPS or name.startswith("worker"))
+        ]
         if not candidates:
             return
         victim = self.rng.choice(sorted(candidates))
@@ -476,8 +479,17 @@ class ChaosRun:
         deadline = since + config.drain_seconds
         notes: list[str] = []
 
+        reported = [time.monotonic()]
+
+        def every_10s(text: Callable[[], str]) -> None:
+            if time.monotonic() - reported[0] >= 10:
+                reported[0] = time.monotonic()
+                self.say(text())
+
         def all_completed() -> bool:
             rows = self._safe_query(stack, conn_box, "progress")
+            if rows:
+                every_10s(lambda: f"chaos: {rows[0]['completed']} of {config.tasks} completed")
             return rows is not None and bool(rows) and rows[0]["completed"] == config.tasks
 
         try:
@@ -504,7 +516,9 @@ class ChaosRun:
                         "ApproximateNumberOfMessagesDelayed",
                     ],
                 )["Attributes"]
-                return sum(int(v) for v in attributes.values()) == 0
+                left = sum(int(v) for v in attributes.values())
+                every_10s(lambda: f"chaos: every task completed; {left} wake-ups left in SQS")
+                return left == 0
 
             try:
                 wait_for(
@@ -541,7 +555,7 @@ def report(result: ChaosResult, config: ChaosConfig) -> str:
         f"{injected.get('duplicated', 0)} duplicated, "
         f"{injected.get('failed_receives', 0)} receives and "
         f"{injected.get('failed_deletes', 0)} deletes failed",
-        "SQS requests: "
+        "SQS requests during the faults: "
         + ", ".join(f"{name} {n}" for name, n in sorted(result.sqs_requests.items())),
         f"SIGKILLs: {kills}; Postgres immediate restarts: {result.postgres_restarts}",
         f"submitted in {result.submit_seconds}s; every task Completed {drained} after the "
