@@ -5,6 +5,7 @@ the new version a table of the same schema."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +137,20 @@ def test_a_schema_on_another_kind_is_refused(dispatcher: Dispatcher) -> None:
     doc["jobs"]["produce"]["outputs"][0]["kind"] = "postgres"
     response = dispatcher.api.put("/dags/alerts", json=doc)
     assert response.status_code == 422 and "schema" in response.text
+
+
+def test_the_table_function_refuses_anything_but_a_dataset_table(db_url: str) -> None:
+    good = "dataset_00000000-0000-4000-8000-000000000001"
+    cases = [
+        ("tasks_copy", [{"name": "org_id", "type": "uuid"}]),
+        (good + "; DROP TABLE tasks", [{"name": "org_id", "type": "uuid"}]),
+        (good, [{"name": "x", "type": "text; DROP TABLE tasks"}]),
+        (good, [{"name": "X y", "type": "text"}]),
+        (good, [{"name": "row_id", "type": "text"}]),
+    ]
+    for table, columns in cases:
+        with psycopg.connect(db_url) as conn, pytest.raises(psycopg.errors.InvalidParameterValue):
+            conn.execute(
+                "SELECT taskplat_create_dataset_table(%s, %s::jsonb)",
+                (table, json.dumps(columns)),
+            )

@@ -139,6 +139,8 @@ def test_a_quick_bench_writes_every_figure(tmp_path: Path) -> None:
         "3",
         "--w4-rows",
         "2000",
+        "--w5-records",
+        "1000",
         # One stack for everything: its lease TTL is W3's; short polls for a quick stop.
         "--variant",
         f"smoke={LEASE_TTL}=3,TASKPLAT_WORKER_WAIT_TIME_SECONDS=1",
@@ -153,6 +155,8 @@ def test_a_quick_bench_writes_every_figure(tmp_path: Path) -> None:
     assert figures["W1"]["exactly_once"] is True
     assert figures["W1"]["sqs_requests_per_task"] > 0
     assert figures["W4"]["exactly_once"] is True
+    assert figures["W5"]["exactly_once"] is True
+    assert figures["W5"]["records_per_second"] > 0
     assert figures["W2"]["p50_ms"] > 0
     recovery = figures["W3"]["lease_ttl_3s"]
     assert recovery["completed_once"] is True

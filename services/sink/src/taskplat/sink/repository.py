@@ -68,7 +68,6 @@ def high_mark(conn: Conn, table: str) -> int:
 def store_event(
     conn: Conn,
     *,
-    task_id: UUID,
     dataset_uuid: UUID,
     dataset_version: UUID,
     cursor: int,
@@ -77,7 +76,6 @@ def store_event(
     conn.execute(
         Q["store_event"],
         {
-            "task_id": task_id,
             "dataset_uuid": dataset_uuid,
             "dataset_version": dataset_version,
             "cursor": cursor,

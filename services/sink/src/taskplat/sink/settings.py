@@ -1,8 +1,8 @@
 """Settings of the sink (env prefix `TASKPLAT_SINK_`, plus the shared names).
 
 Invariants: read once in `__main__` (or a test) and passed down; every default is a
-production-sensible value. A batch is at most 10 messages per buffer queue (one ReceiveMessage),
-so one write transaction holds one dataset's lock for at most `receive_max_messages` messages.
+production-sensible value. One write transaction holds one dataset's lock for at most
+`messages_per_write` messages (received 10 at a time).
 `/metrics` and `/healthz` are served only when `TASKPLAT_SINK_OPS_PORT` is set.
 """
 
@@ -30,6 +30,13 @@ class SinkSettings(ServiceSettings, DatabaseSettings, SqsSettings, TelemetrySett
     )
     receive_max_messages: int = Field(
         10, ge=1, le=10, description="Messages received (and written together) per buffer queue."
+    )
+    messages_per_write: int = Field(
+        50,
+        ge=1,
+        le=500,
+        description="Most messages of one buffer written in one transaction: the sink keeps "
+        "receiving (without waiting) while full receives come back, up to this many.",
     )
     visibility_timeout_seconds: int = Field(
         60,

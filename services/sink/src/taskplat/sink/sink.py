@@ -4,8 +4,9 @@ Design: `run_once()` is one round. Every `discovery_interval_seconds` it reads t
 (`dataset_buffers`), creates the buffer queue and its DLQ (with a redrive policy) of any dataset
 whose queues do not exist yet and records their URLs (so new datasets are found without a
 restart), and reads the buffers' depth. Then it drains every buffer queue in parallel: one
-long-polled ReceiveMessage (up to 10 messages) per queue, one transaction per queue's batch, then
-the DLQ sends and the deletes.
+long-polled ReceiveMessage per queue (then more receives without waiting while they come back
+full, up to `messages_per_write` messages), one transaction per queue's batch, then the DLQ sends
+and the deletes.
 
 Invariants:
   * a batch is written in one transaction that holds the dataset's current table row
@@ -264,10 +265,26 @@ class Sink:
         return outcome
 
     def _receive(self, buffer: Buffer) -> list[Message]:
+        """One long poll, then more receives without waiting while they come back full, up to
+        `messages_per_write` messages."""
+        settings = self._settings
+        received = self._receive_once(buffer, settings.wait_time_seconds)
+        while (
+            len(received) % settings.receive_max_messages == 0
+            and received
+            and len(received) + settings.receive_max_messages <= settings.messages_per_write
+        ):
+            more = self._receive_once(buffer, 0)
+            received += more
+            if len(more) < settings.receive_max_messages:
+                break
+        return received
+
+    def _receive_once(self, buffer: Buffer, wait: int) -> list[Message]:
         answer = self._sqs.receive_message(
             QueueUrl=buffer.queue_url,
             MaxNumberOfMessages=self._settings.receive_max_messages,
-            WaitTimeSeconds=self._settings.wait_time_seconds,
+            WaitTimeSeconds=wait,
             MessageSystemAttributeNames=["SentTimestamp"],
         )
         return [
@@ -310,7 +327,6 @@ class Sink:
             if inserted:
                 repo.store_event(
                     conn,
-                    task_id=table["producer_task_id"],
                     dataset_uuid=dataset_uuid,
                     dataset_version=table["dataset_version"],
                     cursor=repo.high_mark(conn, table["table_name"]),
@@ -349,17 +365,17 @@ class Sink:
         return True
 
     def _delete(self, buffer: Buffer, messages: list[Message]) -> None:
-        if not messages:
-            return
-        answer = self._sqs.delete_message_batch(
-            QueueUrl=buffer.queue_url,
-            Entries=[
-                {"Id": str(i), "ReceiptHandle": m.receipt_handle} for i, m in enumerate(messages)
-            ],
-        )
-        for failure in answer.get("Failed", []):
-            # Received again later: its rows are duplicates then, skipped.
-            self._log.warning("buffer_delete_failed", error=str(failure.get("Message")))
+        for start in range(0, len(messages), 10):
+            chunk = messages[start : start + 10]
+            answer = self._sqs.delete_message_batch(
+                QueueUrl=buffer.queue_url,
+                Entries=[
+                    {"Id": str(i), "ReceiptHandle": m.receipt_handle} for i, m in enumerate(chunk)
+                ],
+            )
+            for failure in answer.get("Failed", []):
+                # Received again later: its rows are duplicates then, skipped.
+                self._log.warning("buffer_delete_failed", error=str(failure.get("Message")))
 
     # ---- the loop ------------------------------------------------------------------------
 

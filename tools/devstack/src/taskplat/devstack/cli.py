@@ -213,6 +213,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         "w3_lease_ttls": tuple(args.w3_lease_ttls) if args.w3_lease_ttls else None,
         "w4_rows": args.w4_rows,
         "in_flight": args.in_flight,
+        "w5_records": args.w5_records,
     }
     config = make_config(
         run_dir=_usable_dir(args.dir),
@@ -377,7 +378,7 @@ def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "<results>/latest.json and latest.md. Each figure is the median of --runs runs.",
     )
     bench.add_argument("--runs", type=_positive, help="runs per workload (3; --quick: 1)")
-    bench.add_argument("--only", help="workloads to run, e.g. W1,W2 (default: W1,W2,W3,W4)")
+    bench.add_argument("--only", help="workloads to run, e.g. W1,W2 (default: W1,W2,W3,W4,W5)")
     bench.add_argument(
         "--variant",
         action="append",
@@ -411,6 +412,7 @@ def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     sizes.add_argument("--w4-rows", type=_positive, help="W4 finished tasks prefilled (1000000)")
     sizes.add_argument("--in-flight", type=_positive, help="W1/W4 requests in flight (32)")
+    sizes.add_argument("--w5-records", type=_positive, help="W5 records through the sinks (100000)")
     bench.set_defaults(func=_cmd_bench)
 
 

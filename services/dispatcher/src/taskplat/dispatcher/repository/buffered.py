@@ -1,8 +1,10 @@
 """Tables and buffers of buffered Postgres datasets (`buffered.sql`) and the DDL of their tables.
 
 Invariants: functions take the caller's connection and never commit; a caller holds the dataset
-row's lock. A table's DDL is built only with `psycopg.sql` from names and types that passed
-`taskplat.common.buffered.full_schema`'s allow-list; a table is created once and never altered.
+row's lock. A table is created by `taskplat_create_dataset_table` (migration 0009: it runs as the
+schema owner, since the services' role holds no DDL rights, and refuses names and types outside the
+same allow-list as `taskplat.common.buffered.full_schema`, which the columns already passed); a
+table is created once and never altered. Reads of a table name it through `psycopg.sql`.
 """
 
 from __future__ import annotations
@@ -15,35 +17,13 @@ from psycopg import AsyncConnection, sql
 from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
-from taskplat.common.buffered import TYPES, Column, schema_hash, table_name
+from taskplat.common.buffered import Column, schema_hash, table_name
 from taskplat.common.db.queries import load_queries
 
 Q = load_queries("taskplat.dispatcher.repository", "buffered.sql")
 
 Conn = AsyncConnection[DictRow]
 Row = dict[str, Any]
-
-
-def _type(kind: str) -> sql.Composable:
-    assert kind in TYPES  # the allow-list; never user text
-    return sql.SQL(kind)
-
-
-def create_table_ddl(name: str, columns: list[Column]) -> sql.Composed:
-    """CREATE TABLE of a dataset table: row_id (the event cursor), the columns (org_id and
-    dedupe_key NOT NULL) and UNIQUE (org_id, dedupe_key)."""
-    definitions: list[sql.Composable] = [
-        sql.SQL("row_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY")
-    ]
-    for column in columns:
-        not_null = sql.SQL(" NOT NULL") if column.name in ("org_id", "dedupe_key") else sql.SQL("")
-        definitions.append(
-            sql.SQL("{} {}{}").format(sql.Identifier(column.name), _type(column.type), not_null)
-        )
-    definitions.append(sql.SQL("UNIQUE (org_id, dedupe_key)"))
-    return sql.SQL("CREATE TABLE {} ({})").format(
-        sql.Identifier(name), sql.SQL(", ").join(definitions)
-    )
 
 
 async def current_table(conn: Conn, dataset_uuid: UUID) -> Row | None:
@@ -64,7 +44,8 @@ async def create_table(
     row = await cursor.fetchone()
     assert row is not None
     name = table_name(dataset_uuid, int(row["ordinal"]))
-    await conn.execute(create_table_ddl(name, columns))
+    described = Jsonb([{"name": c.name, "type": c.type} for c in columns])
+    await conn.execute(Q["create_table"], {"table_name": name, "columns": described})
     await conn.execute(
         Q["insert_table"],
         {
@@ -72,7 +53,7 @@ async def create_table(
             "dataset_version": dataset_version,
             "ordinal": row["ordinal"],
             "table_name": name,
-            "columns": Jsonb([{"name": c.name, "type": c.type} for c in columns]),
+            "columns": described,
             "schema_hash": schema_hash(columns),
             "now": now,
         },

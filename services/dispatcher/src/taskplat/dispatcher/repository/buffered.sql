@@ -53,3 +53,6 @@ JOIN dataset_tables AS t
   ON t.dataset_uuid = d.dataset_uuid AND t.dataset_version = d.current_version
 LEFT JOIN dataset_buffers AS b ON b.dataset_uuid = d.dataset_uuid
 WHERE d.dataset_uuid = %(dataset_uuid)s
+
+-- name: create_table
+SELECT taskplat_create_dataset_table(%(table_name)s, %(columns)s)

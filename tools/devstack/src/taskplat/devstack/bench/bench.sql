@@ -116,3 +116,13 @@ SELECT (SELECT count(*) FROM tasks)::bigint AS tasks,
 SELECT count(*)::int AS n
 FROM outbox
 WHERE task_id = ANY(%(ids)s::uuid[]) AND kind = 'enqueue_task';
+
+-- name: w5_routed
+-- W5: each event of the buffered dataset (its cursor = the table's high mark at that write) and
+-- when its first downstream task was created.
+SELECT e."cursor", min(r.created_at) AS routed_at
+FROM task_events AS e
+JOIN event_routes AS r ON r.event_id = e.event_id
+WHERE e.dataset_uuid = %(dataset_uuid)s
+GROUP BY e."cursor"
+ORDER BY e."cursor"

@@ -20,7 +20,7 @@ from types import MappingProxyType
 
 from taskplat.devstack.errors import DevstackError
 
-WORKLOADS = ("W1", "W2", "W3", "W4")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5")
 LEASE_TTL = "TASKPLAT_DISPATCHER_LEASE_TTL_SECONDS"
 CONCURRENCY = "TASKPLAT_WORKER_CONCURRENCY"
 DEFAULT_CONCURRENCY = 8
@@ -64,10 +64,18 @@ class Sizes:
     w4_rows: int = 1_000_000
     in_flight: int = 32  # W1/W4 submission: requests open at once
     batch_size: int = 100  # tasks per request when a bulk create endpoint exists
+    w5_records: int = 100_000  # W5: records published to a buffered dataset
+    w5_batch: int = 100  # records per SQS message
+    w5_duplicates: float = 0.1  # share of records repeating a key sent before
 
 
 QUICK_SIZES = Sizes(
-    w1_tasks=500, w2_tasks=100, w3_sleep_seconds=6.0, w3_lease_ttls=(5.0,), w4_rows=20_000
+    w1_tasks=500,
+    w2_tasks=100,
+    w3_sleep_seconds=6.0,
+    w3_lease_ttls=(5.0,),
+    w4_rows=20_000,
+    w5_records=10_000,
 )
 
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, LiteralString
 
 import httpx
 import psycopg
+from psycopg import sql as pgsql
 from psycopg.rows import dict_row
 
 from taskplat.common.db.queries import load_queries
@@ -173,6 +174,12 @@ class BenchStack:
             raise BenchError("the bench stack is not running")
         sql: LiteralString = QUERIES[name]
         self._conn.execute(sql, params or None)
+
+    def execute(self, statement: pgsql.Composed) -> list[dict[str, Any]]:
+        """A composed read (W5's dataset table, named through psycopg.sql)."""
+        if self._conn is None:
+            raise BenchError("the bench stack is not running")
+        return self._conn.execute(statement).fetchall()
 
     def one(self, name: str, **params: Any) -> dict[str, Any]:
         rows = self.query(name, **params)

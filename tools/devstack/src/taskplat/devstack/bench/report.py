@@ -128,6 +128,14 @@ def figure_rows(
             Row("W4 SQS requests per task", ("W4", "sqs_requests_per_task"), "", "<= 0.3", 3),
             Row("W4 every task completed exactly once", ("W4", "exactly_once"), "", "yes"),
         ]
+    if "W5" in workloads:
+        rows += [
+            Row("W5 records through two sinks", ("W5", "records_per_second"), "records/s",
+                ">= 5000", 0),
+            Row("W5 publish-to-routed p50", ("W5", "p50_publish_to_routed_ms"), "ms", digits=0),
+            Row("W5 publish-to-routed p99", ("W5", "p99_publish_to_routed_ms"), "ms", digits=0),
+            Row("W5 every record written exactly once", ("W5", "exactly_once"), "", "yes"),
+        ]  # fmt: skip
     if "W1" in workloads:
         names = [*SERVICES, *(f"worker-{i}" for i in range(1, workers + 1))]
         for name in names:

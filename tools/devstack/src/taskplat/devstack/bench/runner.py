@@ -26,6 +26,7 @@ import psycopg
 from tqdm import tqdm
 
 from taskplat.devstack.bench import machine
+from taskplat.devstack.bench.buffered import measure_buffered
 from taskplat.devstack.bench.config import LEASE_TTL, BenchConfig, Variant
 from taskplat.devstack.bench.floor import measure_floor
 from taskplat.devstack.bench.harness import BenchStack
@@ -80,7 +81,9 @@ class _VariantRun:
         main_ttl = float(env[LEASE_TTL])
         ttls = config.sizes.w3_lease_ttls if "W3" in config.workloads else ()
         own_ttls = [ttl for ttl in ttls if ttl != main_ttl]
-        needs_main = any(w in config.workloads for w in ("W1", "W2", "W4")) or main_ttl in ttls
+        needs_main = (
+            any(w in config.workloads for w in ("W1", "W2", "W4", "W5")) or main_ttl in ttls
+        )
         base = config.run_dir / variant.name
         if needs_main:
             try:
@@ -144,6 +147,8 @@ class _VariantRun:
             self.attempt("W2", lambda: self._w2(bs))
         if "W4" in config.workloads:
             self.attempt("W4", lambda: self._w4(bs, batch_path))
+        if "W5" in config.workloads:
+            self.attempt("W5", lambda: self._w5(bs))
         if w3_here:
             self._w3_on(bs)
 
@@ -184,6 +189,22 @@ class _VariantRun:
         self.setup["W4_prefill"] = prefill(bs, self.config.sizes.w4_rows)
         self._throughput(bs, "W4", batch_path)
 
+    def _w5(self, bs: BenchStack) -> None:
+        runs = self.runs.setdefault("W5", [])
+        if not any(name.startswith("sink-") for name in bs.running().services()):
+            bs.running().add_replica("sink")  # two sink replicas
+            bs.running().wait_running("sink-2", timeout=60)
+        self.setup["W5"] = "two sink replicas; records published with plain SendMessageBatch"
+        for number in range(1, self.config.runs + 1):
+            label = self.label("W5", number)
+            figures = measure_buffered(bs, self.config.sizes, label)
+            runs.append(figures)
+            say(
+                f"{label}: {figures['records_per_second']:,.0f} records/s, publish-to-routed "
+                f"p99 {figures['p99_publish_to_routed_ms']:.0f} ms, exactly once: "
+                f"{'yes' if figures['exactly_once'] else 'NO'}"
+            )
+
     def _w3_on(self, bs: BenchStack) -> None:
         self.attempt(f"W3 lease {bs.lease_ttl:g}s", lambda: self._w3(bs))
 
@@ -212,7 +233,7 @@ class _VariantRun:
 
     def _result(self) -> Record:
         figures: dict[str, Any] = {}
-        for workload in ("W1", "W2", "W4"):
+        for workload in ("W1", "W2", "W4", "W5"):
             if self.runs.get(workload):
                 figures[workload] = combine(self.runs[workload])
         if self.runs.get("W3"):

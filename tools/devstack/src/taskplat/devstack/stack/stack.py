@@ -326,6 +326,21 @@ class Stack:
         self._require_supervisor().add(spec)
         return name
 
+    def add_replica(self, service: str) -> str:
+        """Start one more process of a loop service (`sink`, `relay`, ...); return its name."""
+        module = SERVICES[service]
+        supervisor = self._require_supervisor()
+        taken = set(supervisor.names())
+        number = 2
+        while f"{service}-{number}" in taken:
+            number += 1
+        name = f"{service}-{number}"
+        overrides = self._with_ops_port(
+            name, service, dict(self.config.service_env.get(service, {}))
+        )
+        supervisor.add(service_spec(name, module, self._env, overrides, cwd=self.config.run_dir))
+        return name
+
     def _with_ops_port(self, name: str, group: str, overrides: dict[str, str]) -> dict[str, str]:
         """Give a loop or worker a free /metrics and /healthz port unless one is configured."""
         setting = OPS_PORT_SETTINGS.get(group)
