@@ -3,12 +3,13 @@
 Checked: one Dockerfile per service directory, a symlink to the one shared Python service
 Dockerfile (built with the service's `SERVICE`, `LISTEN_PREFIX` and `PORT` build arguments) except
 the worker wrapper's own; the Makefile's `images` target passes each service's arguments; pinned
-bases (exact Python patch tag, the Makefile's uv version); a builder that syncs only this
-package from uv.lock (`--frozen`, `--no-dev`, `--no-editable`) and copies only its own code and
-the library; a runtime stage that takes only the virtualenv, runs as a non-root user and whose
-CMD is the package's console script; every ENV a setting the service reads; the build context
-(.dockerignore) keeps what the builds copy and drops local state; the worker base image holds no
-database driver; the example worker image is a valid extension of it.
+bases (exact Python patch tag, the Makefile's uv version); a builder that syncs only this package
+from uv.lock (`--frozen`, `--no-dev`, `--no-editable`) and copies only its own code and the
+workspace libraries it depends on (each of them); a runtime stage that takes only the virtualenv,
+runs as a non-root user and whose CMD is the package's console script; every ENV a setting the
+service reads; the build context (.dockerignore) keeps what the builds copy and drops local state;
+the worker base image holds no database driver; the example worker image is a valid extension of
+it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import deploy_model
@@ -96,20 +98,33 @@ def test_builder_syncs_only_this_package_from_the_lock(service_dir: str) -> None
         assert flags[flags.index("--package") + 1] == package, run
     assert "--no-editable" in syncs[-1].split(), "the last sync must install wheels, not links"
     assert builder.env()["UV_PROJECT_ENVIRONMENT"] == "/app/.venv"
-    allowed = {
-        "uv.lock",
-        "pyproject.toml",
-        "libs/common/pyproject.toml",
-        "libs/common/",
-        f"services/{service_dir}/pyproject.toml",
-        f"services/{service_dir}/",
-    }
+    libs = {"libs/common"} | {f"libs/{name}" for name in _workspace_libraries(service_dir)}
+    allowed = {"uv.lock", "pyproject.toml", f"services/{service_dir}/pyproject.toml"}
+    allowed |= {f"services/{service_dir}/"} | {f"{lib}/pyproject.toml" for lib in libs}
+    allowed |= {f"{lib}/" for lib in libs}
+    copied: set[str] = set()
     for copy in builder.all("COPY"):
         if copy.startswith("--from="):
             assert copy == "--from=uv /uv /usr/local/bin/uv", copy
             continue
         *sources, _ = copy.split()
         assert set(sources) <= allowed, f"the builder copies {sources}"
+        copied |= set(sources)
+    # A workspace library the service depends on must be in the build, manifest and code.
+    assert allowed <= copied, f"the builder does not copy {sorted(allowed - copied)}"
+
+
+def _workspace_libraries(service_dir: str) -> list[str]:
+    """The `libs/` directories of the workspace packages a service depends on."""
+    project = deploy_model.pyproject(deploy_model.service_package(service_dir))
+    sources = project.get("tool", {}).get("uv", {}).get("sources", {})
+    names = [name for name, source in sources.items() if source.get("workspace")]
+    found = []
+    for path in (REPO / "libs").iterdir():
+        manifest = path / "pyproject.toml"
+        if manifest.exists() and tomllib.loads(manifest.read_text())["project"]["name"] in names:
+            found.append(path.name)
+    return sorted(found)
 
 
 @pytest.mark.parametrize("service_dir", SERVICE_DIRS)

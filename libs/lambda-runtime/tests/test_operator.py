@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 
 from taskplat.lambda_runtime import (
     OperatorFailure,
+    PermanentFailure,
     Result,
     Task,
     emit_event,
+    publish_records,
     resolve_event,
     run_operator,
     serve,
@@ -97,3 +101,34 @@ def test_run_operator_hands_events_to_its_channel_and_never_raises() -> None:
     assert missing == {"status": "failed", "error": "the task's job has no output 5 (outputs: [0])"}
     with pytest.raises(OperatorFailure):
         emit_event(cursor=1)  # outside a running handler
+
+
+def test_a_permanent_failure_says_not_retryable_and_records_are_the_wrappers_alone() -> None:
+    class Channel:
+        def events(self, events: list[dict[str, Any]]) -> None: ...
+
+        def step(self, name: str, result: Any) -> Any:
+            return result
+
+    def permanent(task: Task) -> None:
+        raise PermanentFailure("never again")
+
+    def publish(task: Task) -> None:
+        publish_records(0, [{"org_id": "o", "dedupe_key": "k"}])
+
+    task = Task.from_document(json.loads(line(outputs=[{**OUTPUT, "kind": "buffered_postgres"}])))
+    assert run_operator(permanent, task, Channel()) == {
+        "status": "failed",
+        "retryable": False,
+        "error": "never again",
+    }
+    assert run_operator(publish, task, Channel()) == {
+        "status": "failed",
+        "error": "publish_records works only under the worker wrapper",
+    }
+
+
+def test_importing_the_sdk_loads_no_http_machinery() -> None:
+    code = "import sys, taskplat.lambda_runtime; print('urllib.request' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

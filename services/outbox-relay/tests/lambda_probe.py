@@ -2,10 +2,11 @@
 by `awslambdaric` in `LocalLambda`), `serve` for the worker wrapper.
 
 Config: `marker` (a file: one line `<task_id> <attempt>` appended per run that reached the end),
-`fail` (fail with OperatorFailure), `fail_attempts` (fail on these attempts), `crash_attempts`
-(exit the process on these attempts, without answering), `seconds` (sleep first), `events`
-(emitted one by one), `step` (record step `first` = this attempt before anything else). Returns
-`{"attempt": N}` (and `first`, the step's standing result, with `step`).
+`fail` (fail with OperatorFailure), `permanent` (fail for good with PermanentFailure),
+`fail_attempts` (fail on these attempts), `crash_attempts` (exit the process on these attempts,
+without answering), `seconds` (sleep first), `events` (emitted one by one), `step` (record step
+`first` = this attempt before anything else). Returns `{"attempt": N}` (and `first`, the step's
+standing result, with `step`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from taskplat.lambda_runtime import (
     OperatorFailure,
+    PermanentFailure,
     Task,
     emit_event,
     serve,
@@ -30,6 +32,8 @@ def handle(task: Task) -> dict[str, Any]:
         os._exit(3)
     first = step("first", lambda: task.attempt) if config.get("step") else None
     time.sleep(float(config.get("seconds", 0)))
+    if config.get("permanent"):
+        raise PermanentFailure(f"never again (attempt {task.attempt})")
     if config.get("fail") or task.attempt in config.get("fail_attempts", []):
         raise OperatorFailure(f"asked to fail attempt {task.attempt}")
     for event in config.get("events", []):

@@ -1,7 +1,8 @@
 """Lambda invocations through the real relay invoker, a real dispatcher and real function
 processes: `LocalLambda` serves the Invoke API the invoker's boto3 client calls and the Runtime API
 the real `awslambdaric` client polls; the function runs `lambda_probe` under
-`taskplat_handler`. Covered: the wake-up kind, success with events, operator failure, a timeout
+`taskplat_handler`. Covered: the wake-up kind, success with events, operator failure, a
+permanent failure (Dead at once, attempts left notwithstanding), a timeout
 close to the function's limit, a throttled Invoke retried with backoff, a relay that dies between
 Invoke and commit (that invocation runs nothing; the next one runs the attempt), a duplicate
 delivery of an attempt and a stale attempt (both refused, nothing changes), and a relay without
@@ -186,6 +187,22 @@ def test_an_operator_failure_is_a_failed_attempt(
     view = task(d, task_id)
     assert view["status"] == "Failed" and view["next_retry_at"] is not None
     assert view["attempts"][0]["error"] == "asked to fail attempt 1"
+
+
+def test_a_permanent_failure_is_dead_at_once(
+    d: Dispatcher, invoker: Invoker, lam: LocalLambda
+) -> None:
+    task_id = run(d, "probe", permanent=True)  # max_attempts 2: a plain failure is retried
+    invoker.run_once()
+    [invocation] = finished(lam, 1)
+    assert invocation.response["outcome"] == "Failed"
+    assert invocation.response["task_status"] == "Dead"
+    view = task(d, task_id)
+    assert view["status"] == "Dead" and view["next_retry_at"] is None
+    assert (view["dead_reason"], view["last_error"]) == (
+        "PermanentFailure",
+        "never again (attempt 1)",
+    )
 
 
 def test_an_operator_near_the_function_limit_fails_cleanly(

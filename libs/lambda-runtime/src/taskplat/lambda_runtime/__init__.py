@@ -11,32 +11,65 @@ wrapper (standard library only; no server code, no worker token, no database).
     if __name__ == "__main__":
         raise SystemExit(serve(handle))         # a worker wrapper operator
 
-See `handler` for what an invocation does and `operator` for the shared operator API.
+See `handler` for what an invocation does and `operator` for the operator SDK (which
+`taskplat.worker_wrapper.sdk` re-exports). Importing this package is cheap: the Lambda side
+(`handler`, `dispatcher`, with urllib) is imported on first use of one of its names.
 """
 
-from taskplat.lambda_runtime.dispatcher import Refused, Unreachable
-from taskplat.lambda_runtime.handler import LeaseLost, taskplat_handler
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from taskplat.lambda_runtime.operator import (
+    RECORDS_LINE_BYTES,
     OperatorFailure,
+    PermanentFailure,
     Result,
     Task,
     emit_event,
     emit_events,
+    publish_records,
+    read_task,
     resolve_event,
     run_operator,
     serve,
     step,
 )
 
+if TYPE_CHECKING:
+    from taskplat.lambda_runtime.dispatcher import Refused, Unreachable
+    from taskplat.lambda_runtime.handler import LeaseLost, taskplat_handler
+
+_LAZY = {
+    "Refused": "taskplat.lambda_runtime.dispatcher",
+    "Unreachable": "taskplat.lambda_runtime.dispatcher",
+    "LeaseLost": "taskplat.lambda_runtime.handler",
+    "taskplat_handler": "taskplat.lambda_runtime.handler",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
 __all__ = [
+    "RECORDS_LINE_BYTES",
     "LeaseLost",
     "OperatorFailure",
+    "PermanentFailure",
     "Refused",
     "Result",
     "Task",
     "Unreachable",
     "emit_event",
     "emit_events",
+    "publish_records",
+    "read_task",
     "resolve_event",
     "run_operator",
     "serve",

@@ -67,7 +67,8 @@ class AttemptApi:
         return self._post("/internal/steps", {"step": name, "result": result}).get("result")
 
     def complete(self, status: str, **fields: Any) -> dict[str, Any]:
-        body = {"status": status, **{key: value for key, value in fields.items() if value}}
+        sent = {key: value for key, value in fields.items() if value or value is False}
+        body = {"status": status, **sent}
         return self._post("/internal/task-complete", body)
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -16,9 +16,10 @@ Invariants:
   * the operator's events go to `/internal/events` as it emits them, and its step results to
     `/internal/steps`, with the lease token;
   * the completion is sent once: `Completed` with the result, or `Failed` with the error of an
-    exception, or `Failed` "timed out" when the operator has not finished `margin_seconds`
-    before the earlier of the function's limit (`context.get_remaining_time_in_millis()`) and the
-    attempt's deadline; the operator's thread is then abandoned, and the sandbox exits after
+    exception (with `retryable: false` for a `PermanentFailure`: no retry, the task is Dead), or
+    `Failed` "timed out" when the operator has not finished `margin_seconds` before the earlier
+    of the function's limit (`context.get_remaining_time_in_millis()`) and the attempt's
+    deadline; the operator's thread is then abandoned, and the sandbox exits after
     reporting so no abandoned code runs on into a later invocation;
   * the handler itself never raises for an operator's failure (Lambda's own retries are off and
     Taskplat owns attempts); it returns what happened.
@@ -152,7 +153,9 @@ class _Invocation:
         context = contextvars.copy_context()
 
         def work() -> None:
-            outcome.update(context.run(run_operator, self._operator, self.task, self))
+            outcome.update(
+                context.run(run_operator, self._operator, self.task, self, allow_nan=False)
+            )
 
         running = threading.Thread(target=work, daemon=True, name="operator")
         running.start()
@@ -196,6 +199,8 @@ class _Invocation:
                 events=outcome.get("events"),
             )
         error = str(outcome.get("error") or "operator failed")
+        if outcome.get("retryable") is False:
+            return self.api.complete("Failed", error_message=error[:16_000], retryable=False)
         return self.api.complete("Failed", error_message=error[:16_000])
 
 

@@ -1,5 +1,6 @@
-"""One operator function for both runtimes: the worker wrapper's (JSON lines on stdin and stdout)
-and Lambda's (`taskplat_handler`).
+"""The Taskplat operator SDK, once for both runtimes: the worker wrapper's (JSON lines on stdin
+and stdout, `serve`) and Lambda's (`taskplat_handler`). `taskplat.worker_wrapper.sdk` re-exports
+this module. Standard library only and cheap to import (no HTTP machinery: that is `handler`'s).
 
     from taskplat.lambda_runtime import Task, emit_event, serve, taskplat_handler
 
@@ -11,33 +12,47 @@ and Lambda's (`taskplat_handler`).
     if __name__ == "__main__":
         raise SystemExit(serve(handle))         # worker wrapper: an `operators.yaml` command
 
-Invariants (the same as the wrapper's `sdk`, whose protocol `serve` speaks):
-  * `serve` answers every task line on stdin with exactly one envelope line on stdout; while a
-    handler runs, `sys.stdout` points at stderr, so a stray `print` cannot corrupt the protocol;
-  * `emit_event` goes to whatever runs the operator: a protocol line under `serve`, an
-    `/internal/events` call under Lambda (the emitter is a context variable, so it follows the
-    operator into the thread Lambda runs it in);
-  * a handler that raises fails the task with `<ExceptionType>: <message>`; `OperatorFailure`
-    fails it with just its message; a result that is not JSON fails it too;
-  * `emit_event(output_index=N, ...)` fills `dataset_uuid`/`dataset_version` from the task's
-    resolved output N; an index the job does not have fails the task before anything is sent;
-  * `step(name, fn)` returns the result an earlier attempt recorded for `name` (claimed with the
-    task), else runs `fn` and records its result (a `step` line under `serve`, `/internal/steps`
-    under Lambda, where the first recorded result wins and is returned).
-  * `publish_records` (buffered datasets) is the wrapper's alone: a function has no queue to
-    publish to.
-Standard library only: a function package needs nothing else.
+Invariants:
+  * `serve` answers every task line on stdin with exactly one envelope line on stdout, so the same
+    code runs per-task (one line, then stdin closes) and pooled (a line per task, forever).
+  * While a handler runs under `serve`, `sys.stdout` points at stderr: a stray `print` cannot
+    corrupt the protocol; only the SDK writes to the real stdout, each line flushed.
+  * Events, step results and records go to the running operator's `Channel` (a context variable,
+    so it follows the operator into the thread Lambda runs it in): protocol lines under `serve`,
+    `/internal/events` and `/internal/steps` calls under Lambda.
+  * A handler that raises fails the task with `error` = `<ExceptionType>: <message>` (traceback
+    on stderr); `OperatorFailure` fails it with just its message; `PermanentFailure` fails it
+    for good (`"retryable": false`: no retry, the task is Dead at once), under both runtimes; a
+    result that is not JSON fails it too.
+  * `emit_event(output_index=N, ...)` fills `dataset_uuid` and `dataset_version` from the task's
+    resolved output N (claimed with the task); an index the job does not have fails the task
+    (`OperatorFailure`) before anything is written.
+  * `task_id` is the idempotency key of external effects; `(attempt, lease_token)` is the fencing
+    token.
+  * `step(name, fn)` runs `fn` only when no earlier attempt of the task recorded a result for
+    `name` (the claim carries those results), else returns the recorded one; a result it
+    computes is recorded (a `{"step": ...}` line under `serve`, `/internal/steps` under Lambda)
+    and the first recorded result of a step wins.
+  * `publish_records(output, records)` writes `{"records": [...], "dataset_uuid"}` lines (at most
+    `RECORDS_LINE_BYTES` each) for a buffered_postgres output of the task's job, named by its
+    output index, dataset name or dataset uuid; the wrapper sends them to the dataset's buffer
+    queue before it reports the task complete. Each record needs `org_id` and `dedupe_key`. It is
+    the wrapper's alone: a function has no queue to publish to.
 """
 
 from __future__ import annotations
 
 import contextvars
 import json
+import os
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO, TypeVar
+
+T = TypeVar("T")
+RECORDS_LINE_BYTES = 200_000
 
 
 class Channel(Protocol):
@@ -56,10 +71,18 @@ _emitter: contextvars.ContextVar[Channel | None] = contextvars.ContextVar(
 _current_task: contextvars.ContextVar[Task | None] = contextvars.ContextVar(
     "taskplat_task", default=None
 )
+# Whether results may hold NaN/Infinity (the wrapper's lines always allowed them; the dispatcher
+# refuses them, so Lambda checks).
+_allow_nan: contextvars.ContextVar[bool] = contextvars.ContextVar("taskplat_nan", default=True)
 
 
 class OperatorFailure(Exception):
     """Raise to fail the task with this message (no traceback in the error)."""
+
+
+class PermanentFailure(OperatorFailure):
+    """Raise to fail the task for good: it is not retried and becomes Dead at once
+    (`PermanentFailure`), whatever attempts it has left. The envelope says `"retryable": false`."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +98,8 @@ class Task:
     job: dict[str, Any] | None
     timeout_seconds: int | None
     document: dict[str, Any] = field(repr=False)
+    # The job's outputs, resolved when the task was claimed: {output_index, dataset_uuid,
+    # dataset_version, location}.
     outputs: list[dict[str, Any]] = field(default_factory=list)
     # Step results earlier attempts recorded ({step: result}); `step` adds this attempt's.
     steps: dict[str, Any] = field(default_factory=dict)
@@ -106,6 +131,13 @@ class Task:
         known = sorted(int(output.get("output_index", -1)) for output in self.outputs)
         raise OperatorFailure(f"the task's job has no output {index} (outputs: {known})")
 
+    @property
+    def traceparent(self) -> str | None:
+        """The W3C trace context to continue (parent of the operator's own spans), if traced:
+        `traceparent` of the task line (pooled) or `TRACEPARENT` (per-task)."""
+        value = self.document.get("traceparent") or os.environ.get("TRACEPARENT")
+        return str(value) if value else None
+
 
 @dataclass(frozen=True)
 class Result:
@@ -130,7 +162,7 @@ def resolve_event(
         return resolved
     current = task or _current_task.get()
     if current is None:
-        raise OperatorFailure("output_index needs the task (emit inside a running handler)")
+        raise OperatorFailure("output_index needs the task (emit inside a handler run by serve)")
     output = current.output(int(index))
     resolved.setdefault("dataset_uuid", output["dataset_uuid"])
     resolved.setdefault("dataset_version", output["dataset_version"])
@@ -144,26 +176,37 @@ def _channel(what: str) -> Channel:
     return channel
 
 
-def _emit(events: list[dict[str, Any]]) -> None:
-    _channel("emitting events").events(events)
+def _task_of(what: str) -> Task:
+    task = _current_task.get()
+    if task is None:
+        raise OperatorFailure(f"{what} needs the task (call it inside a handler run by serve)")
+    return task
 
 
-T = TypeVar("T")
+def emit_event(event: Mapping[str, Any] | None = None, **fields: Any) -> None:
+    """Emit one upstream event: `dataset_uuid` and `dataset_version` (or `output_index`, an output
+    of the task's job), and a `cursor` or a partition (`partition_key`, `start`, `end`)."""
+    resolved = resolve_event(event, **fields)
+    _channel("emitting events").events([resolved])
+
+
+def emit_events(events: Iterable[Mapping[str, Any]]) -> None:
+    batch = [resolve_event(event) for event in events]
+    if batch:
+        _channel("emitting events").events(batch)
 
 
 def step(name: str, fn: Callable[[], T]) -> T:
     """The result of the task's step `name`: recorded by an earlier attempt, else `fn()`
     (recorded for later attempts). The result must be JSON."""
-    task = _current_task.get()
+    task = _task_of("step")
     channel = _channel("step")
-    if task is None:
-        raise OperatorFailure("step needs the task (call it inside a running handler)")
     if name in task.steps:
         stored: T = task.steps[name]
         return stored
     result = fn()
     try:
-        json.dumps(result, allow_nan=False)
+        json.dumps(result, allow_nan=_allow_nan.get())
     except (TypeError, ValueError) as exc:
         raise OperatorFailure(f"step {name!r}: the result is not JSON: {exc}") from None
     standing: T = channel.step(name, result)
@@ -171,26 +214,74 @@ def step(name: str, fn: Callable[[], T]) -> T:
     return standing
 
 
-def emit_event(event: Mapping[str, Any] | None = None, **fields: Any) -> None:
-    """Emit one upstream event: `dataset_uuid` and `dataset_version` (or `output_index`, an output
-    of the task's job), and a `cursor` or a partition (`partition_key`, `start`, `end`)."""
-    _emit([resolve_event(event, **fields)])
+def _buffered_output(task: Task, output: int | str) -> dict[str, Any]:
+    if isinstance(output, int):
+        found = task.output(output)
+    else:
+        matches = [o for o in task.outputs if output in (o.get("dataset"), o.get("dataset_uuid"))]
+        if not matches:
+            raise OperatorFailure(f"the task's job has no output dataset {output!r}")
+        found = matches[0]
+    if found.get("kind") != "buffered_postgres":
+        raise OperatorFailure(f"output {output!r} is not a buffered_postgres dataset")
+    return found
 
 
-def emit_events(events: Iterable[Mapping[str, Any]]) -> None:
-    batch = [resolve_event(event) for event in events]
-    if batch:
-        _emit(batch)
+def publish_records(output: int | str, records: Iterable[Mapping[str, Any]]) -> int:
+    """Publish records to a buffered_postgres output of the task's job (its output index, dataset
+    name or dataset uuid); returns how many. Each record has `org_id` and `dedupe_key`."""
+    target = _buffered_output(_task_of("publish_records"), output)
+    channel = _channel("publish_records")
+    if not isinstance(channel, _Lines):
+        raise OperatorFailure("publish_records works only under the worker wrapper")
+    dataset_uuid = str(target["dataset_uuid"])
+    chunk: list[str] = []
+    size = 0
+    count = 0
+    for record in records:
+        text = json.dumps(dict(record), separators=(",", ":"))
+        if chunk and size + len(text) + 1 > RECORDS_LINE_BYTES:
+            channel.records(dataset_uuid, chunk)
+            chunk, size = [], 0
+        chunk.append(text)
+        size += len(text) + 1
+        count += 1
+    if chunk:
+        channel.records(dataset_uuid, chunk)
+    return count
 
 
-def run_operator(handler: Handler, task: Task, emitter: Channel) -> dict[str, Any]:
+def read_task(stream: TextIO | None = None) -> Task:
+    """Read one task line (for operators that do not use `serve`)."""
+    line = (stream or sys.stdin).readline()
+    if not line.strip():
+        raise OperatorFailure("no task on stdin")
+    return Task.from_document(json.loads(line))
+
+
+def run_operator(
+    handler: Handler, task: Task, emitter: Channel, *, allow_nan: bool = True
+) -> dict[str, Any]:
     """Run `handler` on `task` with `emitter` taking its events and steps; the result envelope
     (`{"status": "succeeded", "payload", "outputs"?, "events"?}` or `{"status": "failed",
-    "error"}`), never an exception."""
+    "error", "retryable"?: false}`), never an exception. `allow_nan=False` fails a step result
+    or a result holding NaN or Infinity."""
     task_token = _current_task.set(task)
     emitter_token = _emitter.set(emitter)
+    nan_token = _allow_nan.set(allow_nan)
     try:
         result = handler(task)
+        if isinstance(result, Result):
+            envelope: dict[str, Any] = {"status": "succeeded", "payload": result.payload}
+            if result.outputs:
+                envelope["outputs"] = result.outputs
+            if result.events:
+                envelope["events"] = [resolve_event(event, task=task) for event in result.events]
+        else:
+            payload = dict(result) if result is not None else None
+            envelope = {"status": "succeeded", "payload": payload}
+    except PermanentFailure as exc:
+        return {"status": "failed", "retryable": False, "error": str(exc) or "operator failed"}
     except OperatorFailure as exc:
         return {"status": "failed", "error": str(exc) or "operator failed"}
     except Exception as exc:
@@ -199,41 +290,43 @@ def run_operator(handler: Handler, task: Task, emitter: Channel) -> dict[str, An
     finally:
         _current_task.reset(task_token)
         _emitter.reset(emitter_token)
-    if isinstance(result, Result):
-        envelope: dict[str, Any] = {"status": "succeeded", "payload": result.payload}
-        if result.outputs:
-            envelope["outputs"] = result.outputs
-        if result.events:
-            envelope["events"] = [resolve_event(event, task=task) for event in result.events]
-    else:
-        envelope = {"status": "succeeded", "payload": dict(result) if result is not None else None}
+        _allow_nan.reset(nan_token)
     try:
-        json.dumps(envelope, allow_nan=False)
+        json.dumps(envelope, allow_nan=allow_nan)
     except (TypeError, ValueError) as exc:
         return {"status": "failed", "error": f"result is not JSON: {exc}"}
     return envelope
+
+
+class _Lines:
+    """The worker wrapper's channel: one flushed JSON line on the protocol stream per call."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+
+    def write(self, obj: Mapping[str, Any]) -> None:
+        self.out.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        self.out.flush()
+
+    def events(self, events: list[dict[str, Any]]) -> None:
+        self.write({"event": events[0]} if len(events) == 1 else {"events": events})
+
+    def step(self, name: str, result: Any) -> Any:
+        self.write({"step": {"name": name, "result": result}})
+        return result
+
+    def records(self, dataset_uuid: str, chunk: list[str]) -> None:
+        self.out.write(
+            '{"dataset_uuid":"' + dataset_uuid + '","records":[' + ",".join(chunk) + "]}\n"
+        )
+        self.out.flush()
 
 
 def serve(handler: Handler, *, stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
     """The worker wrapper's side: answer each task line of stdin with one envelope line; return 0
     when stdin closes."""
     source = stdin or sys.stdin
-    out = stdout or sys.stdout
-
-    def write(obj: Mapping[str, Any]) -> None:
-        out.write(json.dumps(obj, separators=(",", ":")) + "\n")
-        out.flush()
-
-    class Lines:
-        def events(self, events: list[dict[str, Any]]) -> None:
-            write({"event": events[0]} if len(events) == 1 else {"events": events})
-
-        def step(self, name: str, result: Any) -> Any:
-            write({"step": {"name": name, "result": result}})
-            return result
-
-    emitter = Lines()
-
+    lines = _Lines(stdout or sys.stdout)
     real_stdout = sys.stdout
     sys.stdout = sys.stderr
     try:
@@ -241,7 +334,7 @@ def serve(handler: Handler, *, stdin: TextIO | None = None, stdout: TextIO | Non
             if not line.strip():
                 continue
             task = Task.from_document(json.loads(line))
-            write(run_operator(handler, task, emitter))
+            lines.write(run_operator(handler, task, lines))
     finally:
         sys.stdout = real_stdout
     return 0

@@ -1,4 +1,4 @@
-"""A small helper for operators written in Python (standard library only, cheap to import).
+"""The operator SDK for operators written in Python, under its worker wrapper import path.
 
     from taskplat.worker_wrapper.sdk import Task, emit_event, serve
 
@@ -9,270 +9,42 @@
     if __name__ == "__main__":
         raise SystemExit(serve(handle))
 
-Invariants:
-  * `serve` answers every task line on stdin with exactly one envelope line on stdout, so the same
-    code runs per-task (one line, then stdin closes) and pooled (a line per task, forever).
-  * While a handler runs, `sys.stdout` points at stderr: a stray `print` cannot corrupt the
-    protocol; only `emit_event` and the envelope write to the real stdout, each line flushed.
-  * A handler that raises fails the task with `error` = `<ExceptionType>: <message>` (traceback
-    on stderr); `OperatorFailure` fails it with just its message; `PermanentFailure` fails it
-    for good (`"retryable": false` on the envelope: no retry, the task is Dead at once).
-  * `emit_event(output_index=N, ...)` fills `dataset_uuid` and `dataset_version` from the task's
-    resolved output N (claimed with the task); an index the job does not have fails the task
-    (`OperatorFailure`) before anything is written.
-  * `task_id` is the idempotency key of external effects; `(attempt, lease_token)` is the fencing
-    token.
-  * `step(name, fn)` runs `fn` only when no earlier attempt of the task recorded a result for
-    `name` (the claim carries those results), else returns the recorded one; a result it
-    computes is written as a `{"step": ...}` line, which the wrapper records (the first
-    recorded result of a step wins).
-  * `publish_records(output, records)` writes `{"records": [...], "dataset_uuid"}` lines (at most
-    `RECORDS_LINE_BYTES` each) for a buffered_postgres output of the task's job, named by its
-    output index, dataset name or dataset uuid; the wrapper sends them to the dataset's buffer
-    queue before it reports the task complete. Each record needs `org_id` and `dedupe_key`.
+There is one implementation, `taskplat.lambda_runtime.operator` (standard library only, cheap to
+import: no HTTP machinery), which this module re-exports; the same operator also runs as a Lambda
+function with `taskplat.lambda_runtime.taskplat_handler`. Its docstring states the invariants:
+one envelope line per task line, stdout pointed at stderr while a handler runs, `OperatorFailure`
+and `PermanentFailure` (`"retryable": false`), `step` results as `{"step": ...}` lines, and
+`publish_records` lines of at most `RECORDS_LINE_BYTES`.
 """
 
-from __future__ import annotations
+from taskplat.lambda_runtime.operator import (
+    RECORDS_LINE_BYTES,
+    Handler,
+    OperatorFailure,
+    PermanentFailure,
+    Result,
+    Task,
+    emit_event,
+    emit_events,
+    publish_records,
+    read_task,
+    resolve_event,
+    serve,
+    step,
+)
 
-import json
-import os
-import sys
-import traceback
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, TextIO, TypeVar
-
-T = TypeVar("T")
-_protocol_out: TextIO | None = None
-_current_task: Task | None = None
-
-
-class OperatorFailure(Exception):
-    """Raise to fail the task with this message (no traceback in the error)."""
-
-
-class PermanentFailure(OperatorFailure):
-    """Raise to fail the task for good: it is not retried and becomes Dead at once
-    (`PermanentFailure`), whatever attempts it has left. The envelope says `"retryable": false`."""
-
-
-@dataclass(frozen=True)
-class Task:
-    task_id: str
-    attempt: int
-    lease_token: str
-    deadline_at: str | None
-    operator: str
-    queue: str
-    config: dict[str, Any]
-    inputs: list[Any]
-    job: dict[str, Any] | None
-    timeout_seconds: int | None
-    document: dict[str, Any] = field(repr=False)
-    # The job's outputs, resolved when the task was claimed: {output_index, dataset_uuid,
-    # dataset_version, location}.
-    outputs: list[dict[str, Any]] = field(default_factory=list)
-    # Step results earlier attempts recorded ({step: result}); `step` adds this attempt's.
-    steps: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_document(cls, doc: Mapping[str, Any]) -> Task:
-        return cls(
-            task_id=str(doc["task_id"]),
-            attempt=int(doc["attempt"]),
-            lease_token=str(doc.get("lease_token", "")),
-            deadline_at=doc.get("deadline_at"),
-            operator=str(doc.get("operator", "")),
-            queue=str(doc.get("queue", "")),
-            config=dict(doc.get("config") or {}),
-            inputs=list(doc.get("inputs") or []),
-            job=doc.get("job"),
-            timeout_seconds=doc.get("timeout_seconds"),
-            document=dict(doc),
-            outputs=[dict(output) for output in doc.get("outputs") or []],
-            steps=dict(doc.get("steps") or {}),
-        )
-
-    def output(self, index: int) -> dict[str, Any]:
-        """The resolved output `index` of the task's job."""
-        for output in self.outputs:
-            if output.get("output_index") == index:
-                return output
-        known = sorted(int(output.get("output_index", -1)) for output in self.outputs)
-        raise OperatorFailure(f"the task's job has no output {index} (outputs: {known})")
-
-    @property
-    def traceparent(self) -> str | None:
-        """The W3C trace context to continue (parent of the operator's own spans), if traced:
-        `traceparent` of the task line (pooled) or `TRACEPARENT` (per-task)."""
-        value = self.document.get("traceparent") or os.environ.get("TRACEPARENT")
-        return str(value) if value else None
-
-
-@dataclass(frozen=True)
-class Result:
-    """A full result: payload, outputs (seed 004 shape) and final events."""
-
-    payload: dict[str, Any] | None = None
-    outputs: list[dict[str, Any]] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
-
-
-Handler = Callable[[Task], "Mapping[str, Any] | Result | None"]
-
-
-def _write(obj: Mapping[str, Any]) -> None:
-    out = _protocol_out or sys.stdout
-    out.write(json.dumps(obj, separators=(",", ":")) + "\n")
-    out.flush()
-
-
-def resolve_event(
-    event: Mapping[str, Any] | None = None, *, task: Task | None = None, **fields: Any
-) -> dict[str, Any]:
-    """The event as the dispatcher takes it: an `output_index` is replaced by that output's
-    `dataset_uuid` and `dataset_version` (a given `dataset_version` is kept)."""
-    resolved = {**(event or {}), **fields}
-    index = resolved.pop("output_index", None)
-    if index is None:
-        return resolved
-    current = task or _current_task
-    if current is None:
-        raise OperatorFailure("output_index needs the task (emit inside a handler run by serve)")
-    output = current.output(int(index))
-    resolved.setdefault("dataset_uuid", output["dataset_uuid"])
-    resolved.setdefault("dataset_version", output["dataset_version"])
-    return resolved
-
-
-def emit_event(event: Mapping[str, Any] | None = None, **fields: Any) -> None:
-    """Emit one upstream event: `dataset_uuid` and `dataset_version` (or `output_index`, an output
-    of the task's job), and a `cursor` or a partition (`partition_key`, `start`, `end`)."""
-    _write({"event": resolve_event(event, **fields)})
-
-
-def emit_events(events: Iterable[Mapping[str, Any]]) -> None:
-    batch = [resolve_event(event) for event in events]
-    if batch:
-        _write({"events": batch})
-
-
-RECORDS_LINE_BYTES = 200_000
-
-
-def _task_of(what: str) -> Task:
-    if _current_task is None:
-        raise OperatorFailure(f"{what} needs the task (call it inside a handler run by serve)")
-    return _current_task
-
-
-def step(name: str, fn: Callable[[], T]) -> T:
-    """The result of the task's step `name`: recorded by an earlier attempt, else `fn()`
-    (recorded for later attempts). The result must be JSON."""
-    task = _task_of("step")
-    if name in task.steps:
-        stored: T = task.steps[name]
-        return stored
-    result = fn()
-    try:
-        json.dumps(result)
-    except (TypeError, ValueError) as exc:
-        raise OperatorFailure(f"step {name!r}: the result is not JSON: {exc}") from None
-    _write({"step": {"name": name, "result": result}})
-    task.steps[name] = result
-    return result
-
-
-def _buffered_output(task: Task, output: int | str) -> dict[str, Any]:
-    if isinstance(output, int):
-        found = task.output(output)
-    else:
-        matches = [o for o in task.outputs if output in (o.get("dataset"), o.get("dataset_uuid"))]
-        if not matches:
-            raise OperatorFailure(f"the task's job has no output dataset {output!r}")
-        found = matches[0]
-    if found.get("kind") != "buffered_postgres":
-        raise OperatorFailure(f"output {output!r} is not a buffered_postgres dataset")
-    return found
-
-
-def publish_records(output: int | str, records: Iterable[Mapping[str, Any]]) -> int:
-    """Publish records to a buffered_postgres output of the task's job (its output index, dataset
-    name or dataset uuid); returns how many. Each record has `org_id` and `dedupe_key`."""
-    target = _buffered_output(_task_of("publish_records"), output)
-    dataset_uuid = str(target["dataset_uuid"])
-    chunk: list[str] = []
-    size = 0
-    count = 0
-
-    def write() -> None:
-        out = _protocol_out or sys.stdout
-        out.write('{"dataset_uuid":"' + dataset_uuid + '","records":[' + ",".join(chunk) + "]}\n")
-        out.flush()
-
-    for record in records:
-        text = json.dumps(dict(record), separators=(",", ":"))
-        if chunk and size + len(text) + 1 > RECORDS_LINE_BYTES:
-            write()
-            chunk, size = [], 0
-        chunk.append(text)
-        size += len(text) + 1
-        count += 1
-    if chunk:
-        write()
-    return count
-
-
-def read_task(stream: TextIO | None = None) -> Task:
-    """Read one task line (for operators that do not use `serve`)."""
-    line = (stream or sys.stdin).readline()
-    if not line.strip():
-        raise OperatorFailure("no task on stdin")
-    return Task.from_document(json.loads(line))
-
-
-def _envelope(handler: Handler, task: Task) -> dict[str, Any]:
-    global _current_task
-    _current_task = task
-    try:
-        result = handler(task)
-    except PermanentFailure as exc:
-        return {"status": "failed", "retryable": False, "error": str(exc) or "operator failed"}
-    except OperatorFailure as exc:
-        return {"status": "failed", "error": str(exc) or "operator failed"}
-    except Exception as exc:
-        traceback.print_exc(file=sys.stderr)
-        return {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
-    finally:
-        _current_task = None
-    if isinstance(result, Result):
-        envelope: dict[str, Any] = {"status": "succeeded", "payload": result.payload}
-        if result.outputs:
-            envelope["outputs"] = result.outputs
-        if result.events:
-            envelope["events"] = result.events
-    else:
-        envelope = {"status": "succeeded", "payload": dict(result) if result is not None else None}
-    try:
-        json.dumps(envelope)
-    except (TypeError, ValueError) as exc:
-        return {"status": "failed", "error": f"result is not JSON: {exc}"}
-    return envelope
-
-
-def serve(handler: Handler, *, stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
-    """Answer each task line of stdin with one envelope line; return 0 when stdin closes."""
-    global _protocol_out
-    source = stdin or sys.stdin
-    _protocol_out = stdout or sys.stdout
-    real_stdout = sys.stdout
-    sys.stdout = sys.stderr
-    try:
-        for line in source:
-            if not line.strip():
-                continue
-            task = Task.from_document(json.loads(line))
-            _write(_envelope(handler, task))
-    finally:
-        sys.stdout = real_stdout
-    return 0
+__all__ = [
+    "RECORDS_LINE_BYTES",
+    "Handler",
+    "OperatorFailure",
+    "PermanentFailure",
+    "Result",
+    "Task",
+    "emit_event",
+    "emit_events",
+    "publish_records",
+    "read_task",
+    "resolve_event",
+    "serve",
+    "step",
+]
