@@ -228,7 +228,7 @@ SPECS: dict[str, ServiceSpec] = {
             health_port_env="TASKPLAT_WORKER_OPS_PORT",
         ),
         # The one-off migration task runs the dispatcher image's `taskplat-migrate`
-        # (taskplat.common.db.migrate.main reads these two fragments).
+        # (taskplat.common.db.migrate.main reads these three fragments).
         ServiceSpec(
             "migrate",
             "dispatcher",
@@ -238,6 +238,7 @@ SPECS: dict[str, ServiceSpec] = {
             (
                 "taskplat.common.settings:ServiceSettings",
                 "taskplat.common.settings:DatabaseSettings",
+                "taskplat.common.settings:MigrateSettings",
             ),
             frozenset({"DATABASE_URL"}),
             build_args=python_service_args("dispatcher", "TASKPLAT_DISPATCHER", 8080),

@@ -22,6 +22,10 @@ NOT_TEMPLATE_NAMES = {
     "GetQueueUrl",
     "ResourceInitializationError",
     "AccessDenied",
+    # The operator SDK's names (Lambda operators).
+    "Task",
+    "OperatorFailure",
+    "PermanentFailure",
     # libpq's variables, SQL keywords and the collector's CloudWatch dimension names.
     "PGUSER",
     "PGPASSWORD",

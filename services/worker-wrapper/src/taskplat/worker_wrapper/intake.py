@@ -8,9 +8,10 @@ Invariants:
     sets the short `receive_visibility_seconds`: a long poll left open by a wrapper that died
     (SQS still answers it, to nobody) hides the wake-up it takes for that long only, not for the
     full visibility timeout. A message this wrapper still handles when half of that has passed
-    since the receive (a slow claim, a running task, a deletion in flight) is renewed once to the
-    full `visibility_timeout_seconds`; one deleted or released before costs no request. `extend`
-    renews a message to the full timeout.
+    since the receive (a slow claim, a running task) is renewed once to the full
+    `visibility_timeout_seconds`; one whose deletion has started, or released, costs no request
+    (and no renewal can race its deletion: a failed deletion lets the message come back after the
+    short timeout, to be answered NotClaimed). `extend` renews a message to the full timeout.
   * `delete`, `extend` and `release` never raise: a failure is logged and reported as False; an
     undeleted message only comes back later, and a claim then answers NotClaimed.
   * With batching on, deletions are batched by turn (`turn_batching`): those asked for in one
@@ -162,12 +163,12 @@ class SqsIntake:
 
     async def delete(self, delivery: Delivery, why: DeleteWhy, **fields: object) -> bool:
         """Delete the message; log `message_deleted` (with `fields`) and count it by `why`."""
+        self._handled(delivery)  # no early renewal racing the deletion
         if self._deletes is not None:  # sent at the end of this turn, with the turn's others
             deleted = await self._deletes.submit(delivery)
         else:
             deleted = await self._delete_one(delivery)
         if deleted:
-            self._handled(delivery)
             self._telemetry.deleted(why)
             get_logger().info("message_deleted", why=why, message_id=delivery.message_id, **fields)
         return deleted
