@@ -15,6 +15,7 @@ import threading
 from psycopg_pool import PoolTimeout
 from pydantic import ValidationError
 
+from taskplat.common.db.loop_service import settings_error
 from taskplat.common.db.pools import make_pool
 from taskplat.common.logging import configure_logging, get_logger
 from taskplat.common.loops import install_stop_signals
@@ -28,18 +29,11 @@ from taskplat.outbox_relay.settings import RelaySettings
 SERVICE = "outbox-relay"
 
 
-def _settings_problem(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(part) for part in error['loc']) or 'settings'}: {error['msg']}"
-        for error in exc.errors()
-    )
-
-
 def main() -> int:
     try:
         settings = RelaySettings()
     except ValidationError as exc:
-        print(f"taskplat-{SERVICE}: invalid settings: {_settings_problem(exc)}", file=sys.stderr)
+        print(f"taskplat-{SERVICE}: invalid settings: {settings_error(exc)}", file=sys.stderr)
         return 2
     configure_logging(SERVICE, level=settings.log_level, fmt=settings.log_format)
     log = get_logger()
