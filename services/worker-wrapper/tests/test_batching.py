@@ -291,3 +291,64 @@ def test_deletions_of_one_turn_go_in_one_batch_and_a_lone_one_alone(queue: Queue
     requests = by_label(text, "taskplat_sqs_requests_total", "op")
     assert requests["delete_batch"] == 1 and requests["delete"] == 1
     assert value(text, "taskplat_sqs_deleted_total", why="poison") == 8
+
+
+def test_tasks_claimed_together_complete_in_one_call(
+    dispatcher: Dispatcher, queue: Queue, operators_file: Path
+) -> None:
+    """With a completion linger, the completions of the tasks a wrapper runs go in one batch call;
+    a lone task's is a single call (that it does not wait: `test_turn_batching`)."""
+    telemetry = Telemetry(SERVICE)
+    task_ids = create_many(dispatcher, 4)
+    wake_all(queue, task_ids)
+    wait_for(lambda: queue.visible() >= 4, timeout=10, what="the wake-ups to be visible")
+    settings = {"concurrency": 4, "claim_ahead": False, "complete_linger_seconds": 1.0}
+    with running_wrapper(dispatcher, queue, operators_file, telemetry, **settings):
+        wait_all(dispatcher, task_ids, "Completed")
+        text = telemetry.prometheus_text()
+        calls = value(text, "taskplat_dispatcher_calls_total", route=COMPLETE_BATCH)
+        assert calls == 1 and value(text, "taskplat_dispatcher_calls_total", route=COMPLETE) == 0
+        (lone,) = create_many(dispatcher, 1)
+        queue.wake(lone)
+        dispatcher.wait_status(lone, "Completed")
+        text = telemetry.prometheus_text()
+        assert value(text, "taskplat_dispatcher_calls_total", route=COMPLETE) == 1
+
+
+def test_a_full_receive_of_stale_wake_ups_does_not_claim_ahead(
+    dispatcher: Dispatcher, queue: Queue, operators_file: Path
+) -> None:
+    """Wake-ups whose tasks already finished (claimed ahead elsewhere) are no sign of a backlog:
+    the wrapper deletes them and long-polls, it does not ask the dispatcher for Queued tasks."""
+    telemetry = Telemetry(SERVICE)
+    finished = create_many(dispatcher, 4)
+    settings = {"concurrency": 4}
+    with running_wrapper(dispatcher, queue, operators_file, telemetry, **settings):
+        wake_all(queue, finished)
+        wait_all(dispatcher, finished, "Completed")
+        queue.wait_empty(timeout=30)
+        (unwoken,) = create_many(dispatcher, 1)
+        ahead = value(
+            telemetry.prometheus_text(), "taskplat_dispatcher_calls_total", route=CLAIM_NEXT
+        )
+        wake_all(queue, finished)  # a full receive again, every one of them stale
+        wait_for(
+            lambda: (
+                value(telemetry.prometheus_text(), "taskplat_sqs_deleted_total", why="not_claimed")
+                == len(finished)
+            ),
+            timeout=30,
+            what="the stale wake-ups to be deleted",
+        )
+        polls = value(telemetry.prometheus_text(), "taskplat_sqs_requests_total", op="receive")
+        wait_for(
+            lambda: (
+                value(telemetry.prometheus_text(), "taskplat_sqs_requests_total", op="receive")
+                >= polls + 2
+            ),
+            timeout=15,
+            what="two more long polls",
+        )
+        text = telemetry.prometheus_text()
+        assert value(text, "taskplat_dispatcher_calls_total", route=CLAIM_NEXT) == ahead
+        assert dispatcher.get(unwoken)["status"] == "Queued"

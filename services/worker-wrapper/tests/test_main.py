@@ -112,3 +112,17 @@ def test_the_wrapper_imports_no_database_code() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=30, check=True
     )
     assert result.stdout.strip() == ""
+
+
+def test_the_event_loop_setting_picks_the_loop() -> None:
+    """`asyncio` never takes uvloop; `auto` and `uvloop` take it where it is installed and the
+    kernel marks descriptors close-on-exec in one call (as here: Linux 5.11+)."""
+    import uvloop
+
+    from taskplat.worker_wrapper.event_loop import loop_factory
+    from taskplat.worker_wrapper.process import cloexec_all_supported
+
+    assert loop_factory("asyncio") is None
+    assert cloexec_all_supported()
+    assert loop_factory("auto") is uvloop.new_event_loop
+    assert loop_factory("uvloop") is uvloop.new_event_loop

@@ -44,7 +44,8 @@ def test_metrics_count_a_known_workload(
     telemetry = Telemetry(SERVICE)
     echoes = [dispatcher.create("echo", config={"n": n}) for n in (1, 2)]
     crash = dispatcher.create("crash", max_attempts=1)
-    with running_wrapper(dispatcher, queue, operators_file, telemetry):
+    # One completion call per task: no linger for the others (`test_batching` covers that).
+    with running_wrapper(dispatcher, queue, operators_file, telemetry, complete_linger_seconds=0):
         for task in [*echoes, crash]:
             queue.wake(task["task_id"])
         queue.send("not json at all")
@@ -159,7 +160,8 @@ def test_a_task_attempt_continues_the_trace_of_its_message(
     telemetry = Telemetry(SERVICE, span_exporter=exporter)
     sent: dict[str, str] = {}
     tasks = {operator: dispatcher.create(operator) for operator in ("trace", "trace-pooled")}
-    with running_wrapper(dispatcher, queue, operators_file, telemetry):
+    # Each completion its own call, in its attempt's trace (a batch call is no one's child).
+    with running_wrapper(dispatcher, queue, operators_file, telemetry, complete_linger_seconds=0):
         for task in tasks.values():
             traceparent = f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01"
             sent[task["task_id"]] = traceparent

@@ -143,3 +143,50 @@ def test_with_a_linger_items_of_later_turns_join_and_a_full_batch_goes_at_once()
         assert loop.time() - started < 0.15, "a full batch does not wait for the linger"
 
     asyncio.run(scenario())
+
+
+def test_a_lingering_batch_goes_as_soon_as_ready_says_no_other_will_come() -> None:
+    async def scenario() -> None:
+        recorder = Recorder()
+        expected = 3  # e.g. the tasks the wrapper is running
+        batcher = TurnBatcher(
+            recorder.send,
+            max_batch=10,
+            parallel=4,
+            linger_seconds=3600,  # never reached: `ready` sends it
+            ready=lambda waiting, sent: waiting + sent >= expected,
+        )
+        first = asyncio.ensure_future(batcher.submit(1))
+        await asyncio.sleep(0.05)  # one item of three: it lingers
+        assert recorder.batches == [] and not first.done()
+        later = [asyncio.ensure_future(batcher.submit(n)) for n in (2, 3)]
+        results = await asyncio.wait_for(asyncio.gather(first, *later), timeout=10)
+        assert results == [10, 20, 30]
+        assert recorder.batches == [[1, 2, 3]]
+        expected = 1  # a lone item never waits for the linger
+        assert await asyncio.wait_for(batcher.submit(4), timeout=10) == 40
+
+    asyncio.run(scenario())
+
+
+def test_items_counted_as_sent_make_a_lingering_item_ready() -> None:
+    async def scenario() -> None:
+        recorder = Recorder()
+        recorder.gate.clear()  # the first send stays in flight
+        batcher = TurnBatcher(
+            recorder.send,
+            max_batch=2,
+            parallel=4,
+            linger_seconds=3600,
+            ready=lambda waiting, sent: waiting + sent >= 3,
+        )
+        full = [asyncio.ensure_future(batcher.submit(n)) for n in (1, 2)]  # a full batch: sent
+        await asyncio.sleep(0.05)
+        assert recorder.batches == [[1, 2]]
+        third = asyncio.ensure_future(batcher.submit(3))  # 1 waiting + 2 in flight: ready
+        await asyncio.sleep(0.05)
+        assert recorder.batches == [[1, 2], [3]]
+        recorder.gate.set()
+        assert await asyncio.wait_for(asyncio.gather(*full, third), timeout=10) == [10, 20, 30]
+
+    asyncio.run(scenario())

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from taskplat.common.logging import configure_logging, get_logger
 from taskplat.common.ops_server import start_ops_server
 from taskplat.common.telemetry import Telemetry
+from taskplat.worker_wrapper.event_loop import EventLoopUnavailable, loop_factory
 from taskplat.worker_wrapper.isolation import aws_session, make_non_dumpable, take_secrets
 from taskplat.worker_wrapper.observability import SERVICE
 from taskplat.worker_wrapper.operators import OperatorsFileError, OperatorSpec, load_operators
@@ -91,12 +92,18 @@ def main() -> int:
     except OperatorsFileError as exc:
         print(f"{PROG}: {exc.message}", file=sys.stderr)
         return 2
+    try:
+        factory = loop_factory(settings.event_loop)
+    except EventLoopUnavailable as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
     configure_logging(SERVICE, level=settings.log_level, fmt=settings.log_format)
     structlog.contextvars.bind_contextvars(worker_id=settings.worker_id)
     get_logger().info("operators_loaded", operators=sorted(specs))
     telemetry = Telemetry(SERVICE, settings)
     try:
-        asyncio.run(serve(settings, specs, telemetry, aws_session(held, settings.aws_region)))
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(serve(settings, specs, telemetry, aws_session(held, settings.aws_region)))
     finally:
         telemetry.shutdown()
     return 0

@@ -14,12 +14,17 @@ Invariants:
     would have given. When a batch call fails as a whole (no answer in time, or refused), each of
     its completions is sent again on its own with its own time bound, so batching never loses a
     completion and never answers one that was not answered.
+  * With `linger_seconds`, a completion waits at most that long for the wrapper's other running
+    tasks to complete too (`busy`: the tasks the wrapper handles), and goes at once when every
+    one of them has asked (or 10 have): a lone task never waits, and under load one call carries
+    the completions of the tasks that were claimed together.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+from collections.abc import Callable
 from uuid import UUID
 
 from taskplat.common.contracts import ClaimedResponse, CompleteRequest, CompleteResponse
@@ -90,12 +95,29 @@ class ClaimGroup:
 class CompletionBatcher:
     """Completion calls: single while few are in flight, batched when they pile up."""
 
-    def __init__(self, client: DispatcherClient, *, parallel: int, enabled: bool) -> None:
+    def __init__(
+        self,
+        client: DispatcherClient,
+        *,
+        parallel: int,
+        enabled: bool,
+        linger_seconds: float = 0.0,
+    ) -> None:
         self._client = client
         self._enabled = enabled
+        self.busy: Callable[[], int] = lambda: 0
         self._turns: TurnBatcher[tuple[CompleteRequest, float], CompleteResponse | Rejection] = (
-            TurnBatcher(self._send, max_batch=MAX_BATCH, parallel=parallel)
+            TurnBatcher(
+                self._send,
+                max_batch=MAX_BATCH,
+                parallel=parallel,
+                linger_seconds=linger_seconds,
+                ready=self._all_asked,
+            )
         )
+
+    def _all_asked(self, waiting: int, sent: int) -> bool:
+        return waiting + sent >= self.busy()
 
     async def complete(
         self, body: CompleteRequest, *, until: float

@@ -6,8 +6,10 @@ Invariants:
   * Operator code runs only after the dispatcher answered `Claimed`; `NotClaimed` deletes the
     message and runs nothing. Every claim answer is counted by result.
   * The message is deleted only after the dispatcher answered NotClaimed, accepted the completion
-    (200), or rejected it as stale (409/404); a call that could not be made in time leaves the
-    message for SQS to redeliver (the lease expires and the reaper retries the task).
+    (200), or rejected it as stale (409/404); after a NotClaimed or an accepted completion the
+    deletion runs in the background (`delete_soon`), so it never holds a slot; a call that could
+    not be made in time leaves the message for SQS to redeliver (the lease expires and the reaper
+    retries the task).
   * Each wake-up with a valid body is one CONSUMER span `task.attempt` whose parent is the trace
     context of the SQS message; the claim, the operator run and the completion are its children
     (a claim made in a batch call is that call's span, not a child).
@@ -62,6 +64,7 @@ class ExecutionSettings:
     retry_max_seconds: float
     batch_calls: bool = False
     parallel_calls: int = 4
+    complete_linger_seconds: float = 0.0
 
 
 class TaskExecutor:
@@ -81,9 +84,13 @@ class TaskExecutor:
         self.settings = settings
         self.telemetry = telemetry or WrapperTelemetry()
         self.completions = CompletionBatcher(
-            client, parallel=settings.parallel_calls, enabled=settings.batch_calls
+            client,
+            parallel=settings.parallel_calls,
+            enabled=settings.batch_calls,
+            linger_seconds=settings.complete_linger_seconds,
         )
         self._claims_in_flight = 0
+        self.wakeups_claimed = 0  # wake-ups whose claim answered Claimed, ever
         self.claims_settled = asyncio.Event()  # set while no claim of a wake-up is in flight
         self.claims_settled.set()
 
@@ -181,9 +188,11 @@ class TaskExecutor:
             self.telemetry.claim(answer.reason)
             span.set_attribute("taskplat.result", f"NotClaimed:{answer.reason}")
             log.info("not_claimed", reason=answer.reason)
-            await self.intake.delete(delivery, "not_claimed", reason=answer.reason)
+            # in the background: the slot is free at once, not after the deletion's batch
+            self.intake.delete_soon(delivery, "not_claimed", reason=answer.reason)
             return
         self.telemetry.claim("Claimed")
+        self.wakeups_claimed += 1
         span.set_attribute("taskplat.attempt", answer.attempt)
         span.set_attribute("taskplat.operator", answer.task.operator)
         await self._run(answer, delivery, abort, span)

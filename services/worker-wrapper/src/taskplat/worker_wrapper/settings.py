@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Self
+from typing import Literal, Self
 
 from pydantic import AliasChoices, Field, ValidationError, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -162,6 +162,11 @@ class WrapperSettings(
         description="Where each untrusted task gets its own scratch directory (mode 0700, owned "
         "by the operator user, removed when the task ends; the operator's HOME, TMPDIR and cwd).",
     )
+    event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
+        "auto",
+        description="The wrapper's event loop: `auto` takes uvloop when it is installed, else "
+        "asyncio.",
+    )
     claim_ahead: bool = Field(
         True,
         description="Under a backlog (a receive came back full), claim further Queued tasks of "
@@ -180,6 +185,14 @@ class WrapperSettings(
         le=1,
         description="With `batch_calls`: how long a message deletion waits for others to fill a "
         "DeleteMessageBatch (10 go at once). Deletions run after the task's slot is free.",
+    )
+    complete_linger_seconds: float = Field(
+        0.01,
+        ge=0,
+        le=1,
+        description="With `batch_calls`: how long a completion waits for the wrapper's other "
+        "running tasks to complete too, so one `task-complete-batch` call carries them; it goes "
+        "at once when every running task has completed (a lone task never waits).",
     )
     parallel_calls: int = Field(
         4,

@@ -5,7 +5,8 @@ Invariants:
     at the end of that same turn (with the others of the turn), unless `parallel` sends are in
     flight; items submitted while they all are wait, and go together when one returns. An item
     never waits for later ones. With `linger_seconds`, the first item of a send waits that long
-    for others (at once when `max_batch` are waiting): for calls nobody waits on for speed.
+    for others, and goes at once when `max_batch` are waiting or when `ready(waiting, sent)`
+    (the items waiting, and those sent but not yet answered) says no other can come.
   * A send carries at most `max_batch` items, in submission order.
   * A send of one item runs in its submitter's context (its span stays in the submitter's
     trace); a send of several runs in a fresh context: it is no one's child.
@@ -26,6 +27,7 @@ Item = TypeVar("Item")
 Result = TypeVar("Result")
 
 SendBatch = Callable[[list[Item]], Awaitable[Sequence[Result | BaseException]]]
+Ready = Callable[[int, int], bool]
 
 
 @dataclass
@@ -45,9 +47,13 @@ class TurnBatcher(Generic[Item, Result]):
         max_batch: int,
         parallel: int,
         linger_seconds: float = 0.0,
+        ready: Ready | None = None,
     ) -> None:
         self._send_batch = send
         self._linger = max(0.0, linger_seconds)
+        self._ready = ready
+        self._timer: asyncio.TimerHandle | None = None
+        self._items_in_flight = 0
         self._max_batch = max(1, max_batch)
         self._parallel = max(1, parallel)
         self._in_flight = 0
@@ -60,23 +66,36 @@ class TurnBatcher(Generic[Item, Result]):
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
         self._waiting.append(_Waiting(item, future, contextvars.copy_context()))
-        if self._linger and len(self._waiting) >= self._max_batch:
-            loop.call_soon(self._flush)  # a full batch does not linger
+        if self._linger and self._no_more_coming():
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            loop.call_soon(self._flush)  # a full batch, or all there will be, does not linger
         elif not self._flush_scheduled:
             self._flush_scheduled = True
             if self._linger:
-                loop.call_later(self._linger, self._flush)
+                self._timer = loop.call_later(self._linger, self._flush)
             else:
                 loop.call_soon(self._flush)
         return await future
 
+    def _no_more_coming(self) -> bool:
+        waiting = len(self._waiting)
+        if waiting >= self._max_batch:
+            return True
+        return self._ready is not None and self._ready(waiting, self._items_in_flight)
+
     def _flush(self) -> None:
         self._flush_scheduled = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self._waiting = [each for each in self._waiting if not each.future.done()]
         while self._waiting and self._in_flight < self._parallel:
             batch = self._waiting[: self._max_batch]
             self._waiting = self._waiting[self._max_batch :]
             self._in_flight += 1
+            self._items_in_flight += len(batch)
             context = batch[0].context if len(batch) == 1 else contextvars.Context()
             send = asyncio.get_running_loop().create_task(self._send(batch), context=context)
             self._sends.add(send)
@@ -100,4 +119,6 @@ class TurnBatcher(Generic[Item, Result]):
                     each.future.set_result(result)
         finally:
             self._in_flight -= 1
-            self._flush()
+            self._items_in_flight -= len(batch)
+            if self._timer is None or self._no_more_coming():  # else the linger's timer sends
+                self._flush()

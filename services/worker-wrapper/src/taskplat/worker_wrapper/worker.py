@@ -6,13 +6,14 @@ Invariants:
   * The deliveries of one receive claim with one batch call when there are more of them than
     `parallel_calls` (with `batch_calls`), else with one claim call each.
   * Claim-ahead (`claim_ahead`) is only an accelerator under a backlog: after a receive for two or
-    more messages came back full, free slots are filled with `task-claim-next` (oldest Queued
-    tasks of the queue; the loop waits at most `CLAIM_AHEAD_GATHER_SECONDS` for half the slots to
-    be free, so one call fills several) for as long as it comes back full; then the wrapper
-    long-polls SQS again. A claim-next waits until every claim of a received wake-up was
-    answered, so it never takes a task whose own wake-up this wrapper is claiming. An idle
-    wrapper always long-polls, so the wake-up guarantee does not depend on claim-ahead. A failed
-    claim-next is logged and only ends the backlog.
+    more messages came back full and claimed at least one of its tasks, free slots are filled
+    with `task-claim-next` (oldest Queued tasks of the queue; the loop waits at most
+    `CLAIM_AHEAD_GATHER_SECONDS` for every slot (at most 10) to be free, so one call fills them
+    all) for as long as it comes back full; then the wrapper long-polls SQS again. A claim-next
+    waits until every claim of a received wake-up was answered, so it never takes a task whose
+    own wake-up this wrapper is claiming. An idle wrapper always long-polls, so the wake-up
+    guarantee does not depend on claim-ahead. A failed claim-next is logged and only ends the
+    backlog.
   * A failing receive (SQS down, queue missing) is logged and retried with backoff; the loop never
     dies of an error, and the handling of one delivery never breaks another.
   * On stop: no new receive starts; running tasks get `drain_timeout_seconds` to finish; the rest
@@ -102,6 +103,9 @@ class WorkerWrapper:
         self._running: dict[asyncio.Future[None], Abort] = {}
         self._settings = intake_settings or IntakeSettings()
         self._backlog = False
+        # The executor's count of claimed wake-ups before the receive that found a backlog.
+        self._claimed_before_receive: int | None = None
+        executor.completions.busy = lambda: len(self._running)
         self.health = IntakeHealth()
         self.log = get_logger()
 
@@ -152,10 +156,13 @@ class WorkerWrapper:
                     continue
                 self.health.polled()
                 failures = 0
+                claimed_before = self.executor.wakeups_claimed
                 self._start_all(deliveries)
-                # A backlog: a receive for two or more messages came back full.
+                # A backlog: a receive for two or more messages came back full (and, once its
+                # claims are answered, claimed something: see `_claim_ahead`).
                 full = len(deliveries) >= max(wanted, 2)
                 self._backlog = self._settings.claim_ahead and full
+                self._claimed_before_receive = claimed_before if self._backlog else None
         finally:
             self.health.draining = True
             stop_wait.cancel()
@@ -204,7 +211,7 @@ class WorkerWrapper:
     async def _gather_free_slots(self, free: int, stop_wait: asyncio.Future[Any]) -> int:
         """Under a backlog, let a few more running tasks finish (a short, bounded wait) so one
         claim-next call fills several slots; the free slots then."""
-        enough = min(MAX_BATCH, max(1, self.concurrency // 2))
+        enough = min(MAX_BATCH, self.concurrency)
         if free >= enough or not self._running:
             return free
         loop = asyncio.get_running_loop()
@@ -222,6 +229,12 @@ class WorkerWrapper:
     async def _claim_ahead(self, free: int) -> bool:
         """Fill free slots from the dispatcher; False when that claimed nothing."""
         await self.executor.claims_settled.wait()
+        before, self._claimed_before_receive = self._claimed_before_receive, None
+        if before is not None and self.executor.wakeups_claimed == before:
+            # Every wake-up of that full receive was stale (its task claimed ahead, finished):
+            # no sign of Queued tasks, so long-poll again instead of asking for them.
+            self._backlog = False
+            return False
         limit = min(free, MAX_BATCH)
         until = asyncio.get_running_loop().time() + self._settings.claim_next_timeout_seconds
         try:
@@ -339,6 +352,7 @@ def build_wrapper(
             retry_max_seconds=settings.retry_max_seconds,
             batch_calls=settings.batch_calls,
             parallel_calls=settings.parallel_calls,
+            complete_linger_seconds=settings.complete_linger_seconds,
         ),
         instruments,
     )

@@ -67,6 +67,9 @@ def operators_file(directory: Path, pool_size: int) -> Path:
     return path
 
 
+CALLS_HISTOGRAM_COUNT = "taskplat_http_server_duration_seconds_count"
+
+
 class BenchStack:
     """A started bench stack (use as a context manager)."""
 
@@ -272,6 +275,19 @@ class BenchStack:
             for name, url in urls.items()
             if name == "relay" or name.startswith("worker")
         }
+
+    def dispatcher_calls(self) -> dict[str, float]:
+        """The dispatcher's HTTP requests so far, by `METHOD route` (its request-duration
+        histogram's counts)."""
+        samples = scrape(self.dispatcher_url, prefix=CALLS_HISTOGRAM_COUNT)
+        calls: dict[str, float] = {}
+        for key, count in samples.items():
+            method = re.search(r'method="([^"]*)"', key)
+            route = re.search(r'route="([^"]*)"', key)
+            if method and route:
+                name = f"{method.group(1)} {route.group(1)}"
+                calls[name] = calls.get(name, 0.0) + count
+        return calls
 
     def cpu_groups(self) -> dict[str, list[int]]:
         stack = self.running()

@@ -328,6 +328,14 @@ def render_markdown(record: Mapping[str, Any]) -> str:
                     f"the SQS server logged (median per operation) {ops}",
                     "",
                 ]
+            calls = _lookup(variant.get("figures", {}), (workload, "dispatcher_calls_by_route"))
+            if calls:
+                tasks = _lookup(variant.get("figures", {}), (workload, "tasks")) or 1
+                text = ", ".join(
+                    f"{route.split(' ')[-1]} {count:g} ({count / tasks:.3f}/task)"
+                    for route, count in calls.items()
+                )
+                lines += [f"Worker calls to the dispatcher during {workload} (median): {text}", ""]
             lines += _cpu_lines(variant, workload, cores)
         prefill = variant.get("setup", {}).get("W4_prefill")
         if prefill:

@@ -148,6 +148,7 @@ def measure_throughput(
     idle_wait = bs.wait_idle()
     assert bs.sqs_log is not None
     counters_before = bs.sqs_counters()
+    calls_before = bs.dispatcher_calls()
     bs.sqs_log.mark()
     cpu_before = bs.cpu_snapshot()
     submitted = _submit_noops(bs, sizes, batch_path, n, label)
@@ -160,6 +161,12 @@ def measure_throughput(
     requests = bs.sqs_log.count()
     after = bs.sqs_counters()
     counters = counter_deltas(counters_before, after)
+    calls_after = bs.dispatcher_calls()
+    calls = {
+        route: count - calls_before.get(route, 0.0)
+        for route, count in sorted(calls_after.items())
+        if "/internal/" in route and count > calls_before.get(route, 0.0)
+    }
     once, counts = _exactly_once(bs, submitted.task_ids)
     republished = max(0, int(bs.one("wakeups", ids=submitted.task_ids)["n"]) - n)
     if times["last_finished"] is None:
@@ -193,6 +200,8 @@ def measure_throughput(
         "sqs_requests_per_task_server_log": round(logged / n, 4),
         "sqs_requests_by_op": dict(sorted(requests.items())),
         "sqs_counters": counters,
+        "dispatcher_calls_by_route": calls,
+        "dispatcher_calls_per_task": round(sum(calls.values()) / n, 4),
         "exactly_once": once,
         "exactly_once_counts": counts,
         "republished": republished,
