@@ -145,6 +145,8 @@ def test_a_known_workload_shows_exact_counters_histograms_and_gauges(
     assert metrics.series("taskplat_outbox_pending", "kind") == {
         ("enqueue_task",): 5,
         ("dead_letter",): 0,
+        ("route_event",): 0,
+        ("invoke_lambda",): 0,
     }
     assert metrics.value("taskplat_outbox_oldest_age_seconds") == 15.0
     assert metrics.series("taskplat_tasks_dead_last_hour", "queue", "reason") == {}
@@ -172,6 +174,8 @@ def test_dead_tasks_replays_and_gauges_that_drop_to_zero(dispatcher: Dispatcher)
     assert metrics.series("taskplat_outbox_pending", "kind") == {
         ("enqueue_task",): 1,
         ("dead_letter",): 1,
+        ("route_event",): 0,
+        ("invoke_lambda",): 0,
     }
     assert metrics.series("taskplat_tasks_current", "queue", "status") == {}
 

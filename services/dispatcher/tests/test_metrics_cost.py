@@ -125,6 +125,8 @@ def test_gauges_use_partial_indexes_on_200k_finished_tasks(db_url: str) -> None:
         assert metrics.series("taskplat_outbox_pending", "kind") == {
             ("enqueue_task",): 6,
             ("dead_letter",): 1,
+            ("route_event",): 0,
+            ("invoke_lambda",): 0,
         }
 
         scrapes_ms = []

@@ -30,7 +30,7 @@ from taskplat.common.telemetry import Telemetry
 from taskplat.dispatcher.repository.metrics import GaugeRows, read_gauges
 
 REFRESH_TIMEOUT_SECONDS = 5.0
-OUTBOX_KINDS = ("enqueue_task", "dead_letter")
+OUTBOX_KINDS = ("enqueue_task", "dead_letter", "route_event", "invoke_lambda")
 
 Labels = tuple[str, ...]
 
