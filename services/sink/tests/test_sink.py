@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -216,3 +217,53 @@ def test_the_buffer_depth_gauge(
         assert "taskplat_sink_buffer_age_seconds_count" in text
     finally:
         telemetry.shutdown()
+
+
+def test_an_idle_buffer_does_not_pace_a_busy_one(
+    dispatcher: Dispatcher,
+    settings: Any,
+    pool: Any,
+    sqs: SQSClient,
+    db_url: str,
+) -> None:
+    """A round waits for every buffer; once a round found messages, the next one does not long-poll
+    (so the idle dataset's empty long poll does not hold the busy one's next batch)."""
+    quiet = {
+        "jobs": {
+            "produce": {
+                "operator": "echo",
+                "outputs": [{"index": 0, "dataset": "quiet", "kind": "buffered_postgres",
+                             "schema": [{"name": "severity", "type": "text"}]}],
+            },
+        }
+    }  # fmt: skip
+    assert dispatcher.api.put("/dags/quiet", json=quiet).status_code == 201
+    assert dispatcher.api.put("/dags/alerts", json=buffered_dag()).status_code == 201
+    long_poll = 5
+    sink = Sink(
+        settings.model_copy(update={"wait_time_seconds": long_poll, "messages_per_write": 10}),
+        pool=pool,
+        sqs=sqs,
+    )
+    try:
+        buffers = sink.discover()
+        assert len(buffers) == 2
+        alerts = next(
+            view
+            for view in dispatcher.api.get("/datasets").json()["datasets"]
+            if view["name"] == "alerts"
+        )
+        alerts = dispatcher.api.get(f"/datasets/{alerts['dataset_uuid']}").json()
+        bodies = [body(alerts, [record(f"k{m}")]) for m in range(30)]
+        publish(sqs, alerts["buffer_queue_url"], bodies)
+        first = sink.run_once()  # the quiet buffer's long poll paces this one
+        assert first.messages == 10
+        started = time.monotonic()
+        rounds = [sink.run_once(), sink.run_once()]
+        took = time.monotonic() - started
+        assert [each.messages for each in rounds] == [10, 10]
+        assert took < long_poll, f"two rounds with work took {took:.1f}s: they long-polled"
+        assert len(table_rows(db_url, _table(alerts))) == 30
+        assert sink.run_once().messages == 0  # nothing left: the next round long-polls again
+    finally:
+        sink.close()

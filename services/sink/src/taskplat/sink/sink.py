@@ -4,9 +4,10 @@ Design: `run_once()` is one round. Every `discovery_interval_seconds` it reads t
 (`dataset_buffers`), creates the buffer queue and its DLQ (with a redrive policy) of any dataset
 whose queues do not exist yet and records their URLs (so new datasets are found without a
 restart), and reads the buffers' depth. Then it drains every buffer queue in parallel: one
-long-polled ReceiveMessage per queue (then more receives without waiting while they come back
-full, up to `messages_per_write` messages), one transaction per queue's batch, then the DLQ sends
-and the deletes.
+ReceiveMessage per queue (then more receives without waiting while they come back full, up to
+`messages_per_write` messages), one transaction per queue's batch, then the DLQ sends and the
+deletes. A round waits for all its queues, so the first receive long-polls only when the last
+round found no message in any queue: an idle dataset's long poll never paces a busy one.
 
 Invariants:
   * a batch is written in one transaction that holds the dataset's current table row
@@ -133,6 +134,7 @@ class Sink:
         self.health = LoopHealth()
         self._buffers: list[Buffer] = []
         self._next_discovery = 0.0
+        self._busy = False  # the last round received messages: no long polls this round
         self._threads = ThreadPoolExecutor(
             max_workers=settings.concurrency, thread_name_prefix="sink"
         )
@@ -213,7 +215,9 @@ class Sink:
         if not buffers:
             return SinkRound(0, 0, 0, 0, 0, 0, more=False)
         random.shuffle(buffers)
-        outcomes = list(self._threads.map(self.drain, buffers))
+        wait = 0 if self._busy else self._settings.wait_time_seconds
+        outcomes = list(self._threads.map(lambda buffer: self.drain(buffer, wait), buffers))
+        self._busy = any(o.messages for o in outcomes)
         return SinkRound(
             queues=len(buffers),
             messages=sum(o.messages for o in outcomes),
@@ -226,18 +230,19 @@ class Sink:
             more=True,
         )
 
-    def drain(self, buffer: Buffer) -> _Outcome:
-        """One batch of one buffer queue; errors are logged and leave the messages queued."""
+    def drain(self, buffer: Buffer, wait: int | None = None) -> _Outcome:
+        """One batch of one buffer queue (its first receive waits `wait` seconds, the setting's
+        long poll by default); errors are logged and leave the messages queued."""
         try:
-            return self._drain(buffer)
+            return self._drain(buffer, self._settings.wait_time_seconds if wait is None else wait)
         except (BotoCoreError, ClientError, psycopg.Error) as exc:
             self._log.warning(
                 "buffer_drain_failed", dataset_uuid=str(buffer.dataset_uuid), error=str(exc)
             )
             return _Outcome(failed=True)
 
-    def _drain(self, buffer: Buffer) -> _Outcome:
-        messages = self._receive(buffer)
+    def _drain(self, buffer: Buffer, wait: int) -> _Outcome:
+        messages = self._receive(buffer, wait)
         outcome = _Outcome(messages=len(messages))
         if not messages:
             return outcome
@@ -264,11 +269,11 @@ class Sink:
         self._delete(buffer, done)
         return outcome
 
-    def _receive(self, buffer: Buffer) -> list[Message]:
-        """One long poll, then more receives without waiting while they come back full, up to
-        `messages_per_write` messages."""
+    def _receive(self, buffer: Buffer, wait: int) -> list[Message]:
+        """One receive waiting `wait` seconds, then more without waiting while they come back
+        full, up to `messages_per_write` messages."""
         settings = self._settings
-        received = self._receive_once(buffer, settings.wait_time_seconds)
+        received = self._receive_once(buffer, wait)
         while (
             len(received) % settings.receive_max_messages == 0
             and received
