@@ -66,7 +66,7 @@ def cloexec_all_supported() -> bool:
     return int(libc.syscall(_SYS_CLOSE_RANGE, empty, empty, _CLOSE_RANGE_CLOEXEC)) == 0
 
 
-def _death_signal_preexec(
+def _child_setup(
     switch_to: OperatorIdentity | None = None,
 ) -> Callable[[], None] | None:
     """The child's set-up before exec: `switch_to`'s user (for a loop that cannot switch users
@@ -118,7 +118,7 @@ async def spawn_operator(
         close_fds=True,
         pass_fds=(),
         start_new_session=True,
-        preexec_fn=_death_signal_preexec(None if switches_users else identity),
+        preexec_fn=_child_setup(None if switches_users else identity),
         limit=line_limit,
         **switch,
     )
