@@ -62,6 +62,18 @@ def wait_all(dispatcher: Dispatcher, task_ids: list[str], status: str) -> list[d
     return [dispatcher.wait_status(task_id, status, timeout=60) for task_id in task_ids]
 
 
+def wait_not_claimed_deleted(
+    telemetry: Telemetry, count: int, what: str, *, timeout: float
+) -> None:
+    """Wait until `count` wake-ups were answered NotClaimed and deleted."""
+
+    def deleted() -> bool:
+        text = telemetry.prometheus_text()
+        return value(text, "taskplat_sqs_deleted_total", why="not_claimed") == count
+
+    wait_for(deleted, timeout=timeout, what=f"{what} to be deleted")
+
+
 def test_claim_ahead_runs_queued_tasks_without_their_messages(
     dispatcher: Dispatcher, queue: Queue, operators_file: Path
 ) -> None:
@@ -79,14 +91,7 @@ def test_claim_ahead_runs_queued_tasks_without_their_messages(
         # The wake-ups of the tasks claimed ahead arrive late: NotClaimed, deleted.
         wake_all(queue, ahead)
         queue.wait_empty(timeout=30)
-        wait_for(
-            lambda: (
-                value(telemetry.prometheus_text(), "taskplat_sqs_deleted_total", why="not_claimed")
-                == len(ahead)
-            ),
-            timeout=15,
-            what="every late wake-up to be deleted",
-        )
+        wait_not_claimed_deleted(telemetry, len(ahead), "every late wake-up", timeout=15)
     assert all(len(task["attempts"]) == 1 for task in done)
     text = telemetry.prometheus_text()
     assert by_label(text, "taskplat_worker_tasks_total", "outcome") == {"Completed": 14}
@@ -332,14 +337,7 @@ def test_a_full_receive_of_stale_wake_ups_does_not_claim_ahead(
             telemetry.prometheus_text(), "taskplat_dispatcher_calls_total", route=CLAIM_NEXT
         )
         wake_all(queue, finished)  # a full receive again, every one of them stale
-        wait_for(
-            lambda: (
-                value(telemetry.prometheus_text(), "taskplat_sqs_deleted_total", why="not_claimed")
-                == len(finished)
-            ),
-            timeout=30,
-            what="the stale wake-ups to be deleted",
-        )
+        wait_not_claimed_deleted(telemetry, len(finished), "the stale wake-ups", timeout=30)
         polls = value(telemetry.prometheus_text(), "taskplat_sqs_requests_total", op="receive")
         wait_for(
             lambda: (
