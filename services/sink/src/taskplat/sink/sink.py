@@ -230,11 +230,11 @@ class Sink:
             more=True,
         )
 
-    def drain(self, buffer: Buffer, wait: int | None = None) -> _Outcome:
-        """One batch of one buffer queue (its first receive waits `wait` seconds, the setting's
-        long poll by default); errors are logged and leave the messages queued."""
+    def drain(self, buffer: Buffer, wait: int) -> _Outcome:
+        """One batch of one buffer queue (its first receive waits `wait` seconds); errors are
+        logged and leave the messages queued."""
         try:
-            return self._drain(buffer, self._settings.wait_time_seconds if wait is None else wait)
+            return self._drain(buffer, wait)
         except (BotoCoreError, ClientError, psycopg.Error) as exc:
             self._log.warning(
                 "buffer_drain_failed", dataset_uuid=str(buffer.dataset_uuid), error=str(exc)

@@ -67,9 +67,6 @@ class TurnBatcher(Generic[Item, Result]):
         future: asyncio.Future[Result] = loop.create_future()
         self._waiting.append(_Waiting(item, future, contextvars.copy_context()))
         if self._linger and self._no_more_coming():
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
             loop.call_soon(self._flush)  # a full batch, or all there will be, does not linger
         elif not self._flush_scheduled:
             self._flush_scheduled = True
