@@ -5,6 +5,7 @@ batch claims, batch completions and batched deletions give each item its own out
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -350,3 +351,36 @@ def test_a_full_receive_of_stale_wake_ups_does_not_claim_ahead(
         text = telemetry.prometheus_text()
         assert value(text, "taskplat_dispatcher_calls_total", route=CLAIM_NEXT) == ahead
         assert dispatcher.get(unwoken)["status"] == "Queued"
+
+
+def test_a_slot_runs_the_next_task_while_the_last_one_is_reported(
+    dispatcher: Dispatcher, queue: Queue, operators_file: Path
+) -> None:
+    """A slot is free once its operator exits: with one slot, the second task runs while the
+    first one's completion is still being reported. Reports beyond `concurrency` hold a slot:
+    the third task waits until a report is answered."""
+    telemetry = Telemetry(SERVICE)
+    answered = threading.Event()
+    first, second, third = create_many(dispatcher, 3)
+    settings = {"concurrency": 1, "claim_ahead": False}
+    with running_wrapper(dispatcher, queue, operators_file, telemetry, **settings) as running:
+        assert running.wrapper is not None
+        wrapper = running.wrapper
+        completions = wrapper.executor.completions
+        report = completions.complete
+
+        async def held(body: CompleteRequest, *, until: float) -> Any:
+            while not answered.is_set():
+                await asyncio.sleep(0.01)
+            return await report(body, until=until)
+
+        completions.complete = held  # type: ignore[method-assign]
+        wake_all(queue, [first, second, third])
+        wait_for(lambda: wrapper.reporting == 2, timeout=30, what="two reports in flight")
+        assert [dispatcher.get(task_id)["status"] for task_id in (first, second, third)] == [
+            "Running",
+            "Running",
+            "Queued",
+        ]
+        answered.set()
+        wait_all(dispatcher, [first, second, third], "Completed")

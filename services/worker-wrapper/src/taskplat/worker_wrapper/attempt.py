@@ -17,6 +17,9 @@ Invariants:
   * The operator runs inside the `operator.run` span and continues the trace from it:
     `TRACEPARENT` (and `TRACESTATE`) in its environment in per-task mode, `traceparent` (and
     `tracestate`) in its task line in pooled mode. Nothing is added when tracing is off.
+  * Once the operator has exited (and its records are published), the wrapper is told
+    (`Abort.operator_exited`) before the outcome is reported: the slot may take the next task
+    while this attempt's report, heartbeats and visibility renewals go on.
   * Each attempt counts once in `taskplat.worker.tasks` and `taskplat.operator.run_time` with how
     it ended (see `observability`), and is counted busy while it runs; an accepted completion is
     logged `task_completed`, `task_failed` or `task_canceled`.
@@ -124,6 +127,7 @@ class RunningTask:
         visibility = asyncio.ensure_future(self._visibility_loop(self.delivery))
         try:
             outcome = await self._publish_rest(await self._run_operator())
+            self.abort.operator_exited()
             ended = await self._report(outcome)
         finally:
             for task in (heartbeats, visibility):

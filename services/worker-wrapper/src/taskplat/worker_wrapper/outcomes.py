@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -62,12 +62,23 @@ def failure(reason: str, stderr_tail: str = "") -> Failed:
 
 
 class Abort:
-    """A one-shot stop signal for one running task."""
+    """A one-shot stop signal for one running task, and the wrapper's notice that the task's
+    operator has exited (`operator_exited`, at most once: its slot may run another task while
+    the outcome is reported)."""
 
     def __init__(self) -> None:
         self._event = asyncio.Event()
         self.reason: StopReason | None = None
         self.detail = ""
+        self._on_exit: Callable[[], None] | None = None
+
+    def when_operator_exits(self, callback: Callable[[], None]) -> None:
+        self._on_exit = callback
+
+    def operator_exited(self) -> None:
+        callback, self._on_exit = self._on_exit, None
+        if callback is not None:
+            callback()
 
     def trigger(self, reason: StopReason, detail: str) -> bool:
         if self.reason is not None:

@@ -173,6 +173,12 @@ class WrapperSettings(
         "the queue straight from the dispatcher (`task-claim-next`) while slots are free, "
         "instead of waiting for their wake-ups; an idle wrapper still long-polls SQS.",
     )
+    report_in_background: bool = Field(
+        True,
+        description="A task's slot is free once its operator has exited: its completion is "
+        "reported (and its lease kept) in the background while the slot runs the next task. At "
+        "most `concurrency` reports run in the background; beyond that they hold their slots.",
+    )
     batch_calls: bool = Field(
         True,
         description="Batch dispatcher and SQS calls under load: the claims of one receive "

@@ -1,8 +1,11 @@
 """The wrapper's main loop: receive wake-ups while slots are free, run them, drain on stop.
 
 Invariants:
-  * At most `concurrency` deliveries and tasks claimed ahead are handled at once; a receive asks
-    for no more messages than there are free slots (and at most 10).
+  * A slot holds one delivery or task claimed ahead from its receive or claim until its operator
+    exits; with `report_in_background` the outcome is then reported (the lease kept) while the
+    slot runs the next task, and only the reports beyond `concurrency` still hold a slot. So at
+    most `concurrency` operators run, and at most 2 x `concurrency` tasks are handled, at once. A
+    receive asks for no more messages than there are free slots (and at most 10).
   * The deliveries of one receive claim with one batch call when there are more of them than
     `parallel_calls` (with `batch_calls`), else with one claim call each.
   * Claim-ahead (`claim_ahead`) is only an accelerator under a backlog: after a receive for two or
@@ -78,6 +81,7 @@ class IntakeSettings:
     batch_calls: bool = False
     parallel_calls: int = 4
     claim_next_timeout_seconds: float = 10.0
+    report_in_background: bool = False
 
 
 class WorkerWrapper:
@@ -100,7 +104,9 @@ class WorkerWrapper:
         self.drain = drain
         self._retry_base = retry_base_seconds
         self._retry_max = retry_max_seconds
-        self._running: dict[asyncio.Future[None], Abort] = {}
+        self._running: dict[asyncio.Future[None], Abort] = {}  # every task handled
+        self._reporting: set[asyncio.Future[None]] = set()  # operator exited, reporting
+        self._slot_freed = asyncio.Event()
         self._settings = intake_settings or IntakeSettings()
         self._backlog = False
         # The executor's count of claimed wake-ups before the receive that found a backlog.
@@ -112,6 +118,17 @@ class WorkerWrapper:
     @property
     def running(self) -> int:
         return len(self._running)
+
+    @property
+    def reporting(self) -> int:
+        """Tasks whose operator exited and whose outcome is being reported."""
+        return len(self._reporting)
+
+    @property
+    def _occupied(self) -> int:
+        """Slots in use: tasks before their operator exited, and reports beyond `concurrency`."""
+        reporting = len(self._reporting)
+        return len(self._running) - reporting + max(0, reporting - self.concurrency)
 
     @property
     def _busy_tick(self) -> float:
@@ -126,14 +143,10 @@ class WorkerWrapper:
         failures = 0
         try:
             while not stop.is_set():
-                free = self.concurrency - len(self._running)
+                free = self.concurrency - self._occupied
                 if free <= 0:
-                    waiting: set[asyncio.Future[Any]] = {stop_wait, *self._running}
-                    done, _ = await asyncio.wait(
-                        waiting, timeout=self._busy_tick, return_when=asyncio.FIRST_COMPLETED
-                    )
-                    if not done:  # saturated, yet the loop turns: that is progress
-                        self.health.polled()
+                    if not await self._slot_or_stop(stop_wait, self._busy_tick):
+                        self.health.polled()  # saturated, yet the loop turns: that is progress
                     continue
                 if self._backlog:
                     free = await self._gather_free_slots(free, stop_wait)
@@ -184,7 +197,31 @@ class WorkerWrapper:
         abort = Abort()
         task = asyncio.ensure_future(work(abort))
         self._running[task] = abort
-        task.add_done_callback(lambda done: self._running.pop(done, None))
+        if self._settings.report_in_background:
+            abort.when_operator_exits(lambda: self._reports(task))
+        task.add_done_callback(self._untrack)
+
+    def _reports(self, task: asyncio.Future[None]) -> None:
+        if task in self._running:
+            self._reporting.add(task)
+            self._slot_freed.set()
+
+    def _untrack(self, task: asyncio.Future[None]) -> None:
+        self._running.pop(task, None)
+        self._reporting.discard(task)
+        self._slot_freed.set()
+
+    async def _slot_or_stop(self, stop_wait: asyncio.Future[Any], timeout: float) -> bool:
+        """Wait up to `timeout` for a slot to be freed (or the stop); False on the timeout."""
+        self._slot_freed.clear()
+        freed = asyncio.ensure_future(self._slot_freed.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {stop_wait, freed}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            freed.cancel()
+        return bool(done)
 
     def _handle(
         self, delivery: Delivery, group: ClaimGroup | None
@@ -212,18 +249,16 @@ class WorkerWrapper:
         """Under a backlog, let a few more running tasks finish (a short, bounded wait) so one
         claim-next call fills several slots; the free slots then."""
         enough = min(MAX_BATCH, self.concurrency)
-        if free >= enough or not self._running:
+        if free >= enough or not self._occupied:
             return free
         loop = asyncio.get_running_loop()
         until = loop.time() + CLAIM_AHEAD_GATHER_SECONDS
-        while free < enough and self._running and not stop_wait.done():
+        while free < enough and self._occupied and not stop_wait.done():
             left = until - loop.time()
             if left <= 0:
                 break
-            await asyncio.wait(
-                {stop_wait, *self._running}, timeout=left, return_when=asyncio.FIRST_COMPLETED
-            )
-            free = self.concurrency - len(self._running)
+            await self._slot_or_stop(stop_wait, left)
+            free = self.concurrency - self._occupied
         return free
 
     async def _claim_ahead(self, free: int) -> bool:
@@ -374,5 +409,6 @@ def build_wrapper(
             batch_calls=settings.batch_calls,
             parallel_calls=settings.parallel_calls,
             claim_next_timeout_seconds=settings.http_timeout_seconds,
+            report_in_background=settings.report_in_background,
         ),
     )
