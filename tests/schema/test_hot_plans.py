@@ -136,6 +136,9 @@ VALUES: dict[str, Value] = {
     "retry_limit": _const(100),
     "max": _const(10),
     "skip_not_queued": _const(True),
+    "hold_depth": _const(100),  # the relay's hold of wake-ups deep in a claimed-ahead backlog
+    "hold_max_seconds": _const(10.0),
+    "hold_evidence_seconds": _const(2.0),
     "ids": lambda s: [s.last_outbox_id],
     "errors": _const(["boom"]),
     "delays": _const([1.0]),

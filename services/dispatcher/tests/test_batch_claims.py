@@ -12,6 +12,7 @@ from typing import Any
 from uuid import uuid4
 
 import httpx
+import psycopg
 import pytest
 from dispatcher_calls import cancel, claimed, complete, create_task
 from dispatcher_harness import TEST_QUEUES, Dispatcher
@@ -286,3 +287,32 @@ def test_concurrent_overlapping_batch_claims_claim_each_task_once_without_deadlo
     finally:
         for each in clients:
             each.close()
+
+
+def _claimed_ahead_at(db_url: str, queue: str) -> datetime | None:
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute(
+            "SELECT claimed_ahead_at FROM queues WHERE name = %s", (queue,)
+        ).fetchone()
+    assert row is not None, queue
+    stamp: datetime | None = row[0]
+    return stamp
+
+
+def test_a_full_claim_next_stamps_its_queue_claimed_ahead(
+    dispatcher: Dispatcher, db_url: str
+) -> None:
+    """The relay holds back wake-ups deep in a backlog only while its workers claim ahead: a
+    claim-next that came back full (two or more, as many as asked) says so; a partial one, or one
+    of a single task, does not."""
+    for _ in range(3):
+        create_task(dispatcher, queue="mine")
+        create_task(dispatcher, queue="other")
+    assert _claimed_ahead_at(db_url, "mine") is None
+
+    assert len(claim_next(dispatcher, "mine", 1)["claimed"]) == 1  # one task: no backlog shown
+    assert _claimed_ahead_at(db_url, "mine") is None
+    assert len(claim_next(dispatcher, "other", 10)["claimed"]) == 3  # not full
+    assert _claimed_ahead_at(db_url, "other") is None
+    assert len(claim_next(dispatcher, "mine", 2)["claimed"]) == 2  # full
+    assert _claimed_ahead_at(db_url, "mine") == dispatcher.clock.now()

@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 from uuid import uuid4
 
+import psycopg
 from dispatcher_calls import (
     cancel,
     claim,
@@ -247,3 +248,23 @@ def test_metrics_answer_without_the_gauges_when_postgres_is_unreachable(db_url: 
         assert metrics.value("taskplat_outbox_oldest_age_seconds") is None
         # The process's own metrics are still there.
         assert metrics.value(f"{HTTP}_count", method="GET", route="/healthz", status="200") == 1
+
+
+def test_a_held_wake_up_is_late_only_from_when_it_came_due_again(
+    dispatcher: Dispatcher, db_url: str
+) -> None:
+    """The relay holds back wake-ups deep in a backlog that is claimed ahead (migration 0013):
+    waiting to be looked at again is not lateness, and the relay scales on this gauge."""
+    clock = dispatcher.clock
+    create_task(dispatcher, queue="gamma")
+    clock.advance(15)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE outbox SET held = true, available_at = %s WHERE sent_at IS NULL",
+            (clock.now() + timedelta(seconds=5),),
+        )
+    metrics = scrape(dispatcher)
+    assert metrics.series("taskplat_outbox_pending", "kind")[("enqueue_task",)] == 1
+    assert metrics.value("taskplat_outbox_oldest_age_seconds") == 0.0
+    clock.advance(7)  # due for 2 s, the relay has not come to it yet
+    assert scrape(dispatcher).value("taskplat_outbox_oldest_age_seconds") == 2.0

@@ -10,6 +10,10 @@ Invariants:
     LOCKED), oldest first, never more than `max`.
   * No claim hands out a task of a paused queue: a single or batch claim of one answers NotClaimed
     `Paused`, claim-next answers no task.
+  * A claim-next that comes back full (two or more tasks, as many as asked) stamps its queue's
+    `claimed_ahead_at` (migration 0013), at most once per `CLAIMED_AHEAD_STAMP_SECONDS` per queue
+    and dispatcher: the relay then holds back wake-ups deep in that queue's backlog. The stamp is
+    its own statement after the claim committed; a failed stamp fails nothing (logged).
   * Each claim and each NotClaimed answer is recorded after the statement committed.
   * Every Claimed answer carries the attempt token of the attempt it claimed (and, for an
     untrusted task, its capability token), issued from the committed row.
@@ -17,10 +21,13 @@ Invariants:
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Sequence
 from typing import Any
 from uuid import UUID, uuid4
 
+import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool
@@ -31,8 +38,9 @@ from taskplat.common.contracts import (
     NotClaimedReason,
     NotClaimedResponse,
 )
+from taskplat.common.logging import get_logger
 from taskplat.dispatcher.recorder import Recorder
-from taskplat.dispatcher.repository import batch
+from taskplat.dispatcher.repository import batch, queues
 from taskplat.dispatcher.repository import tasks as repo
 from taskplat.dispatcher.service_rules import NOT_CLAIMED_REASONS
 from taskplat.dispatcher.settings import DispatcherSettings
@@ -42,6 +50,8 @@ from taskplat.dispatcher.views import claim_task_payload
 Conn = AsyncConnection[DictRow]
 Row = dict[str, Any]
 ClaimAnswer = ClaimedResponse | NotClaimedResponse
+
+CLAIMED_AHEAD_STAMP_SECONDS = 1.0
 
 
 def _reason(fence: Row | None) -> NotClaimedReason:
@@ -66,6 +76,7 @@ class Claims:
         self._settings = settings
         self._recorder = recorder
         self._tokens = tokens
+        self._claimed_ahead_stamped: dict[str, float] = {}  # queue -> monotonic time
 
     def _claimed(self, row: Row) -> ClaimedResponse:
         return ClaimedResponse(
@@ -122,6 +133,18 @@ class Claims:
         params = {**self._params(worker_id), "queue": queue, "max": limit}
         async with self._pool.connection() as conn:
             rows = await batch.claim_next(conn, params)  # one statement: committed on return
+            if len(rows) >= max(limit, 2):
+                await self._stamp_claimed_ahead(conn, queue)
         for row in rows:
             self._recorder.task_claimed(row)
         return [self._claimed(row) for row in rows]
+
+    async def _stamp_claimed_ahead(self, conn: Conn, queue: str) -> None:
+        now = time.monotonic()
+        if now - self._claimed_ahead_stamped.get(queue, -math.inf) < CLAIMED_AHEAD_STAMP_SECONDS:
+            return
+        self._claimed_ahead_stamped[queue] = now
+        try:
+            await queues.mark_claimed_ahead(conn, queue, self._clock.sql_now())
+        except psycopg.Error as exc:  # a hint for the relay: the claim stands without it
+            get_logger().warning("claimed_ahead_not_stamped", queue=queue, error=str(exc))

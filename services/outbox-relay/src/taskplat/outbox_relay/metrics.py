@@ -1,9 +1,10 @@
 """The relay's metrics and its `outbox.send` spans.
 
 Invariants:
-  * every claimed row gets one span "outbox.send" (kind PRODUCER) whose parent is the row's stored
-    W3C context (`extract(row.trace_context)`; a row without one starts a new trace), and the SQS
-    message carries `inject()` of that span, so the relay is a link of the task's trace. With
+  * every claimed row not held gets one span "outbox.send" (kind PRODUCER) whose parent is the
+    row's stored W3C context (`extract(row.trace_context)`; a row without one starts a new trace),
+    and the SQS message carries `inject()` of that span, so the relay is a link of the task's
+    trace. With
     tracing off the span is the row's own (non-recording) context, so the row's context is
     forwarded unchanged and costs nothing;
   * each span ends exactly once, with status ERROR and the reason when its row was not sent;
@@ -11,8 +12,10 @@ Invariants:
     `taskplat.sqs.sent{queue,kind}` messages SQS accepted, `taskplat.sqs.send_errors{queue,kind}`
     rows whose send failed for any reason (SQS refused or unreachable, missing queue, unsendable
     row), `taskplat.outbox.relayed{kind}` rows that left the outbox (sent, or skipped because the
-    task was no longer Queued), `taskplat.outbox.skipped{kind}` the skipped ones; both counted only
-    once the batch committed. A skipped row's span carries `taskplat.outbox.skipped = true`;
+    task was no longer Queued), `taskplat.outbox.skipped{kind}` the skipped ones,
+    `taskplat.outbox.held{kind}` wake-ups held back (still pending: one row counts each time it is
+    held); all counted only once the batch committed. A skipped row's span carries
+    `taskplat.outbox.skipped = true`; a held row gets no span (it is not sent now);
   * routing (`route_event` rows, counted once their batch committed):
     `taskplat.events.routed{outcome}` events decided (`routed`, `NotCurrentVersion`,
     `UnknownDataset`), `taskplat.events.tasks_created` downstream tasks created, and the
@@ -51,6 +54,7 @@ class RelayMetrics:
         self._errors: Any = None
         self._relayed: Any = None
         self._skipped: Any = None
+        self._held: Any = None
         self._requests: Any = None
         self._routed: Any = None
         self._routed_tasks: Any = None
@@ -81,6 +85,11 @@ class RelayMetrics:
             self._skipped = telemetry.counter(
                 "taskplat.outbox.skipped",
                 description="Wake-ups marked sent unsent: the task was no longer Queued, by kind.",
+            )
+            self._held = telemetry.counter(
+                "taskplat.outbox.held",
+                description="Wake-ups held back (left pending, due again later): their task is "
+                "deep in a backlog its queue's workers claim ahead, by kind.",
             )
             self._requests = telemetry.counter(
                 "taskplat.sqs.requests", description="SQS API calls, by operation."
@@ -137,6 +146,9 @@ class RelayMetrics:
 
     def skipped(self, rows: Iterable[OutboxRow]) -> None:
         _add(self._skipped, Counter((row.kind,) for row in rows), ("kind",))
+
+    def held(self, rows: Iterable[OutboxRow]) -> None:
+        _add(self._held, Counter((row.kind,) for row in rows), ("kind",))
 
     def routed(self, events: Iterable[RoutedEvent], committed_at: datetime) -> None:
         if self._routed is None:

@@ -6,7 +6,10 @@ other relays, through SKIP LOCKED) exactly as long as the batch. Every update is
 `sent_at IS NULL`, so a row is marked sent at most once. With `skip_not_queued`, `claim_pending`
 itself marks sent (with `skipped = true`) the `enqueue_task` rows whose task is not Queued in its
 snapshot and returns them flagged `skipped`: nothing is to be sent for them. Every transition into
-Queued writes its own `enqueue_task` row, so a task Queued when its row is claimed is always sent.
+Queued writes its own `enqueue_task` row, so a task Queued when its row is claimed is always sent,
+or held: with a `Hold` depth, the wake-up of a task deep in a backlog that its queue's workers drain
+by claiming ahead stays pending (flagged `held`, due again within `Hold.max_seconds`) instead of
+being sent; each time it comes due it is skipped, held again or sent: delayed, never lost.
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ Q = load_queries("taskplat.outbox_relay", "outbox.sql")
 Conn = Connection[DictRow]
 OutboxKind = Literal["enqueue_task", "dead_letter", "route_event", "invoke_lambda"]
 
+# A queue counts as claimed ahead for this long after a full claim-next (migration 0013); the
+# dispatcher stamps it at most once a second while its workers drain a backlog.
+HOLD_EVIDENCE_SECONDS = 2.0
+
 
 @dataclass(frozen=True, slots=True)
 class OutboxRow:
@@ -39,6 +46,8 @@ class OutboxRow:
     send_attempts: int
     # Marked sent without a message: its task was not Queued when the row was claimed.
     skipped: bool = False
+    # Held back, still pending: its task is deep in a backlog its workers claim ahead.
+    held: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,13 +59,37 @@ class Failure:
     delay_seconds: float
 
 
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """When wake-ups are held back (`claim_pending`): `depth` Queued tasks ahead (0: never), the
+    queue claimed ahead within `evidence_seconds`; due again within `max_seconds`."""
+
+    depth: int = 0
+    max_seconds: float = 10.0
+    evidence_seconds: float = HOLD_EVIDENCE_SECONDS
+
+
 def claim_pending(
-    conn: Conn, *, limit: int, now: datetime | None, skip_not_queued: bool = False
+    conn: Conn,
+    *,
+    limit: int,
+    now: datetime | None,
+    skip_not_queued: bool = False,
+    hold: Hold | None = None,
 ) -> list[OutboxRow]:
     """Lock and return up to `limit` due, unsent rows, oldest due first (`available_at`, then
     `outbox_id`); with `skip_not_queued`, wake-ups of tasks no longer Queued come back already
-    marked sent and flagged `skipped`."""
-    params = {"limit": limit, "now": now, "skip_not_queued": skip_not_queued}
+    marked sent and flagged `skipped`, and (with a `hold` depth) wake-ups deep in a backlog that
+    is claimed ahead come back still pending, due later, and flagged `held`."""
+    hold = hold or Hold()
+    params = {
+        "limit": limit,
+        "now": now,
+        "skip_not_queued": skip_not_queued,
+        "hold_depth": hold.depth,
+        "hold_max_seconds": hold.max_seconds,
+        "hold_evidence_seconds": hold.evidence_seconds,
+    }
     rows = conn.execute(Q["claim_pending"], params).fetchall()
     return [
         OutboxRow(
@@ -68,6 +101,7 @@ def claim_pending(
             trace_context=row["trace_context"],
             send_attempts=row["send_attempts"],
             skipped=row["skipped"],
+            held=row["held"],
         )
         for row in rows
     ]

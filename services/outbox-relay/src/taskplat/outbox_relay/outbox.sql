@@ -12,6 +12,12 @@
 -- returned with skipped = true so the caller sends nothing for it. Safe because every transition
 -- into Queued writes its own `enqueue_task` row in the same transaction: a task that is Queued
 -- when it is looked at is always sent, and one that becomes Queued later has a newer row.
+-- Also with it, and %(hold_depth)s > 0: when the row's queue was claimed ahead within the last
+-- %(hold_evidence_seconds)s (migration 0013) and at least %(hold_depth)s of its Queued tasks were
+-- queued before the row's task (`fronts`: the queued_at of the queue's hold_depth-th oldest Queued
+-- task, one read of tasks_queued_idx per queue of the batch), the row is held: it stays pending,
+-- due again after twice its age (at least 1 s, at most %(hold_max_seconds)s), and is returned
+-- with held = true so the caller sends nothing for it now.
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 batch AS (
     SELECT o.outbox_id, o.kind, o.task_id, o.queue, o.payload, o.trace_context,
@@ -24,26 +30,65 @@ batch AS (
     LIMIT %(limit)s
     FOR UPDATE OF o SKIP LOCKED
 ),
+fronts AS (
+    SELECT q.name AS queue,
+           (SELECT t.queued_at
+            FROM tasks AS t
+            WHERE t.status = 'Queued' AND t.queue = q.name
+            ORDER BY t.queue, t.queued_at  -- tasks_queued_idx's order: read hold_depth entries
+            OFFSET %(hold_depth)s - 1
+            LIMIT 1) AS front_end
+    FROM queues AS q, n
+    WHERE %(hold_depth)s > 0
+      AND q.claimed_ahead_at > n.now - make_interval(secs => %(hold_evidence_seconds)s)
+      AND q.name IN (SELECT b.queue FROM batch AS b WHERE b.kind = 'enqueue_task')
+),
 claimed AS (
-    SELECT b.*,
-           (b.kind = 'enqueue_task' AND t.status IS DISTINCT FROM 'Queued') AS skip
+    -- A wake-up's task, looked up by primary key (`IS TRUE`: no partial index matches, so the
+    -- lookup is never a read of the whole Queued index): its queued_at while it is Queued, else
+    -- NULL (claimed, canceled, finished, pruned).
+    SELECT b.outbox_id, b.queue, b.kind,
+           CASE WHEN b.kind = 'enqueue_task' THEN
+               (SELECT coalesce(t.queued_at, '-infinity')
+                FROM tasks AS t
+                WHERE t.task_id = b.task_id AND (t.status = 'Queued') IS TRUE)
+           END AS queued_at
     FROM batch AS b
-    LEFT JOIN tasks AS t ON t.task_id = b.task_id
     WHERE %(skip_not_queued)s::boolean
+),
+to_hold AS (
+    SELECT c.outbox_id
+    FROM claimed AS c
+    JOIN fronts AS f ON f.queue = c.queue
+    WHERE c.queued_at > f.front_end
 ),
 skipped AS (
     UPDATE outbox AS o
     SET sent_at = n.now,
         skipped = true
     FROM n
-    WHERE o.outbox_id = ANY (ARRAY(SELECT c.outbox_id FROM claimed AS c WHERE c.skip))
+    WHERE o.outbox_id = ANY (ARRAY(
+              SELECT c.outbox_id FROM claimed AS c
+              WHERE c.kind = 'enqueue_task' AND c.queued_at IS NULL))
+      AND o.sent_at IS NULL
+    RETURNING o.outbox_id
+),
+held AS (
+    UPDATE outbox AS o
+    SET held = true,
+        available_at = n.now + make_interval(secs => least(
+            %(hold_max_seconds)s,
+            greatest(1.0, 2 * extract(epoch FROM n.now - o.created_at))::double precision))
+    FROM n
+    WHERE o.outbox_id = ANY (ARRAY(SELECT h.outbox_id FROM to_hold AS h))
       AND o.sent_at IS NULL
     RETURNING o.outbox_id
 )
 SELECT b.outbox_id, b.kind, b.task_id, b.queue, b.payload, b.trace_context, b.send_attempts,
-       s.outbox_id IS NOT NULL AS skipped
+       s.outbox_id IS NOT NULL AS skipped, h.outbox_id IS NOT NULL AS held
 FROM batch AS b
 LEFT JOIN skipped AS s USING (outbox_id)
+LEFT JOIN held AS h USING (outbox_id)
 ORDER BY b.available_at, b.outbox_id
 
 -- name: mark_sent

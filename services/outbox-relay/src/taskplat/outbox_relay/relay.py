@@ -24,6 +24,13 @@ Invariants:
     `enqueue_task` row in the same transaction, so a task Queued when its row is claimed is always
     sent, and a task that becomes Queued again later has a newer pending row. Without the setting
     every row is sent whatever the task's state (a stale wake-up is harmless, only wasted);
+  * with it and `hold_depth`, a wake-up whose task has `hold_depth` Queued tasks of its queue
+    ahead of it, while that queue's workers claim ahead (a full `task-claim-next` in the last
+    2 s), is held: not sent, left pending and due again after twice its age (1 s to
+    `hold_max_seconds`). Those workers take the oldest Queued tasks first without wake-ups, so
+    the held row is usually skipped when it comes due; if nobody claims ahead any more, or the
+    task is near the front, it is sent then. A held wake-up is delayed, never lost, and counts
+    in `taskplat.outbox.held{kind}`, not in `relayed`;
   * skipped rows count in `taskplat.outbox.skipped{kind}` and, like sent rows, in
     `taskplat.outbox.relayed{kind}` (rows that left the outbox); every SQS API call of the relay's
     client counts once in `taskplat.sqs.requests{op}` (`op` = botocore's snake_case operation
@@ -89,6 +96,8 @@ class RelayBatch:
     failed: int
     # Wake-ups marked sent without a message (their task was no longer Queued).
     skipped: int = field(default=0, kw_only=True)
+    # Wake-ups held back, still pending (their task deep in a backlog claimed ahead).
+    held: int = field(default=0, kw_only=True)
     # Events routed to downstream jobs (`route_event` rows), and the tasks that created.
     routed: int = field(default=0, kw_only=True)
     tasks_created: int = field(default=0, kw_only=True)
@@ -115,6 +124,10 @@ class Relay:
         self._telemetry = telemetry
         self._metrics = RelayMetrics(telemetry)
         self._metrics.watch_sqs(sqs)
+        self._hold = outbox.Hold(
+            depth=settings.hold_depth if settings.skip_not_queued else 0,
+            max_seconds=settings.hold_max_seconds,
+        )
 
     def run_once(self) -> RelayBatch:
         """Claim, send and mark one batch in one transaction."""
@@ -127,11 +140,12 @@ class Relay:
                     limit=self._settings.batch_size,
                     now=now,
                     skip_not_queued=self._settings.skip_not_queued,
+                    hold=self._hold,
                 )
                 if not rows:
                     return RelayBatch(0, 0, 0, 0, more=False)
                 route_rows = [row for row in rows if row.kind == "route_event"]
-                messages = [row for row in rows if row.kind != "route_event"]
+                messages = [row for row in rows if row.kind != "route_event" and not row.held]
                 spans = {row.outbox_id: self._metrics.start_span(row) for row in messages}
                 routed, route_failures = self._route(conn, route_rows, now)
                 accepted, failures = self._send([row for row in messages if not row.skipped], spans)
@@ -150,6 +164,8 @@ class Relay:
         marked_ids = set(marked)
         skipped = [row for row in rows if row.skipped]
         self._metrics.skipped(skipped)
+        held = [row for row in rows if row.held]
+        self._metrics.held(held)
         self._metrics.relayed(row for row in rows if row.outbox_id in marked_ids or row.skipped)
         dead_letters = sum(1 for row in accepted if row.kind == "dead_letter")
         return RelayBatch(
@@ -158,6 +174,7 @@ class Relay:
             dead_letters_sent=dead_letters,
             failed=len(failures) + len(route_failures),
             skipped=len(skipped),
+            held=len(held),
             routed=len(routed),
             tasks_created=sum(len(event.tasks) for event in routed),
             more=len(rows) >= self._settings.batch_size or any(event.tasks for event in routed),

@@ -64,7 +64,29 @@ class RelaySettings(
         True,
         description=(
             "Mark a wake-up sent without sending it when its task is no longer Queued (claimed, "
-            "canceled or gone) at send time; a task still Queued always gets its message."
+            "canceled or gone) at send time; a task still Queued gets its message (at once, or "
+            "after a hold: `hold_depth`)."
+        ),
+    )
+    hold_depth: int = Field(
+        100,
+        ge=0,
+        le=100_000,
+        description=(
+            "With `skip_not_queued`: while a queue's workers claim ahead (a `task-claim-next` of "
+            "the queue came back full in the last 2 s), the wake-up of a task with at least this "
+            "many Queued tasks of its queue ahead of it is held back instead of sent, and looked "
+            "at again later: skipped once the task is claimed, sent once it is near the front or "
+            "nobody claims ahead. 0: send every wake-up at once."
+        ),
+    )
+    hold_max_seconds: float = Field(
+        10.0,
+        ge=1,
+        le=60,
+        description=(
+            "A held wake-up is looked at again after twice its row's age, at least 1 s and at "
+            "most this long: the longest a held wake-up waits once nobody claims ahead."
         ),
     )
     retry_base_seconds: float = Field(

@@ -23,12 +23,16 @@ UNION ALL
 SELECT queue, 'Failed', count(*), NULL FROM tasks WHERE status = 'Failed' GROUP BY queue
 
 -- name: outbox_gauges
--- Pending (unsent) outbox rows by kind and the age of the oldest by created_at.
+-- Pending (unsent) outbox rows by kind and the age of the oldest: by created_at, except for a row
+-- the relay held back (migration 0013), which is late only from when it came due again.
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
 SELECT o.kind, o.pending,
-       greatest(extract(epoch FROM n.now - o.oldest), 0)::double precision AS oldest_age
-FROM (SELECT kind, count(*) AS pending, min(created_at) AS oldest
-      FROM outbox
+       coalesce(greatest(extract(epoch FROM n.now - o.oldest), 0), 0)::double precision
+           AS oldest_age
+FROM (SELECT kind, count(*) AS pending,
+             min(CASE WHEN NOT held THEN created_at
+                      WHEN available_at <= n.now THEN available_at END) AS oldest
+      FROM outbox, n
       WHERE sent_at IS NULL
       GROUP BY kind) AS o, n
 

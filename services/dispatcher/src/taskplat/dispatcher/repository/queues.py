@@ -33,6 +33,10 @@ async def register_queues(conn: Conn, names: Sequence[str], now: datetime | None
     await conn.execute(Q["register_queues"], {"names": list(names), "now": now})
 
 
+async def mark_claimed_ahead(conn: Conn, name: str, now: datetime | None) -> None:
+    await conn.execute(Q["mark_claimed_ahead"], {"name": name, "now": now})
+
+
 async def known_queues(conn: Conn) -> list[str]:
     return [row["name"] for row in await _all(conn, "known_queues", {})]
 

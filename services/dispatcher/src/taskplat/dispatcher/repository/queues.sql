@@ -75,6 +75,10 @@ ob AS (
 )
 SELECT (SELECT count(*) FROM resumed) AS resumed, (SELECT count(*) FROM announced) AS announced
 
+-- name: mark_claimed_ahead
+-- A claim-next of the queue came back full (migration 0013): the relay may hold back wake-ups.
+UPDATE queues SET claimed_ahead_at = coalesce(%(now)s::timestamptz, now()) WHERE name = %(name)s
+
 -- name: queue_exists
 SELECT name, paused FROM queues WHERE name = %(name)s
 
