@@ -114,25 +114,22 @@ def test_held_wake_ups_are_sent_once_nobody_claims_ahead(
     assert sorted(task_ids_of(queues.receive(url, 2))) == sorted(tasks[3:])
 
 
-def test_without_a_recent_claim_ahead_every_wake_up_is_sent(
-    relay: Relay, rows: Rows, queues: Queues, clock: FakeClock, db_url: str
-) -> None:
-    url = queues.create(QUEUE)
-    _claimed_ahead(db_url, clock.now() - timedelta(seconds=3))
-    tasks = _backlog(rows, clock, 5)
-    assert relay.run_once() == RelayBatch(
-        claimed=5, sent=5, dead_letters_sent=0, failed=0, more=False
-    )
-    assert sorted(task_ids_of(queues.receive(url, 5))) == sorted(tasks)
-
-
-@pytest.mark.parametrize("relay_overrides", [{"hold_depth": 0}])
-def test_hold_depth_zero_sends_every_wake_up(
-    relay: Relay, rows: Rows, queues: Queues, clock: FakeClock, db_url: str
+@pytest.mark.parametrize(
+    ("relay_overrides", "stamp_age_seconds"),
+    [({"hold_depth": DEPTH}, 3.0), ({"hold_depth": 0}, 0.0)],
+    ids=["claimed-ahead-3s-ago", "hold-depth-0"],
+)
+def test_without_a_recent_claim_ahead_or_a_hold_depth_every_wake_up_is_sent(
+    relay: Relay,
+    rows: Rows,
+    queues: Queues,
+    clock: FakeClock,
+    db_url: str,
+    stamp_age_seconds: float,
 ) -> None:
     url = queues.create(QUEUE)
     tasks = _backlog(rows, clock, 5)
-    _claimed_ahead(db_url, clock.now())
+    _claimed_ahead(db_url, clock.now() - timedelta(seconds=stamp_age_seconds))
     assert relay.run_once() == RelayBatch(
         claimed=5, sent=5, dead_letters_sent=0, failed=0, more=False
     )
