@@ -15,7 +15,7 @@
 -- Also with it, and %(hold_depth)s > 0: when the row's queue was claimed ahead within the last
 -- %(hold_evidence_seconds)s (migration 0013) and at least %(hold_depth)s of its Queued tasks were
 -- queued before the row's task (`fronts`: the queued_at of the queue's hold_depth-th oldest Queued
--- task, one read of tasks_queued_idx per queue of the batch), the row is held: it stays pending,
+-- task, looked up once per queue of the batch), the row is held: it stays pending,
 -- due again after twice its age (at least 1 s, at most %(hold_max_seconds)s), and is returned
 -- with held = true so the caller sends nothing for it now.
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
@@ -35,7 +35,8 @@ fronts AS (
            (SELECT t.queued_at
             FROM tasks AS t
             WHERE t.status = 'Queued' AND t.queue = q.name
-            ORDER BY t.queue, t.queued_at  -- tasks_queued_idx's order: read hold_depth entries
+            -- tasks_queued_idx's order, so a plan may stop after hold_depth entries
+            ORDER BY t.queue, t.queued_at
             OFFSET %(hold_depth)s - 1
             LIMIT 1) AS front_end
     FROM queues AS q, n
