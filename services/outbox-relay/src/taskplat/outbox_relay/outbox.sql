@@ -15,7 +15,8 @@
 -- Also with it, and %(hold_depth)s > 0: when the row's queue was claimed ahead within the last
 -- %(hold_evidence_seconds)s (migration 0013) and at least %(hold_depth)s of its Queued tasks were
 -- queued before the row's task (`fronts`: the queued_at of the queue's hold_depth-th oldest Queued
--- task, looked up once per queue of the batch), the row is held: it stays pending,
+-- task, looked up once per queue of the batch: MATERIALIZED, else the planner may inline it into
+-- the join and look it up again for every row), the row is held: it stays pending,
 -- due again after twice its age (at least 1 s, at most %(hold_max_seconds)s), and is returned
 -- with held = true so the caller sends nothing for it now.
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
@@ -30,7 +31,7 @@ batch AS (
     LIMIT %(limit)s
     FOR UPDATE OF o SKIP LOCKED
 ),
-fronts AS (
+fronts AS MATERIALIZED (
     SELECT q.name AS queue,
            (SELECT t.queued_at
             FROM tasks AS t
