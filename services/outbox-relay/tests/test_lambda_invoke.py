@@ -11,6 +11,7 @@ signing keys (nothing claimed)."""
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from psycopg_pool import ConnectionPool
 from pydantic import SecretStr
 from relay_harness import Queues, Rows, make_settings
 
+from taskplat.common.db.notify import INVOKE_CHANNEL
 from taskplat.common.tokens.attempt import attempt_key_ring, verify_attempt_token
 from taskplat.common.tokens.keys import TokenKeySettings
 from taskplat.devstack.lambda_endpoint import Invocation, LocalLambda
@@ -48,14 +50,17 @@ DAG = {
 FINISHED = ("succeeded", "error", "crashed", "timed_out")
 
 
+LAMBDA_OVERRIDES: dict[str, object] = {
+    "attempt_token_keys": KEYS,
+    "attempt_token_active_kid": "k1",
+    "lambda_function_prefix": "tp-",
+    "lambda_grace_seconds": 5,
+}
+
+
 @pytest.fixture
 def relay_overrides() -> dict[str, object]:
-    return {
-        "attempt_token_keys": KEYS,
-        "attempt_token_active_kid": "k1",
-        "lambda_function_prefix": "tp-",
-        "lambda_grace_seconds": 5,
-    }
+    return LAMBDA_OVERRIDES
 
 
 @pytest.fixture
@@ -143,6 +148,41 @@ def test_a_lambda_job_is_woken_by_an_invocation_not_a_message(
     relay.run_once()
     assert outbox(db_url, lambda_task)[0]["sent_at"] is None
     assert outbox(db_url, worker_task)[0]["sent_at"] is not None
+
+
+def test_only_a_lambda_wakeup_notifies_the_invoker(d: Dispatcher, db_url: str) -> None:
+    """Other queues' wake-ups never wake the invoker (migration 0014): notifications arrive in
+    commit order, so the marker sent after the worker's run is the first one heard."""
+    with psycopg.connect(db_url, autocommit=True) as listener:
+        listener.execute(f"LISTEN {INVOKE_CHANNEL}")
+        run(d, "worker")
+        listener.execute("SELECT pg_notify(%s, 'marker')", (INVOKE_CHANNEL,))
+        run(d, "probe")
+        heard = [n.payload for n in listener.notifies(timeout=10, stop_after=2)]
+    assert heard == ["marker", ""]
+
+
+@pytest.mark.parametrize("relay_overrides", [{**LAMBDA_OVERRIDES, "interval_seconds": 30.0}])
+def test_a_lambda_run_wakes_the_invoker_long_before_its_interval(
+    d: Dispatcher, invoker: Invoker, lam: LocalLambda, rows: Rows
+) -> None:
+    stop = threading.Event()
+    thread = threading.Thread(target=invoker.run, args=(stop,), name="invoker", daemon=True)
+    thread.start()
+    try:
+        # The loop ran its first (empty) batch and now listens, waiting up to 30 s.
+        wait_for(lambda: invoker.health.batches >= 1, timeout=10, what="the first batch")
+        wait_for(lambda: rows.listeners() >= 1, timeout=10, what="the invoker to LISTEN")
+        task_id = run(d, "probe")
+        wait_for(
+            lambda: task(d, task_id)["status"] == "Completed",
+            timeout=20,
+            what="the notified run to be invoked and completed",
+        )
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    assert not thread.is_alive()
 
 
 def test_an_invocation_runs_the_attempt_and_reports_it(

@@ -42,7 +42,10 @@ Invariants:
     `failed`, `skipped`), after its transaction committed; rows that left the outbox also count in
     `taskplat.outbox.relayed{kind}` (and skipped ones in `taskplat.outbox.skipped{kind}`);
   * this path never touches the SQS batches: `claim_pending` leaves `invoke_lambda` rows alone
-    and this loop runs on its own thread and connections.
+    and this loop runs on its own thread and connections;
+  * the loop wakes on the `taskplat_invoke` NOTIFY, which only a statement that stored
+    `invoke_lambda` rows sends (migration 0014), or on its interval, which is also how rows
+    backed off after a failed Invoke come due: the wake-ups of other queues never wake it.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ from psycopg_pool import ConnectionPool
 from taskplat.common.backoff import full_jitter_delay
 from taskplat.common.clock import Clock, SystemClock
 from taskplat.common.contracts import ClaimedResponse, ClaimTask
-from taskplat.common.db.notify import OUTBOX_CHANNEL, PgNotifyWaker
+from taskplat.common.db.notify import INVOKE_CHANNEL, PgNotifyWaker
 from taskplat.common.db.queries import load_queries
 from taskplat.common.logging import get_logger
 from taskplat.common.loops import LoopHealth, run_loop
@@ -179,10 +182,14 @@ class Invoker:
 
     def run_once(self) -> InvokerBatch:
         """Perform up to `lambda_batch_size` due invocations, `lambda_concurrency` at a time,
-        each in its own transaction."""
+        each in its own transaction. The first row is looked for on this thread: the threads
+        start only once there is one, so a wake-up that finds nothing costs one statement."""
         budget = self._settings.lambda_batch_size
+        first = self.invoke_one()
+        if first is None:
+            return InvokerBatch(invoked=0, skipped=0, failed=0, more=False)
         lock = threading.Lock()
-        outcomes: list[str] = []
+        outcomes: list[str] = [first]
 
         def worker() -> None:
             while True:
@@ -197,10 +204,10 @@ class Invoker:
                 if outcome is None:
                     return
 
-        workers = min(self._settings.lambda_concurrency, budget)
+        workers = min(self._settings.lambda_concurrency, budget - 1)
         if workers == 1:
             worker()
-        else:
+        elif workers > 1:
             with ThreadPoolExecutor(workers, thread_name_prefix="lambda-invoke") as executor:
                 futures = [executor.submit(worker) for _ in range(workers)]
                 for future in futures:
@@ -312,8 +319,8 @@ class Invoker:
         self._log.warning("lambda_invoke_failed", task_id=str(row.task_id), error=error)
 
     def run(self, stop: threading.Event) -> None:
-        """Repeat `run_once` until `stop`, waking on the outbox NOTIFY or the interval."""
-        waker = PgNotifyWaker(self._settings.database_url.get_secret_value(), OUTBOX_CHANNEL, stop)
+        """Repeat `run_once` until `stop`, waking on the invocations' NOTIFY or the interval."""
+        waker = PgNotifyWaker(self._settings.database_url.get_secret_value(), INVOKE_CHANNEL, stop)
         run_loop(
             LOOP_NAME,
             self.run_once,

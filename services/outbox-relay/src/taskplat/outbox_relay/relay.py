@@ -41,7 +41,8 @@ Invariants:
   * `run_once()` returns what it did; `run(stop)` only waits (interval, NOTIFY on
     `taskplat_outbox`, or stop) and calls it, in `loops` threads: like replicas, SKIP LOCKED keeps
     their batches apart, so a row created while one batch is sending and committing is claimed
-    by another loop at once instead of waiting for that batch to end.
+    by another loop at once instead of waiting for that batch to end. The loops share one
+    LISTEN connection, and a notification wakes one waiting loop, not every one.
   * each row is sent inside its own "outbox.send" span, child of the row's stored trace context,
     and its message carries that span's context (`metrics`), so one task attempt is one trace
     from `POST /tasks` through the relay to the worker.
@@ -63,8 +64,8 @@ from psycopg_pool import ConnectionPool
 
 from taskplat.common.backoff import full_jitter_delay
 from taskplat.common.clock import Clock, SystemClock
-from taskplat.common.db.notify import OUTBOX_CHANNEL, PgNotifyWaker
-from taskplat.common.loops import LoopHealth, run_loop
+from taskplat.common.db.notify import OUTBOX_CHANNEL, SharedNotifyWaker
+from taskplat.common.loops import LoopHealth, Waker, run_loop
 from taskplat.common.telemetry import Telemetry
 from taskplat.outbox_relay import outbox, routing
 from taskplat.outbox_relay.messages import (
@@ -217,21 +218,30 @@ class Relay:
 
     def run(self, stop: threading.Event) -> None:
         """Repeat `run_once` until `stop`, waking on the dispatcher's NOTIFY or the interval, in
-        `loops` threads at once (each its own LISTEN connection and batch transaction)."""
+        `loops` threads at once (each its own batch transaction; one LISTEN connection wakes one
+        waiting loop per notification)."""
+        shared = SharedNotifyWaker(
+            self._settings.database_url.get_secret_value(),
+            OUTBOX_CHANNEL,
+            stop,
+            loops=self._settings.loops,
+        )
         threads = [
-            threading.Thread(target=self._run_one, args=(stop,), name=f"relay-loop-{index}")
+            threading.Thread(
+                target=self._run_one, args=(stop, shared.waker()), name=f"relay-loop-{index}"
+            )
             for index in range(1, self._settings.loops)
         ]
         for thread in threads:
             thread.start()
         try:
-            self._run_one(stop)
+            self._run_one(stop, shared.waker())
         finally:
             for thread in threads:
                 thread.join()
+            shared.close()
 
-    def _run_one(self, stop: threading.Event) -> None:
-        waker = PgNotifyWaker(self._settings.database_url.get_secret_value(), OUTBOX_CHANNEL, stop)
+    def _run_one(self, stop: threading.Event, waker: Waker) -> None:
         run_loop(
             LOOP_NAME,
             self.run_once,

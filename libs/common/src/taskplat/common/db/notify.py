@@ -3,6 +3,11 @@
 Invariants: a dedicated autocommit connection LISTENs on the channel; a lost connection is
 reopened on the next wait (and the wait falls back to a plain sleep meanwhile), so a NOTIFY is only
 ever an accelerator, never needed for correctness. `stop` interrupts a wait within `poll` seconds.
+
+`SharedNotifyWaker` serves several loops of one process from one such connection, read by a
+thread of its own: each notification wakes one waiting loop, not all of them (those would each
+run a batch, and all but one find it taken). A notification heard while no loop waits is kept
+for the next loop that does, at most one per loop, so a loop busy when it came still looks.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from psycopg import sql
 from taskplat.common.logging import get_logger
 
 OUTBOX_CHANNEL = "taskplat_outbox"
+# Only statements that store `invoke_lambda` outbox rows notify it (migration 0014).
+INVOKE_CHANNEL = "taskplat_invoke"
 
 
 class PgNotifyWaker:
@@ -66,3 +73,68 @@ class PgNotifyWaker:
                 self._conn.close()
             finally:
                 self._conn = None
+
+
+class SharedNotifyWaker:
+    """One LISTEN connection for `loops` loops; `waker()` gives each loop its `Waker`."""
+
+    def __init__(
+        self, database_url: str, channel: str, stop: threading.Event, *, loops: int
+    ) -> None:
+        self._stop = stop
+        self._loops = loops
+        self._listener = PgNotifyWaker(database_url, channel, stop)
+        self._heard = threading.Condition()
+        self._pending = 0
+        self._closed = False
+        self._thread = threading.Thread(target=self._listen, name=f"listen-{channel}", daemon=True)
+        self._thread.start()
+
+    def waker(self) -> _SharedWait:
+        return _SharedWait(self)
+
+    @property
+    def pending(self) -> int:
+        """Notifications heard and kept for loops that were not waiting."""
+        with self._heard:
+            return self._pending
+
+    def _listen(self) -> None:
+        while not self._stop.is_set():
+            if self._listener.wait(60.0):
+                with self._heard:
+                    self._pending = min(self._pending + 1, self._loops)
+                    self._heard.notify()
+        with self._heard:
+            self._heard.notify_all()
+
+    def wait(self, timeout: float) -> bool:
+        """Block up to `timeout` seconds, or until `stop`; True when a notification woke it."""
+        with self._heard:
+            self._heard.wait_for(lambda: self._pending > 0 or self._stop.is_set(), timeout)
+            if self._pending > 0:
+                self._pending -= 1
+                return True
+            return False
+
+    def close(self) -> None:
+        """Idempotent; once `stop` is set, the listening thread ends within its poll."""
+        with self._heard:
+            if self._closed:
+                return
+            self._closed = True
+        self._thread.join()
+        self._listener.close()
+
+
+class _SharedWait:
+    """One loop's view of a `SharedNotifyWaker` (the `Waker` that `run_loop` takes)."""
+
+    def __init__(self, shared: SharedNotifyWaker) -> None:
+        self._shared = shared
+
+    def wait(self, timeout: float) -> bool:
+        return self._shared.wait(timeout)
+
+    def close(self) -> None:
+        self._shared.close()
