@@ -227,15 +227,13 @@ class Relay:
             loops=self._settings.loops,
         )
         threads = [
-            threading.Thread(
-                target=self._run_one, args=(stop, shared.waker()), name=f"relay-loop-{index}"
-            )
+            threading.Thread(target=self._run_one, args=(stop, shared), name=f"relay-loop-{index}")
             for index in range(1, self._settings.loops)
         ]
         for thread in threads:
             thread.start()
         try:
-            self._run_one(stop, shared.waker())
+            self._run_one(stop, shared)
         finally:
             for thread in threads:
                 thread.join()

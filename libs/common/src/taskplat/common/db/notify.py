@@ -76,7 +76,7 @@ class PgNotifyWaker:
 
 
 class SharedNotifyWaker:
-    """One LISTEN connection for `loops` loops; `waker()` gives each loop its `Waker`."""
+    """One LISTEN connection for `loops` loops, each of which takes it as its `Waker`."""
 
     def __init__(
         self, database_url: str, channel: str, stop: threading.Event, *, loops: int
@@ -89,9 +89,6 @@ class SharedNotifyWaker:
         self._closed = False
         self._thread = threading.Thread(target=self._listen, name=f"listen-{channel}", daemon=True)
         self._thread.start()
-
-    def waker(self) -> _SharedWait:
-        return _SharedWait(self)
 
     @property
     def pending(self) -> int:
@@ -125,16 +122,3 @@ class SharedNotifyWaker:
             self._closed = True
         self._thread.join()
         self._listener.close()
-
-
-class _SharedWait:
-    """One loop's view of a `SharedNotifyWaker` (the `Waker` that `run_loop` takes)."""
-
-    def __init__(self, shared: SharedNotifyWaker) -> None:
-        self._shared = shared
-
-    def wait(self, timeout: float) -> bool:
-        return self._shared.wait(timeout)
-
-    def close(self) -> None:
-        self._shared.close()
