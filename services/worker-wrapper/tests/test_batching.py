@@ -309,14 +309,32 @@ def test_tasks_claimed_together_complete_in_one_call(
     wake_all(queue, task_ids)
     wait_for(lambda: queue.visible() >= 4, timeout=10, what="the wake-ups to be visible")
     settings = {"concurrency": 4, "claim_ahead": False, "complete_linger_seconds": 1.0}
+
+    def reported(count: int) -> None:
+        # A task is Completed in the dispatcher before its wrapper has the answer (reported in
+        # the background): wait until the wrapper counted that many accepted reports, each after
+        # its call was counted.
+        wait_for(
+            lambda: (
+                value(
+                    telemetry.prometheus_text(), "taskplat_worker_tasks_total", outcome="Completed"
+                )
+                >= count
+            ),
+            timeout=10,
+            what=f"{count} completions answered",
+        )
+
     with running_wrapper(dispatcher, queue, operators_file, telemetry, **settings):
         wait_all(dispatcher, task_ids, "Completed")
+        reported(4)
         text = telemetry.prometheus_text()
         calls = value(text, "taskplat_dispatcher_calls_total", route=COMPLETE_BATCH)
         assert calls == 1 and value(text, "taskplat_dispatcher_calls_total", route=COMPLETE) == 0
         (lone,) = create_many(dispatcher, 1)
         queue.wake(lone)
         dispatcher.wait_status(lone, "Completed")
+        reported(5)
         text = telemetry.prometheus_text()
         assert value(text, "taskplat_dispatcher_calls_total", route=COMPLETE) == 1
 
