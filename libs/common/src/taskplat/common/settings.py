@@ -114,6 +114,12 @@ class SqsSettings(BaseSettings):
         validation_alias=_alias("TASKPLAT_DEAD_LETTER_QUEUE"),
         description="SQS queue that receives dead-letter records of Dead tasks.",
     )
+    sqs_wire_client: bool = Field(
+        True,
+        validation_alias=_alias("TASKPLAT_SQS_WIRE_CLIENT"),
+        description="Send, receive, delete and visibility calls signed by botocore and sent with "
+        "urllib3, at about 60% of a boto3 call's CPU; false: every call through boto3.",
+    )
 
 
 class WorkerTokenSettings(BaseSettings):

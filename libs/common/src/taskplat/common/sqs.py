@@ -2,20 +2,25 @@
 
 Invariants: one SQS queue per task queue, named `sqs_queue_prefix + queue`; a wake-up body is
 exactly `{"task_id": "<uuid>"}`; queue URLs are resolved once per process and cached. Local
-endpoints get dummy credentials so nothing reads a developer's ~/.aws.
+endpoints get dummy credentials so nothing reads a developer's ~/.aws. With `sqs_wire_client` on
+(the default) the client's hot calls go through `sqs_wire.WireSqs` (the same requests and answers
+at half the CPU), unless a proxy is configured in the environment, which only botocore honours.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import urllib.request
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import boto3
 from botocore.config import Config
+from botocore.credentials import Credentials
 
 from taskplat.common.settings import SqsSettings
+from taskplat.common.sqs_wire import WireSqs
 
 if TYPE_CHECKING:
     from types_boto3_sqs.client import SQSClient
@@ -47,13 +52,33 @@ def sqs_client(
         read_timeout=read_timeout,
     )
     kwargs: dict[str, Any] = {"region_name": settings.aws_region, "config": config}
+    session = session or boto3.session.Session()
+    credentials = None
     if settings.sqs_endpoint_url:
         kwargs["endpoint_url"] = settings.sqs_endpoint_url
         if _is_local(settings.sqs_endpoint_url):
             kwargs["aws_access_key_id"] = "test"
             kwargs["aws_secret_access_key"] = "test"
-    client: SQSClient = (session or boto3.session.Session()).client("sqs", **kwargs)
-    return client
+            credentials = Credentials("test", "test")
+    client: SQSClient = session.client("sqs", **kwargs)
+    credentials = credentials or session.get_credentials()
+    if not settings.sqs_wire_client or credentials is None or _proxied():
+        return client
+    wire: Any = WireSqs(
+        client,
+        credentials,
+        max_pool_connections=max_pool_connections,
+        max_attempts=max_attempts,
+        connect_timeout=connect_timeout,
+        read_timeout=read_timeout,
+    )
+    wired: SQSClient = wire
+    return wired
+
+
+def _proxied() -> bool:
+    proxies = urllib.request.getproxies()
+    return "http" in proxies or "https" in proxies
 
 
 def _is_local(endpoint_url: str) -> bool:

@@ -38,6 +38,7 @@ from botocore import xform_name
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
+from taskplat.common.sqs_wire import WireSqs
 from taskplat.common.telemetry import Telemetry, extract, inject
 from taskplat.outbox_relay.outbox import OutboxRow
 from taskplat.outbox_relay.routing import RoutedEvent
@@ -108,6 +109,8 @@ class RelayMetrics:
         client.meta.events.register(
             "before-call.sqs", before_call, unique_id="taskplat.sqs.requests"
         )
+        if isinstance(client, WireSqs):  # its hot calls bypass botocore's hooks
+            client.on_request(lambda op: counter.add(1, {"op": op}))
 
     def start_span(self, row: OutboxRow) -> Span:
         """The "outbox.send" span of `row`, child of the row's stored trace context."""
