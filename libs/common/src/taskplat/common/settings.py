@@ -43,6 +43,14 @@ class ServiceSettings(BaseSettings):
         validation_alias=_alias("TASKPLAT_LOG_FORMAT"),
         description="`json` in production, `console` for people.",
     )
+    thread_switch_interval_seconds: float = Field(
+        0.0005,
+        gt=0,
+        le=1,
+        validation_alias=_alias("TASKPLAT_THREAD_SWITCH_INTERVAL_SECONDS"),
+        description="Longest a thread keeps the GIL while another waits (Python's own default: "
+        "0.005); short, so a wake-up handed from one thread to another is not held up.",
+    )
 
 
 class DatabaseSettings(BaseSettings):

@@ -11,7 +11,8 @@ import sys
 import uvicorn
 from pydantic import ValidationError
 
-from taskplat.common.logging import configure_logging, get_logger
+from taskplat.common.logging import get_logger
+from taskplat.common.service_setup import configure_service
 from taskplat.common.telemetry import Telemetry
 from taskplat.credential_broker.app import create_app
 from taskplat.credential_broker.settings import BrokerSettings
@@ -25,7 +26,7 @@ def main() -> int:
     except ValidationError as exc:
         print(f"taskplat-credential-broker: invalid settings:\n{exc}", file=sys.stderr)
         return 2
-    configure_logging(SERVICE, level=settings.log_level, fmt=settings.log_format)
+    configure_service(SERVICE, settings)
     telemetry = Telemetry(SERVICE, settings.telemetry_settings())
     get_logger().info("credential_broker_starting", host=settings.host, port=settings.port)
     try:

@@ -12,7 +12,8 @@ import uvicorn
 from pydantic import ValidationError
 
 from taskplat.common.errors import ConfigurationError
-from taskplat.common.logging import configure_logging, get_logger
+from taskplat.common.logging import get_logger
+from taskplat.common.service_setup import configure_service
 from taskplat.common.telemetry import Telemetry
 from taskplat.dispatcher.app import create_app
 from taskplat.dispatcher.server_impl import choose_server_impl
@@ -30,7 +31,7 @@ def main() -> int:
     except ConfigurationError as exc:
         print(f"taskplat-dispatcher: invalid settings: {exc.message}", file=sys.stderr)
         return 2
-    configure_logging("dispatcher", level=settings.log_level, fmt=settings.log_format)
+    configure_service("dispatcher", settings)
     telemetry = Telemetry("dispatcher", settings.telemetry_settings())
     log = get_logger()
     log.info(

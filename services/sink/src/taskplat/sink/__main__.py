@@ -17,9 +17,10 @@ from pydantic import ValidationError
 
 from taskplat.common.db.loop_service import settings_error
 from taskplat.common.db.pools import make_pool
-from taskplat.common.logging import configure_logging, get_logger
+from taskplat.common.logging import get_logger
 from taskplat.common.loops import install_stop_signals
 from taskplat.common.ops_server import start_ops_server
+from taskplat.common.service_setup import configure_service
 from taskplat.common.sqs import sqs_client
 from taskplat.common.telemetry import Telemetry
 from taskplat.sink.settings import SinkSettings
@@ -34,7 +35,7 @@ def main() -> int:
     except ValidationError as exc:
         print(f"taskplat-{SERVICE}: invalid settings: {settings_error(exc)}", file=sys.stderr)
         return 2
-    configure_logging(SERVICE, level=settings.log_level, fmt=settings.log_format)
+    configure_service(SERVICE, settings)
     log = get_logger()
     pool = make_pool(settings, application_name=f"taskplat-{SERVICE}")
     try:

@@ -22,8 +22,9 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
-from taskplat.common.logging import configure_logging, get_logger
+from taskplat.common.logging import get_logger
 from taskplat.common.ops_server import start_ops_server
+from taskplat.common.service_setup import configure_service
 from taskplat.common.telemetry import Telemetry
 from taskplat.worker_wrapper.event_loop import EventLoopUnavailable, loop_factory
 from taskplat.worker_wrapper.isolation import aws_session, make_non_dumpable, take_secrets
@@ -97,7 +98,7 @@ def main() -> int:
     except EventLoopUnavailable as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
-    configure_logging(SERVICE, level=settings.log_level, fmt=settings.log_format)
+    configure_service(SERVICE, settings)
     structlog.contextvars.bind_contextvars(worker_id=settings.worker_id)
     get_logger().info("operators_loaded", operators=sorted(specs))
     telemetry = Telemetry(SERVICE, settings)

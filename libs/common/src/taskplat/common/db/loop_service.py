@@ -19,9 +19,10 @@ from psycopg_pool import ConnectionPool
 from pydantic import ValidationError
 
 from taskplat.common.db.pools import make_pool
-from taskplat.common.logging import configure_logging, get_logger
+from taskplat.common.logging import get_logger
 from taskplat.common.loops import LoopHealth, install_stop_signals
 from taskplat.common.ops_server import start_ops_server
+from taskplat.common.service_setup import configure_service
 from taskplat.common.telemetry import Telemetry
 
 # (settings, pool, telemetry, stop, health) -> runs the loop until `stop` is set.
@@ -53,7 +54,7 @@ def run_db_loop_service(
     except ProgrammingError:
         print(f"{name}: invalid settings: DATABASE_URL is not a valid libpq URL", file=sys.stderr)
         return 2
-    configure_logging(service, level=settings.log_level, fmt=settings.log_format)
+    configure_service(service, settings)
     telemetry = Telemetry(service, settings)
     health = LoopHealth()
     try:
