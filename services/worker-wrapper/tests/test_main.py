@@ -61,6 +61,13 @@ def test_stall_limit_must_exceed_the_long_poll_wait() -> None:
     assert_one_line_refusal(result, "stall_seconds must exceed wait_time_seconds")
 
 
+def test_a_deletion_may_linger_at_most_half_the_receive_visibility() -> None:
+    result = run_main({**GOOD_ENV, "TASKPLAT_WORKER_DELETE_LINGER_SECONDS": "0.6"})
+    assert_one_line_refusal(
+        result, "delete_linger_seconds must be at most half of receive_visibility_timeout_seconds"
+    )
+
+
 @pytest.mark.parametrize(
     ("content", "needle"),
     [

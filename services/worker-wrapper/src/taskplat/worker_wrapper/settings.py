@@ -186,11 +186,12 @@ class WrapperSettings(
         "(DeleteMessageBatch), up to 10 per call.",
     )
     delete_linger_seconds: float = Field(
-        0.05,
+        0.3,
         ge=0,
         le=1,
         description="With `batch_calls`: how long a message deletion waits for others to fill a "
-        "DeleteMessageBatch (10 go at once). Deletions run after the task's slot is free.",
+        "DeleteMessageBatch (10 go at once). Deletions run after the task's slot is free; at "
+        "most half of `receive_visibility_timeout_seconds`.",
     )
     complete_linger_seconds: float = Field(
         0.01,
@@ -215,6 +216,11 @@ class WrapperSettings(
         if self.receive_visibility_timeout_seconds > self.visibility_timeout_seconds:
             raise ValueError(
                 "receive_visibility_timeout_seconds must not exceed visibility_timeout_seconds"
+            )
+        if self.delete_linger_seconds * 2 > self.receive_visibility_timeout_seconds:
+            # A message whose deletion lingers is not renewed: it must go well before it shows.
+            raise ValueError(
+                "delete_linger_seconds must be at most half of receive_visibility_timeout_seconds"
             )
         if self.visibility_extension_seconds >= self.visibility_timeout_seconds:
             raise ValueError(
