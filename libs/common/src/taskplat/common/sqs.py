@@ -4,7 +4,8 @@ Invariants: one SQS queue per task queue, named `sqs_queue_prefix + queue`; a wa
 exactly `{"task_id": "<uuid>"}`; queue URLs are resolved once per process and cached. Local
 endpoints get dummy credentials so nothing reads a developer's ~/.aws. With `sqs_wire_client` on
 (the default) the client's hot calls go through `sqs_wire.WireSqs` (the same requests and answers
-at half the CPU), unless a proxy is configured in the environment, which only botocore honours.
+at about 60% of the CPU), unless a proxy is configured in the environment, which only botocore
+honours.
 """
 
 from __future__ import annotations
