@@ -153,19 +153,24 @@ def _closed_port() -> int:
     return port
 
 
-def test_a_refused_connection_is_retried_then_raised_as_botocore_does() -> None:
-    endpoint = f"http://127.0.0.1:{_closed_port()}"
-    plain = sqs_client(settings(endpoint, sqs_wire_client=False), max_attempts=1)
-    pauses: list[float] = []
-    wire = WireSqs(
+def _three_attempts(plain: Any, pauses: list[float]) -> WireSqs:
+    """A wire client over `plain`'s credentials that makes 3 attempts and records its pauses."""
+    return WireSqs(
         plain,
         plain._request_signer._credentials,
         max_pool_connections=2,
         max_attempts=3,
         connect_timeout=1,
-        read_timeout=1,
+        read_timeout=5,
         sleep=pauses.append,
     )
+
+
+def test_a_refused_connection_is_retried_then_raised_as_botocore_does() -> None:
+    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    plain = sqs_client(settings(endpoint, sqs_wire_client=False), max_attempts=1)
+    pauses: list[float] = []
+    wire = _three_attempts(plain, pauses)
     with pytest.raises(EndpointConnectionError):
         wire.receive_message(QueueUrl=f"{endpoint}/000000000000/q", WaitTimeSeconds=0)
     assert len(pauses) == 2  # three attempts in all
@@ -175,15 +180,7 @@ def test_a_refused_connection_is_retried_then_raised_as_botocore_does() -> None:
 def test_a_client_error_is_not_retried(clients: tuple[Any, Any, str]) -> None:
     _, plain, url = clients
     pauses: list[float] = []
-    wire = WireSqs(
-        plain,
-        plain._request_signer._credentials,
-        max_pool_connections=2,
-        max_attempts=3,
-        connect_timeout=1,
-        read_timeout=5,
-        sleep=pauses.append,
-    )
+    wire = _three_attempts(plain, pauses)
     _error(lambda: wire.receive_message(QueueUrl=url + "-gone"))
     assert pauses == []
 
