@@ -15,7 +15,8 @@ Invariants:
     `x-amzn-query-mode: true`), the keyword arguments as the JSON body, signed with SigV4 by
     botocore with frozen credentials taken from the session's credentials on every call (so
     botocore refreshes expiring ones). An answer is the JSON body, the dict boto3 returns for it
-    (binary attribute values stay base64 text; nothing here reads them).
+    (binary attribute values stay base64 text; nothing here reads them). Parameters must be JSON
+    values: no caller sends binary attributes.
   * Errors are botocore's: a service error raises the class boto3 raises (`ClientError` or its
     modelled subclass) with the same code (the query-compatible code of `x-amzn-query-error`
     when the server sends one); a transport failure raises `EndpointConnectionError`,
@@ -135,7 +136,7 @@ class WireSqs:
         return getattr(self._client, name)
 
     def on_request(self, observer: RequestObserver) -> None:
-        """Call `observer(op)` for every request this client sends over the wire."""
+        """Call `observer(op)` once for every call this client sends over the wire."""
         with self._lock:
             self._observers.append(observer)
 
