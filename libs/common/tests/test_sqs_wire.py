@@ -15,6 +15,7 @@ from botocore.exceptions import ClientError, EndpointConnectionError
 from taskplat.common.settings import SqsSettings
 from taskplat.common.sqs import sqs_client
 from taskplat.common.sqs_wire import WireSqs
+from taskplat.devstack.chaos.injector import FaultRates, SqsFaultInjector
 
 TRACEPARENT = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
 
@@ -104,9 +105,9 @@ def test_hot_calls_answer_as_boto3_does(clients: tuple[Any, Any, str]) -> None:
     assert wire.receive_message(QueueUrl=url, WaitTimeSeconds=0).get("Messages", []) == []
 
 
-def _error(call: Callable[..., Any], *args: Any) -> ClientError:
+def _error(call: Callable[..., Any], *args: Any, **kwargs: Any) -> ClientError:
     with pytest.raises(ClientError) as raised:
-        call(*args)
+        call(*args, **kwargs)
     return raised.value
 
 
@@ -175,6 +176,21 @@ def test_a_refused_connection_is_retried_then_raised_as_botocore_does() -> None:
         wire.receive_message(QueueUrl=f"{endpoint}/000000000000/q", WaitTimeSeconds=0)
     assert len(pauses) == 2  # three attempts in all
     assert all(0 <= pause < 20 for pause in pauses)
+
+
+def test_throttling_and_server_errors_are_retried_by_botocores_rules(
+    clients: tuple[Any, Any, str],
+) -> None:
+    _, _, url = clients
+    endpoint = url.split("/000000000000/", 1)[0]
+    # Every receive is answered 500 InternalError or 400 ThrottlingException before the queue.
+    with SqsFaultInjector(endpoint, FaultRates(fail_receive=1.0), seed=5) as injector:
+        proxied = sqs_client(settings(injector.url, sqs_wire_client=False), max_attempts=1)
+        pauses: list[float] = []
+        error = _error(_three_attempts(proxied, pauses).receive_message, QueueUrl=url)
+        assert injector.counts["failed_receives"] == 3
+    assert error.response["Error"]["Code"] in {"InternalError", "ThrottlingException"}
+    assert len(pauses) == 2
 
 
 def test_a_client_error_is_not_retried(clients: tuple[Any, Any, str]) -> None:

@@ -21,10 +21,11 @@ Invariants:
     modelled subclass) with the same code (the query-compatible code of `x-amzn-query-error`
     when the server sends one); a transport failure raises `EndpointConnectionError`,
     `ConnectTimeoutError`, `ReadTimeoutError` or `HTTPClientError`.
-  * Retries follow botocore's standard mode: up to `max_attempts` attempts in all for transport
-    failures, 5xx answers and throttling codes, each after a full-jitter backoff (1 s base, 20 s
-    cap); nothing else is retried. As with boto3, a retried send can deliver twice: a wake-up is
-    at-least-once anyway.
+  * Retries are botocore's standard mode, decided by its own `StandardRetryConditions`: up to
+    `max_attempts` attempts in all for transport failures, transient and throttling answers (by
+    code and status) and errors the model marks retryable, each after a full-jitter backoff (1 s
+    base, 20 s cap); nothing else is retried. As with boto3, a retried send can deliver twice: a
+    wake-up is at-least-once anyway.
   * Every call (once, whatever its retries) is reported to the `on_request` observers with
     botocore's snake_case operation name, as botocore's `before-call` hook is, so request
     counters see the same figures as with boto3.
@@ -41,8 +42,10 @@ from typing import Any
 
 import urllib3
 from botocore.auth import SigV4Auth
-from botocore.awsrequest import AWSRequest
+from botocore.awsrequest import AWSRequest, AWSResponse
+from botocore.compat import HTTPHeaders
 from botocore.exceptions import (
+    BotoCoreError,
     ClientError,
     ConnectTimeoutError,
     EndpointConnectionError,
@@ -50,6 +53,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 from botocore.httpsession import get_cert_path
+from botocore.retries.standard import RetryContext, StandardRetryConditions
 
 from taskplat.common.backoff import full_jitter_delay
 
@@ -60,26 +64,6 @@ HOT_OPERATIONS = {
     "delete_message_batch": "DeleteMessageBatch",
     "change_message_visibility": "ChangeMessageVisibility",
 }
-# botocore's standard retry mode: these codes are throttling or transient.
-RETRYABLE_CODES = frozenset(
-    {
-        "Throttling",
-        "ThrottlingException",
-        "ThrottledException",
-        "RequestThrottledException",
-        "TooManyRequestsException",
-        "RequestThrottled",
-        "RequestLimitExceeded",
-        "BandwidthLimitExceeded",
-        "LimitExceededException",
-        "SlowDown",
-        "PriorRequestNotComplete",
-        "RequestTimeout",
-        "RequestTimeoutException",
-        "InternalError",
-        "ServiceUnavailable",
-    }
-)
 RETRY_BASE_SECONDS = 1.0
 RETRY_MAX_SECONDS = 20.0
 SIGNED_HEADERS = {
@@ -88,14 +72,6 @@ SIGNED_HEADERS = {
 }
 
 RequestObserver = Callable[[str], None]
-
-
-class _Retryable(Exception):
-    """An attempt that may be repeated; `error` is raised if none is left."""
-
-    def __init__(self, error: Exception) -> None:
-        super().__init__(str(error))
-        self.error = error
 
 
 class WireSqs:
@@ -117,7 +93,7 @@ class WireSqs:
         self._credentials = credentials
         self._region: str = client.meta.region_name
         self._url: str = client.meta.endpoint_url.rstrip("/") + "/"
-        self._max_attempts = max(1, max_attempts)
+        self._retryable = StandardRetryConditions(max_attempts=max(1, max_attempts))
         self._rand = rand or random.Random()
         self._sleep = sleep
         self._observers: list[RequestObserver] = []
@@ -168,13 +144,24 @@ class WireSqs:
         while True:
             try:
                 return self._attempt(operation, body)
-            except _Retryable as retryable:
-                if attempt >= self._max_attempts:
-                    raise retryable.error from None
-                self._sleep(
-                    full_jitter_delay(RETRY_BASE_SECONDS, RETRY_MAX_SECONDS, attempt, self._rand)
+            except ClientError as error:
+                # botocore's rules read the error's code, its model and the answer's status.
+                status = error.response["ResponseMetadata"]["HTTPStatusCode"]
+                context = RetryContext(
+                    attempt,
+                    operation_model=self._client.meta.service_model.operation_model(operation),
+                    parsed_response=error.response,
+                    http_response=AWSResponse(self._url, status, HTTPHeaders(), None),
                 )
-                attempt += 1
+                if not self._retryable.is_retryable(context):
+                    raise
+            except BotoCoreError as error:
+                if not self._retryable.is_retryable(RetryContext(attempt, caught_exception=error)):
+                    raise
+            self._sleep(
+                full_jitter_delay(RETRY_BASE_SECONDS, RETRY_MAX_SECONDS, attempt, self._rand)
+            )
+            attempt += 1
 
     def _attempt(self, operation: str, body: bytes) -> dict[str, Any]:
         request = AWSRequest(
@@ -189,21 +176,17 @@ class WireSqs:
                 "POST", self._url, body=body, headers=dict(request.headers.items())
             )
         except urllib3.exceptions.NewConnectionError as exc:  # a ConnectTimeoutError subclass
-            raise _Retryable(EndpointConnectionError(endpoint_url=self._url, error=exc)) from exc
+            raise EndpointConnectionError(endpoint_url=self._url, error=exc) from exc
         except urllib3.exceptions.ConnectTimeoutError as exc:
-            raise _Retryable(ConnectTimeoutError(endpoint_url=self._url, error=exc)) from exc
+            raise ConnectTimeoutError(endpoint_url=self._url, error=exc) from exc
         except urllib3.exceptions.ReadTimeoutError as exc:
-            raise _Retryable(ReadTimeoutError(endpoint_url=self._url, error=exc)) from exc
+            raise ReadTimeoutError(endpoint_url=self._url, error=exc) from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise _Retryable(HTTPClientError(error=exc)) from exc
+            raise HTTPClientError(error=exc) from exc
         if response.status == 200:
             answer: dict[str, Any] = json.loads(response.data) if response.data else {}
             return answer
-        error = self._client_error(operation, response)
-        code = error.response["Error"]["Code"]
-        if response.status >= 500 or code in RETRYABLE_CODES:
-            raise _Retryable(error)
-        raise error
+        raise self._client_error(operation, response)
 
     def _client_error(self, operation: str, response: Any) -> ClientError:
         try:
