@@ -158,6 +158,7 @@ def test_a_quick_bench_writes_every_figure(tmp_path: Path) -> None:
     assert figures["W5"]["exactly_once"] is True
     assert figures["W5"]["records_per_second"] > 0
     assert figures["W2"]["p50_ms"] > 0
+    assert figures["W2"]["cpu_seconds"]["dispatcher"] > 0
     recovery = figures["W3"]["lease_ttl_3s"]
     assert recovery["completed_once"] is True
     assert recovery["operator_died_with_wrapper"] is True
@@ -168,4 +169,6 @@ def test_a_quick_bench_writes_every_figure(tmp_path: Path) -> None:
     assert machine["postgres"]["fsync"] == "on"
     assert machine["postgres"]["synchronous_commit"] == "on"
     assert "W1 drain rate" in done.stdout
-    assert "| W1 drain rate |" in (results / "latest.md").read_text()
+    markdown = (results / "latest.md").read_text()
+    assert "| W1 drain rate |" in markdown
+    assert "CPU during W2 (20 tasks;" in markdown

@@ -238,21 +238,27 @@ def _md_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]
 
 
 def _cpu_lines(variant: Mapping[str, Any], workload: str, cores: int) -> list[str]:
-    cpu = _lookup(variant.get("figures", {}), (workload, "cpu_seconds"))
-    wall = _lookup(variant.get("figures", {}), (workload, "cpu_wall_seconds"))
-    if not cpu or not wall:
+    figures = variant.get("figures", {})
+    cpu = _lookup(figures, (workload, "cpu_seconds"))
+    wall = _lookup(figures, (workload, "cpu_wall_seconds"))
+    tasks = _lookup(figures, (workload, "tasks"))
+    if not cpu or not wall or not tasks:
         return []
     total = sum(cpu.values())
+
+    def row(name: str, seconds: float, share: str) -> list[str]:
+        return [name, f"{seconds:.2f}", f"{1000 * seconds / tasks:.2f}", share]
+
     body = [
-        [name, f"{seconds:.2f}", f"{100 * seconds / total:.0f}%"]
+        row(name, seconds, f"{100 * seconds / total:.0f}%")
         for name, seconds in sorted(cpu.items(), key=lambda item: -item[1])
     ]
-    body.append(["total", f"{total:.2f}", f"{100 * total / (wall * cores):.0f}% of {cores} cores"])
+    body.append(row("total", total, f"{100 * total / (wall * cores):.0f}% of {cores} cores"))
     return [
-        f"CPU during {workload} (median run, {wall:.1f}s from the first request to the last "
-        "completion):",
+        f"CPU during {workload} ({tasks:g} tasks; median of each process over the runs; "
+        f"{wall:.1f}s from the first request to the last completion):",
         "",
-        *_md_table(["process", "CPU seconds", "share"], body),
+        *_md_table(["process", "CPU seconds", "ms per task", "share"], body),
         "",
     ]
 
@@ -318,7 +324,7 @@ def render_markdown(record: Mapping[str, Any]) -> str:
         if stages:
             text = ", ".join(f"{name} {ms:.1f} ms" for name, ms in stages.items())
             lines += [f"W2 enqueue-to-start by stage (median of each): {text}", ""]
-        for workload in ("W1", "W4"):
+        for workload in ("W1", "W2", "W4"):
             by_op = _lookup(variant.get("figures", {}), (workload, "sqs_requests_by_op"))
             source = _lookup(variant.get("figures", {}), (workload, "sqs_requests_source"))
             if by_op:

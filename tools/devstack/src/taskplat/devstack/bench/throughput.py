@@ -14,7 +14,8 @@ Invariants:
   after the last task finished (the wake-ups its tasks left behind are part of its cost) and
   the SQS server's log went quiet: from the services' `taskplat_sqs_requests_total` counters
   when every SQS client exports them, and from the server's request log (always recorded).
-  The CPU split is taken between the first request and the last task's completion.
+  The CPU split by process (W1, W4 and W2) is taken from just before the first request until
+  every task of the run has finished.
 - A run whose tasks do not all finish by the deadline raises `BenchError`; "exactly once" is a
   figure (False is reported, not raised), checked on the database for every task of the run.
 """
@@ -228,7 +229,9 @@ def measure_latency(bs: BenchStack, sizes: Sizes, label: str) -> dict[str, Any]:
             bs.dispatcher_url, bs.headers, bodies, rate=sizes.w2_rate, on_done=on_done, stop=stop
         )
 
+    cpu_before = bs.cpu_snapshot()
     submitted = submit_and_drain(bs, n, submit, label)
+    cpu_after = bs.cpu_snapshot()
     stages = {row["task_id"]: row for row in bs.query("latency_stages", ids=submitted.task_ids)}
     latencies = sorted(
         (stages[task_id]["started"] - sent) * 1000
@@ -249,6 +252,9 @@ def measure_latency(bs: BenchStack, sizes: Sizes, label: str) -> dict[str, Any]:
         "stages_p50_ms": _stages(submitted, stages),
         "exactly_once": once,
         "idle_wait_seconds": idle_wait,
+        # A lone task's CPU by process: what keeps the cores busy between the hops.
+        "cpu_wall_seconds": round(cpu_after.wall - cpu_before.wall, 3),
+        "cpu_seconds": cpu_split(cpu_before, cpu_after),
     }
 
 
