@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta, timezone
 
 import httpx
+import psycopg
 import pytest
 from dispatcher_calls import create_task
 from dispatcher_harness import Dispatcher
@@ -234,3 +235,26 @@ def test_concurrent_creates_with_one_key_give_one_task(dispatcher: Dispatcher, d
     counts = row_counts(db_url)
     assert counts["tasks"] == rounds
     assert counts["outbox"] == rounds
+
+
+def test_a_queued_create_notifies_the_relay_once_and_nothing_else_does(
+    dispatcher: Dispatcher, db_url: str
+) -> None:
+    """The task, its wake-up and the relay's NOTIFY are one statement: a Queued task notifies
+    its queue once; a Scheduled one and a repeated idempotency key notify nothing."""
+    with psycopg.connect(db_url, autocommit=True) as listener:
+        listener.execute("LISTEN taskplat_outbox")
+        later = (dispatcher.clock.now() + timedelta(minutes=5)).isoformat()
+        create_task(dispatcher, scheduled_for=later)
+        first = dispatcher.api.post("/tasks", json={"operator": "echo", "idempotency_key": "n-1"})
+        assert first.status_code == 201, first.text
+        again = dispatcher.api.post("/tasks", json={"operator": "echo", "idempotency_key": "n-1"})
+        assert again.status_code == 200, again.text
+        create_task(dispatcher, queue="fast-lane")
+        # The last create's notification comes after the others': wait for it, then read all.
+        received: list[str] = []
+        for notify in listener.notifies(timeout=10):
+            received.append(notify.payload)
+            if notify.payload == "fast-lane":
+                break
+    assert received == ["default", "fast-lane"]

@@ -105,29 +105,22 @@ class TaskService:
         check_times(request, ["body"])
         await self._registry.require([request.queue], ["body"])
         now = self._clock.sql_now()
-        params = {**task_values(request, self._settings), "now": now}
+        params = {
+            **task_values(request, self._settings),
+            "now": now,
+            "trace_context": repo.wakeup_trace_context(inject()),
+        }
         async with self._pool.connection() as conn:
-            async with conn.transaction():
-                row = await repo.insert_task(conn, params)
-                if row is None:
-                    assert request.idempotency_key is not None
-                    existing = await repo.find_task_by_idempotency_key(
-                        conn, request.idempotency_key
-                    )
-                    if existing is None:  # pragma: no cover - the conflicting row vanished
-                        raise Conflict("idempotency key conflict, try again")
-                    task_id, created = existing, False
-                else:
-                    task_id, created = row["task_id"], True
-                    if row["status"] == "Queued":
-                        await repo.enqueue_wakeup(
-                            conn,
-                            task_id=task_id,
-                            queue=row["queue"],
-                            now=now,
-                            trace_context=inject(),
-                        )
-            if row is not None:  # committed
+            # One statement, committed on return: the task, its wake-up and the NOTIFY.
+            row = await repo.insert_task(conn, params)
+            if row is None:
+                assert request.idempotency_key is not None
+                existing = await repo.find_task_by_idempotency_key(conn, request.idempotency_key)
+                if existing is None:  # pragma: no cover - the conflicting row vanished
+                    raise Conflict("idempotency key conflict, try again")
+                task_id, created = existing, False
+            else:
+                task_id, created = row["task_id"], True
                 self._recorder.task_created(row)
             view = await repo.get_task(conn, task_id)
         assert view is not None

@@ -30,8 +30,15 @@ async def _one(conn: Conn, name: str, params: dict[str, Any]) -> Row | None:
     return await cursor.fetchone()
 
 
+def wakeup_trace_context(trace_context: dict[str, str] | None) -> Jsonb | None:
+    """An outbox row's `trace_context` parameter: the carrier, or NULL when there is none."""
+    return Jsonb(trace_context) if trace_context else None
+
+
 async def insert_task(conn: Conn, params: dict[str, Any]) -> Row | None:
-    """Insert a task; None when its idempotency key already exists."""
+    """Insert a task and, when it is Queued, its wake-up and the relay's NOTIFY, in one statement
+    (`trace_context` as `wakeup_trace_context` gives it); None when its idempotency key already
+    exists and nothing was written. On an autocommit connection it is committed on return."""
     return await _one(conn, "insert_task", params)
 
 
@@ -55,7 +62,7 @@ async def enqueue_wakeup(
             "task_id": task_id,
             "queue": queue,
             "now": now,
-            "trace_context": Jsonb(trace_context) if trace_context else None,
+            "trace_context": wakeup_trace_context(trace_context),
         },
     )
     await conn.execute(Q["notify_outbox"], {"queue": queue})
@@ -75,7 +82,7 @@ async def enqueue_dead_letter(
         {
             "task_id": task_id,
             "now": now,
-            "trace_context": Jsonb(trace_context) if trace_context else None,
+            "trace_context": wakeup_trace_context(trace_context),
         },
     )
     await conn.execute(Q["notify_outbox"], {"queue": queue})

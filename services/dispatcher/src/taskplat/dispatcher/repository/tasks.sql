@@ -6,23 +6,41 @@
 -- a fake now.
 
 -- name: insert_task
-INSERT INTO tasks (
-    task_id, status, queue, operator, job, config, inputs, max_attempts, max_processing_attempts,
-    on_exhausted, backoff_base_seconds, backoff_max_seconds, timeout_seconds, scheduled_for, expires_at,
-    idempotency_key, queued_at, created_at, updated_at
+-- One statement, committed on return in autocommit: the task, and for a Queued one its
+-- `enqueue_task` outbox row and the relay's NOTIFY (delivered on commit). No row: the idempotency
+-- key already exists and nothing was written.
+WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+inserted AS (
+    INSERT INTO tasks (
+        task_id, status, queue, operator, job, config, inputs, max_attempts,
+        max_processing_attempts, on_exhausted, backoff_base_seconds, backoff_max_seconds,
+        timeout_seconds, scheduled_for, expires_at, idempotency_key, queued_at, created_at,
+        updated_at
+    )
+    SELECT
+        %(task_id)s,
+        CASE WHEN %(scheduled_for)s::timestamptz > n.now THEN 'Scheduled' ELSE 'Queued' END,
+        %(queue)s, %(operator)s, %(job)s, %(config)s, %(inputs)s, %(max_attempts)s,
+        %(max_processing_attempts)s, %(on_exhausted)s,
+        %(backoff_base_seconds)s, %(backoff_max_seconds)s, %(timeout_seconds)s,
+        %(scheduled_for)s, %(expires_at)s, %(idempotency_key)s,
+        CASE WHEN %(scheduled_for)s::timestamptz > n.now THEN NULL ELSE n.now END,
+        n.now, n.now
+    FROM n
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING task_id, status, queue, operator, attempt
+),
+wakeup AS (
+    INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at)
+    SELECT 'enqueue_task', i.task_id, i.queue, jsonb_build_object('task_id', i.task_id::text),
+           %(trace_context)s, n.now, n.now
+    FROM inserted AS i, n
+    WHERE i.status = 'Queued'
+    RETURNING queue
 )
-SELECT
-    %(task_id)s,
-    CASE WHEN %(scheduled_for)s::timestamptz > n.now THEN 'Scheduled' ELSE 'Queued' END,
-    %(queue)s, %(operator)s, %(job)s, %(config)s, %(inputs)s, %(max_attempts)s,
-    %(max_processing_attempts)s, %(on_exhausted)s,
-    %(backoff_base_seconds)s, %(backoff_max_seconds)s, %(timeout_seconds)s,
-    %(scheduled_for)s, %(expires_at)s, %(idempotency_key)s,
-    CASE WHEN %(scheduled_for)s::timestamptz > n.now THEN NULL ELSE n.now END,
-    n.now, n.now
-FROM (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS n
-ON CONFLICT (idempotency_key) DO NOTHING
-RETURNING task_id, status, queue, operator, attempt
+SELECT i.task_id, i.status, i.queue, i.operator, i.attempt,
+       (SELECT count(pg_notify('taskplat_outbox', w.queue)) FROM wakeup AS w) AS notified
+FROM inserted AS i
 
 -- name: find_task_by_idempotency_key
 SELECT task_id FROM tasks WHERE idempotency_key = %(idempotency_key)s
