@@ -159,6 +159,8 @@ def test_a_quick_bench_writes_every_figure(tmp_path: Path) -> None:
     assert figures["W5"]["records_per_second"] > 0
     assert figures["W2"]["p50_ms"] > 0
     assert figures["W2"]["cpu_seconds"]["dispatcher"] > 0
+    assert figures["W2"]["unloaded"]["p50_ms"] > 0
+    assert figures["W2"]["unloaded"]["rate"] < figures["W2"]["rate"]
     recovery = figures["W3"]["lease_ttl_3s"]
     assert recovery["completed_once"] is True
     assert recovery["operator_died_with_wrapper"] is True

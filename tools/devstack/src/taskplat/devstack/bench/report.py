@@ -78,6 +78,12 @@ def figure_rows(
             Row("W2 enqueue-to-start p50", ("W2", "p50_ms"), "ms", "<= floor + 4"),
             Row("W2 enqueue-to-start p95", ("W2", "p95_ms"), "ms"),
             Row("W2 enqueue-to-start p99", ("W2", "p99_ms"), "ms", "<= 25"),
+            Row(
+                "W2 p50 at a tenth of the rate (the path without waiting for a core)",
+                ("W2", "unloaded", "p50_ms"),
+                "ms",
+                required=False,
+            ),
             Row("W2 p50 / floor p50", ("W2", "p50_ratio_to_floor"), "", digits=2, required=False),
             Row("W2 p99 / floor p99", ("W2", "p99_ratio_to_floor"), "", digits=2, required=False),
         ]
@@ -320,10 +326,11 @@ def render_markdown(record: Mapping[str, Any]) -> str:
         lines += ["", f"Submission: {setup.get('submit', '?')}", ""]
         if setup.get("warm_up"):
             lines += [f"Warm-up before the first run: {json.dumps(setup['warm_up'])}", ""]
-        stages = _lookup(variant.get("figures", {}), ("W2", "stages_p50_ms"))
-        if stages:
-            text = ", ".join(f"{name} {ms:.1f} ms" for name, ms in stages.items())
-            lines += [f"W2 enqueue-to-start by stage (median of each): {text}", ""]
+        for path, when in ((("W2",), ""), (("W2", "unloaded"), " at a tenth of the rate")):
+            stages = _lookup(variant.get("figures", {}), (*path, "stages_p50_ms"))
+            if stages:
+                text = ", ".join(f"{name} {ms:.1f} ms" for name, ms in stages.items())
+                lines += [f"W2 enqueue-to-start by stage{when} (median of each): {text}", ""]
         for workload in ("W1", "W2", "W4"):
             by_op = _lookup(variant.get("figures", {}), (workload, "sqs_requests_by_op"))
             source = _lookup(variant.get("figures", {}), (workload, "sqs_requests_source"))

@@ -49,6 +49,9 @@ from taskplat.devstack.bench.throughput import (
 from taskplat.devstack.errors import DevstackError
 
 Record = dict[str, Any]
+# W2's second run, at this fraction of its rate: the path alone, with the cores nearly idle.
+UNLOADED_RATE_DIVISOR = 10
+
 _FAILURES = (DevstackError, TimeoutError, psycopg.Error, OSError)
 
 
@@ -178,11 +181,24 @@ class _VariantRun:
             for p in ("p50", "p99"):
                 if floor[f"{p}_ms"] > 0:
                     figures[f"{p}_ratio_to_floor"] = round(figures[f"{p}_ms"] / floor[f"{p}_ms"], 2)
+            # The same path at a tenth of the rate: the stack nearly idle, so what is left is
+            # the path itself, not the wait for a busy core.
+            unloaded = measure_latency(
+                bs,
+                sizes,
+                f"{label} unloaded",
+                tasks=max(10, sizes.w2_tasks // 5),
+                rate=sizes.w2_rate / UNLOADED_RATE_DIVISOR,
+            )
+            figures["unloaded"] = {
+                key: unloaded[key] for key in ("tasks", "rate", "p50_ms", "p99_ms", "stages_p50_ms")
+            }
             runs.append(figures)
             say(
                 f"{label}: p50 {figures['p50_ms']:.1f} ms, p95 {figures['p95_ms']:.1f} ms, "
                 f"p99 {figures['p99_ms']:.1f} ms at {figures['rate']:.0f}/s; SQS floor p50 "
-                f"{floor['p50_ms']:.1f} ms, p99 {floor['p99_ms']:.1f} ms"
+                f"{floor['p50_ms']:.1f} ms, p99 {floor['p99_ms']:.1f} ms; at "
+                f"{unloaded['rate']:.0f}/s p50 {unloaded['p50_ms']:.1f} ms"
             )
 
     def _w4(self, bs: BenchStack, batch_path: str | None) -> None:

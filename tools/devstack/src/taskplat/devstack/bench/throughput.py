@@ -215,10 +215,14 @@ def measure_throughput(
     return figures
 
 
-def measure_latency(bs: BenchStack, sizes: Sizes, label: str) -> dict[str, Any]:
-    """One run of W2: `sizes.w2_tasks` no-op tasks, one by one at `sizes.w2_rate` per second;
-    enqueue-to-start = the operator's start minus the client's time just before the POST."""
-    n = sizes.w2_tasks
+def measure_latency(
+    bs: BenchStack, sizes: Sizes, label: str, *, tasks: int | None = None, rate: float | None = None
+) -> dict[str, Any]:
+    """One run of W2: `tasks` (`sizes.w2_tasks`) no-op tasks, one by one at `rate`
+    (`sizes.w2_rate`) per second; enqueue-to-start = the operator's start minus the client's time
+    just before the POST."""
+    n = tasks or sizes.w2_tasks
+    rate = rate or sizes.w2_rate
     idle_wait = bs.wait_idle()
     bodies = [{"operator": "noop"} for _ in range(n)]
 
@@ -226,7 +230,7 @@ def measure_latency(bs: BenchStack, sizes: Sizes, label: str) -> dict[str, Any]:
         on_done: Callable[[int], None], stop: threading.Event
     ) -> Coroutine[Any, Any, Submitted]:
         return submit_paced(
-            bs.dispatcher_url, bs.headers, bodies, rate=sizes.w2_rate, on_done=on_done, stop=stop
+            bs.dispatcher_url, bs.headers, bodies, rate=rate, on_done=on_done, stop=stop
         )
 
     cpu_before = bs.cpu_snapshot()
