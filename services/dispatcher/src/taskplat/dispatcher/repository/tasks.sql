@@ -38,6 +38,8 @@ wakeup AS (
     WHERE i.status = 'Queued'
     RETURNING queue
 )
+-- The NOTIFY runs in the answer's row, once per wake-up written (a SELECT in a CTE that nothing
+-- reads would not run at all).
 SELECT i.task_id, i.status, i.queue, i.operator, i.attempt,
        (SELECT count(pg_notify('taskplat_outbox', w.queue)) FROM wakeup AS w) AS notified
 FROM inserted AS i
