@@ -1,7 +1,8 @@
 """The relay holds back wake-ups deep in a backlog that the queue's workers drain by claiming ahead.
 
-Against real Postgres and real SQS. While the queue was claimed ahead in the last 2 s (its
-`claimed_ahead_at`, which the dispatcher stamps on a full claim-next), the wake-up of a task with
+Against real Postgres and real SQS. While the queue was claimed ahead within the last
+`hold_evidence_seconds` (2 s by default; its `claimed_ahead_at`, which the dispatcher stamps on
+a full claim-next), the wake-up of a task with
 `hold_depth` Queued tasks of its queue ahead of it stays pending and nothing reaches SQS for it;
 it comes due again after twice its age (1 s at least), and is then skipped if its task was claimed
 meanwhile, held again if it is still deep, or sent once it is near the front or nobody claims
@@ -153,3 +154,17 @@ def test_held_wake_ups_are_counted_and_not_relayed(
         'taskplat_outbox_held_total{kind="enqueue_task"} 2.0',
         'taskplat_outbox_relayed_total{kind="enqueue_task"} 3.0',
     } <= lines
+
+
+@pytest.mark.parametrize(
+    "relay_overrides", [{"hold_depth": DEPTH, "hold_evidence_seconds": 60.0}], ids=["evidence-60s"]
+)
+def test_how_long_a_claim_ahead_counts_is_a_setting(
+    relay: Relay, rows: Rows, queues: Queues, clock: FakeClock, db_url: str
+) -> None:
+    url = queues.create(QUEUE)
+    tasks = _backlog(rows, clock, 5)
+    _claimed_ahead(db_url, clock.now() - timedelta(seconds=30))
+    batch = relay.run_once()
+    assert (batch.claimed, batch.sent, batch.held) == (5, 3, 2)
+    assert sorted(task_ids_of(queues.receive(url, 3))) == sorted(tasks[:3])

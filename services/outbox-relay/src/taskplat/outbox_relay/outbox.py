@@ -24,15 +24,12 @@ from psycopg import Connection
 from psycopg.rows import DictRow
 
 from taskplat.common.db.queries import load_queries
+from taskplat.outbox_relay.settings import HOLD_EVIDENCE_SECONDS
 
 Q = load_queries("taskplat.outbox_relay", "outbox.sql")
 
 Conn = Connection[DictRow]
 OutboxKind = Literal["enqueue_task", "dead_letter", "route_event", "invoke_lambda"]
-
-# A queue counts as claimed ahead for this long after a full claim-next (migration 0013); the
-# dispatcher stamps it at most once a second while its workers drain a backlog.
-HOLD_EVIDENCE_SECONDS = 2.0
 
 
 @dataclass(frozen=True, slots=True)

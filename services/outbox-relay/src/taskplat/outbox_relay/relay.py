@@ -128,6 +128,7 @@ class Relay:
         self._hold = outbox.Hold(
             depth=settings.hold_depth if settings.skip_not_queued else 0,
             max_seconds=settings.hold_max_seconds,
+            evidence_seconds=settings.hold_evidence_seconds,
         )
 
     def run_once(self) -> RelayBatch:

@@ -24,6 +24,10 @@ from taskplat.common.settings import (
 from taskplat.common.telemetry import TelemetrySettings
 from taskplat.common.tokens.keys import TokenKeySettings, key_settings
 
+# A queue counts as claimed ahead for this long after a full claim-next (migration 0013); the
+# dispatcher stamps it at most once a second while its workers drain a backlog.
+HOLD_EVIDENCE_SECONDS = 2.0
+
 
 class RelaySettings(
     ServiceSettings,
@@ -74,10 +78,10 @@ class RelaySettings(
         le=100_000,
         description=(
             "With `skip_not_queued`: while a queue's workers claim ahead (a `task-claim-next` of "
-            "the queue came back full in the last 2 s), the wake-up of a task with at least this "
-            "many Queued tasks of its queue ahead of it is held back instead of sent, and looked "
-            "at again later: skipped once the task is claimed, sent once it is near the front or "
-            "nobody claims ahead. 0: send every wake-up at once."
+            "the queue came back full within `hold_evidence_seconds`), the wake-up of a task "
+            "with at least this many Queued tasks of its queue ahead of it is held back instead "
+            "of sent, and looked at again later: skipped once the task is claimed, sent once it "
+            "is near the front or nobody claims ahead. 0: send every wake-up at once."
         ),
     )
     hold_max_seconds: float = Field(
@@ -87,6 +91,15 @@ class RelaySettings(
         description=(
             "A held wake-up is looked at again after twice its row's age, at least 1 s and at "
             "most this long: the longest a held wake-up waits once nobody claims ahead."
+        ),
+    )
+    hold_evidence_seconds: float = Field(
+        HOLD_EVIDENCE_SECONDS,
+        gt=0,
+        le=3600,
+        description=(
+            "How long after a queue's last full `task-claim-next` its workers count as claiming "
+            "ahead, so wake-ups deep in its backlog are held (`hold_depth`)."
         ),
     )
     retry_base_seconds: float = Field(
