@@ -342,9 +342,9 @@ def test_dispatcher_listens_where_the_load_balancers_and_health_check_look(
         for logical_id, group in deploy_model.resources_of_type(
             template, "AWS::ElasticLoadBalancingV2::TargetGroup"
         ).items()
-        if logical_id in {"PublicTargetGroup", "InternalTargetGroup"}
+        if logical_id in {"PublicTargetGroup", "InternalTargetGroup", "InternalClaimTargetGroup"}
     }
-    assert len(groups) == 2
+    assert len(groups) == 3
     for group in groups.values():
         assert group["Properties"]["Port"] == port
         assert group["Properties"]["HealthCheckPath"] == "/healthz"
@@ -386,7 +386,12 @@ def test_internal_routes_are_reachable_only_inside_the_vpc(
         for condition in rule["Properties"]["Conditions"]
         for value in condition["PathPatternConfig"]["Values"]
     ]
-    assert sorted(internal_paths) == ["/healthz", "/internal/*", "/readyz"]
+    assert sorted(internal_paths) == [
+        "/healthz",
+        "/internal/*",
+        "/internal/task-claim-next",
+        "/readyz",
+    ]
     # Only the two ALBs may reach the dispatcher's port.
     sources = resources["DispatcherSecurityGroup"]["Properties"]["SecurityGroupIngress"]
     assert {rule["SourceSecurityGroupId"]["Ref"] for rule in sources} == {

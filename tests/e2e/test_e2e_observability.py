@@ -1,5 +1,6 @@
-"""End to end, issue 6: one task's trace crosses the dispatcher, the relay and the worker wrapper,
-and the metrics endpoints of the running processes count a known workload.
+"""End to end, issue 6: one task's trace crosses the dispatcher, the relay and the worker wrapper
+(or, taken by a waiting claim, goes from its create to the worker), and the metrics endpoints of
+the running processes count a known workload.
 
 The stack exports traces over OTLP/HTTP to a collector run by this test (a real collector of the
 OTLP protocol, decoding the protobuf requests every process sends).
@@ -108,6 +109,8 @@ def stack(
         database_server_url=database_url,
         sqs_endpoint_url=sqs_endpoint_url,
         workers=1,
+        queues=("default", "woken"),
+        worker_queues=("default",),
         env={
             "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
             # Export finished spans within half a second instead of the SDK's 5 s default.
@@ -117,32 +120,53 @@ def stack(
         yield running
 
 
-TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN_ID = "00f067aa0ba902b7"
+
+
+def _traced_task(stack: E2EStack, trace_id: str, queue: str) -> None:
+    response = stack.api.post(
+        "/tasks",
+        json={"operator": "echo", "config": {"traced": True}, "queue": queue},
+        headers={"traceparent": f"00-{trace_id}-{CLIENT_SPAN_ID}-01"},
+    )
+    assert response.status_code == 201, response.text
+    stack.wait_status(response.json()["task_id"], "Completed", timeout=30)
+
+
+def _whole_trace(received: Collector, trace_id: str, wanted: set[str]) -> dict[str, ReceivedSpan]:
+    def spans() -> list[ReceivedSpan] | None:
+        found = received.trace(trace_id)
+        return found if wanted <= {span.name for span in found} else None
+
+    found = wait_for(spans, timeout=30, what="every service's spans of the task's trace")
+    return {span.name: span for span in found}
+
+
+def _descends_from(spans: dict[str, ReceivedSpan], name: str, ancestor: ReceivedSpan) -> bool:
+    ids = {span.span_id: span for span in spans.values()}
+    span = spans[name]
+    while span.parent_span_id in ids:
+        span = ids[span.parent_span_id]
+        if span.span_id == ancestor.span_id:
+            return True
+    return False
 
 
 def test_one_trace_links_the_dispatcher_the_relay_and_the_worker(
     stack: E2EStack, collector: tuple[Collector, str]
 ) -> None:
+    """A task run by its SQS wake-up: a wrapper that does not poll the dispatcher."""
     received, _ = collector
-    response = stack.api.post(
-        "/tasks",
-        json={"operator": "echo", "config": {"traced": True}},
-        headers={"traceparent": f"00-{TRACE_ID}-{CLIENT_SPAN_ID}-01"},
-    )
-    assert response.status_code == 201, response.text
-    stack.wait_status(response.json()["task_id"], "Completed", timeout=30)
-
-    def whole_trace() -> list[ReceivedSpan] | None:
-        spans = received.trace(TRACE_ID)
-        names = {span.name for span in spans}
-        wanted = {"HTTP POST /tasks", "outbox.send", "task.attempt", "operator.run"}
-        complete = {"HTTP POST /internal/task-claim", "HTTP POST /internal/task-complete"}
-        return spans if wanted | complete <= names else None
-
-    spans = wait_for(whole_trace, timeout=30, what="every service's spans of the task's trace")
-    by_name = {span.name: span for span in spans}
-    services = {span.service for span in spans}
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    worker = stack.stack.add_worker("woken", env={"TASKPLAT_WORKER_POLL_DISPATCHER": "false"})
+    try:
+        _traced_task(stack, trace_id, "woken")
+    finally:
+        stack.stack.remove(worker)
+    wanted = {"HTTP POST /tasks", "outbox.send", "task.attempt", "operator.run"}
+    complete = {"HTTP POST /internal/task-claim", "HTTP POST /internal/task-complete"}
+    by_name = _whole_trace(received, trace_id, wanted | complete)
+    services = {span.service for span in by_name.values()}
     assert {
         "taskplat-dispatcher",
         "taskplat-outbox-relay",
@@ -156,18 +180,25 @@ def test_one_trace_links_the_dispatcher_the_relay_and_the_worker(
     assert relay.parent_span_id == create.span_id
     attempt = by_name["task.attempt"]
     assert attempt.parent_span_id == relay.span_id
-    ids = {span.span_id: span for span in spans}
-
-    def descends_from_attempt(span: ReceivedSpan) -> bool:
-        while span.parent_span_id in ids:
-            span = ids[span.parent_span_id]
-            if span.span_id == attempt.span_id:
-                return True
-        return False
-
     for name in ("HTTP POST /internal/task-claim", "HTTP POST /internal/task-complete"):
-        assert descends_from_attempt(by_name[name]), name
+        assert _descends_from(by_name, name, attempt), name
     assert by_name["HTTP POST /internal/task-claim"].service == "taskplat-dispatcher"
+
+
+def test_a_task_taken_by_a_waiting_claim_continues_the_trace_of_its_create(
+    stack: E2EStack, collector: tuple[Collector, str]
+) -> None:
+    received, _ = collector
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    _traced_task(stack, trace_id, "default")  # its wrapper polls the dispatcher
+    wanted = {"HTTP POST /tasks", "task.attempt", "operator.run"}
+    by_name = _whole_trace(received, trace_id, wanted | {"HTTP POST /internal/task-complete"})
+    create = by_name["HTTP POST /tasks"]
+    attempt = by_name["task.attempt"]
+    assert attempt.parent_span_id == create.span_id, "no wake-up between them"
+    assert attempt.service == "taskplat-worker-wrapper"
+    assert _descends_from(by_name, "operator.run", attempt)
+    assert _descends_from(by_name, "HTTP POST /internal/task-complete", attempt)
 
 
 def _metrics(url: str) -> str:

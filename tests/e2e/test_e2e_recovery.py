@@ -96,7 +96,8 @@ def test_lost_wake_up_is_republished(stack: E2EStack) -> None:
     sent_before = len(stack.rows("outbox_rows", task_id=task_id))
     assert stack.get(task_id)["status"] == "Queued"
 
-    worker = stack.stack.add_worker("lost")
+    # Without a waiting claim, which would find the Queued task without any wake-up.
+    worker = stack.stack.add_worker("lost", env={"TASKPLAT_WORKER_POLL_DISPATCHER": "false"})
     try:
         done = stack.wait_status(task_id, "Completed", "Dead", timeout=30)
     finally:

@@ -153,6 +153,7 @@ VALUES: dict[str, Value] = {
     "lease_token": lambda s: uuid4(),  # a new lease (claims); a fence names its task's own
     "function_prefix": _const("taskplat-"),
     "outbox_id": lambda s: s.last_outbox_id,
+    "polled_wakeup_delay_seconds": _const(1.0),
 }
 # Parameter names whose type differs between single and batch statements.
 BATCH_VALUES: dict[str, Value] = {

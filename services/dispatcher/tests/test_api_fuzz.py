@@ -159,7 +159,8 @@ def _seed(dispatcher: Dispatcher) -> dict[str, list[Any]]:
 def seeded(template_databases: TemplateDatabases) -> Iterator[Seeded]:
     url = template_databases.clone("fuzz")
     try:
-        with serve_dispatcher(url) as dispatcher:
+        # A claim-next that waits answers within a fraction of a second, whatever it asks.
+        with serve_dispatcher(url, claim_max_wait_seconds=0.2) as dispatcher:
             yield Seeded(dispatcher, _seed(dispatcher))
     finally:
         template_databases.drop(url)

@@ -33,6 +33,8 @@ SEED_CLAIMED_FIELDS = {"status", "attempt", "lease_token", "lease_expires_at", "
 # DESIGN "Runtimes and trust": every claim also carries its attempt token (and, untrusted, a
 # capability token).
 TOKEN_FIELDS = {"attempt_token", "capability_token"}
+# The create's trace context, for an attempt claimed without its wake-up (migration 0016).
+TRACE_FIELDS = {"trace_context"}
 SEED_TASK_FIELDS = {"task_id", "attempt", "job", "operator", "config", "inputs"}
 
 
@@ -59,7 +61,7 @@ def test_claim_answers_the_seed_004_payload_and_starts_the_attempt(
     assert response.status_code == 200, response.text
     body = response.json()
     ClaimedResponse.model_validate_json(response.text)
-    assert set(body) == SEED_CLAIMED_FIELDS | TOKEN_FIELDS
+    assert set(body) == SEED_CLAIMED_FIELDS | TOKEN_FIELDS | TRACE_FIELDS
     assert SEED_TASK_FIELDS <= set(body["task"])
     assert body["status"] == "Claimed"
     assert body["attempt"] == 1 and body["task"]["attempt"] == 1

@@ -3,7 +3,8 @@
 Invariants: each test gets its own database (`db_url`), its own dispatcher process on a free port
 and its own SQS queue (a unique prefix), so tests never see each other's messages; wake-ups are
 sent by the test itself (the relay is not running); every process and thread started here is
-stopped by the fixture that started it, even when the test fails.
+stopped by the fixture that started it, even when the test fails. The wrappers do not poll the
+dispatcher (`poll_dispatcher`) unless a test says so: these tests drive them by their wake-ups.
 """
 
 from __future__ import annotations
@@ -225,6 +226,9 @@ def wrapper_env(dispatcher: Dispatcher, queue: Queue, operators_file: Path) -> d
         "TASKPLAT_WORKER_KILL_GRACE_SECONDS": "0.5",
         "TASKPLAT_WORKER_HEARTBEAT_MIN_INTERVAL_SECONDS": "0.2",
         "TASKPLAT_WORKER_RETRY_MAX_SECONDS": "1",
+        # The wake-ups these tests send are the wrapper's only way to its tasks (test_claim_poll
+        # turns the dispatcher poll on).
+        "TASKPLAT_WORKER_POLL_DISPATCHER": "false",
         "TASKPLAT_LOG_LEVEL": "INFO",
     }
 
@@ -246,6 +250,7 @@ def wrapper_settings(
         "heartbeat_min_interval_seconds": 0.2,
         "retry_max_seconds": 1.0,
         "drain_timeout_seconds": 5.0,
+        "poll_dispatcher": False,
     }
     values.update(overrides)
     return WrapperSettings(**values)

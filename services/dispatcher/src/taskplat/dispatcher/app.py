@@ -8,7 +8,8 @@ the public API with the key the person enters; the files themselves are open); t
 `queues` setting are registered at start-up (or on first use if Postgres was down); every HTTP
 request is timed (and traced when tracing is on) by `HttpTelemetryMiddleware`. The caller owns
 `telemetry` (it shuts it down); without one the app makes its own from the settings. Buffered spans
-are exported when the app shuts down.
+are exported when the app shuts down. The LISTEN of waiting claims (`claim_waits`) runs from
+start-up to shutdown.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from taskplat.common.clock import Clock, SystemClock
 from taskplat.common.db.pools import make_async_pool
 from taskplat.common.telemetry import Telemetry
 from taskplat.dispatcher import operational
+from taskplat.dispatcher.claim_waits import QueuedListener
 from taskplat.dispatcher.dags import DagService
 from taskplat.dispatcher.errors import EXCEPTION_HANDLERS
 from taskplat.dispatcher.http_telemetry import HttpTelemetryMiddleware
@@ -64,9 +66,11 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await pool.open(wait=False)
         await registry.try_register()
+        listener.start()
         try:
             yield
         finally:
+            await listener.close()
             await pool.close()
             # uvicorn re-raises SIGTERM once it stopped, so code after `uvicorn.run` may never run:
             # export the spans still buffered now.
@@ -94,11 +98,19 @@ def create_app(
     )
     recorder = Recorder(telemetry)
     registry = QueueRegistry(pool, clock, settings.queues)
+    listener = QueuedListener(settings.database_url.get_secret_value())
+    telemetry.observable_gauge(
+        "taskplat.claims.waiting",
+        [listener.observe],
+        description="task-claim-next calls now waiting for a task of the queue (wait_seconds).",
+    )
     app.state.settings = settings
     app.state.pool = pool
     app.state.telemetry = telemetry
     app.state.recorder = recorder
-    app.state.service = TaskService(pool, clock, settings, recorder, registry=registry)
+    app.state.service = TaskService(
+        pool, clock, settings, recorder, registry=registry, listener=listener
+    )
     app.state.operations = Operations(pool, clock, recorder, registry)
     app.state.dags = DagService(pool, clock, settings, recorder, registry)
     app.state.gauges = StateGauges(

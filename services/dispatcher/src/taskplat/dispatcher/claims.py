@@ -14,6 +14,13 @@ Invariants:
     `claimed_ahead_at` (migration 0013), at most once per `CLAIMED_AHEAD_STAMP_SECONDS` per queue
     and dispatcher: the relay then holds back wake-ups deep in that queue's backlog. The stamp is
     its own statement after the claim committed; a failed stamp fails nothing (logged).
+  * A claim-next with `wait_seconds` that finds no task waits for one (`claim_waits`), at most
+    `claim_max_wait_seconds`, and claims again each time a create of its queue NOTIFYs it and
+    once more at the end of the wait; it answers as soon as it claimed something, and claims
+    nothing more once its client went away (`gone`). While it waits, and the dispatcher listens,
+    the queue's `polled_until` is stamped (at most every half wait per queue and dispatcher;
+    its own statement, a failed stamp fails nothing): creates then hold the queue's wake-ups
+    back for `polled_wakeup_delay_seconds`.
   * Each claim and each NotClaimed answer is recorded after the statement committed.
   * Every Claimed answer carries the attempt token of the attempt it claimed (and, for an
     untrusted task, its capability token), issued from the committed row.
@@ -21,6 +28,7 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Sequence
@@ -39,6 +47,7 @@ from taskplat.common.contracts import (
     NotClaimedResponse,
 )
 from taskplat.common.logging import get_logger
+from taskplat.dispatcher.claim_waits import QueuedListener
 from taskplat.dispatcher.recorder import Recorder
 from taskplat.dispatcher.repository import batch, queues
 from taskplat.dispatcher.repository import tasks as repo
@@ -70,13 +79,16 @@ class Claims:
         settings: DispatcherSettings,
         recorder: Recorder,
         tokens: TokenIssuer,
+        listener: QueuedListener | None = None,
     ) -> None:
         self._pool = pool
         self._clock = clock
         self._settings = settings
         self._recorder = recorder
         self._tokens = tokens
+        self._listener = listener
         self._claimed_ahead_stamped: dict[str, float] = {}  # queue -> monotonic time
+        self._polled_stamped_until: dict[str, float] = {}  # queue -> monotonic time
 
     def _claimed(self, row: Row) -> ClaimedResponse:
         return ClaimedResponse(
@@ -86,6 +98,7 @@ class Claims:
             task=claim_task_payload(row, trust=self._tokens.trust(row)),
             attempt_token=self._tokens.attempt_token(row),
             capability_token=self._tokens.capability_token(row),
+            trace_context=row.get("trace_context"),
         )
 
     def _params(self, worker_id: str) -> dict[str, Any]:
@@ -129,15 +142,62 @@ class Claims:
             answered.add(task_id)
         return answers
 
-    async def claim_next(self, queue: str, worker_id: str, limit: int) -> list[ClaimedResponse]:
+    async def claim_next(
+        self,
+        queue: str,
+        worker_id: str,
+        limit: int,
+        *,
+        wait_seconds: float = 0.0,
+        gone: asyncio.Future[object] | None = None,
+    ) -> list[ClaimedResponse]:
+        """Up to `limit` Queued tasks of `queue`; with `wait_seconds`, wait for one if none is."""
+        wait = min(wait_seconds, self._settings.claim_max_wait_seconds)
+        listener = self._listener
+        if wait <= 0 or listener is None:
+            return await self._claim_next_now(queue, worker_id, limit, stamp_polled=0.0)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        with listener.waiter(queue) as waiter:  # before the first claim: no NOTIFY is missed
+            stamp = wait if listener.listening else 0.0
+            while True:
+                claimed = await self._claim_next_now(queue, worker_id, limit, stamp_polled=stamp)
+                stamp = 0.0
+                if claimed:
+                    if len(claimed) >= limit:
+                        listener.wake(queue)  # more may be Queued: the next waiter looks too
+                    return claimed
+                left = deadline - loop.time()
+                if left <= 0 or (gone is not None and gone.done()):
+                    return []
+                await waiter.wait(left, gone)
+                if gone is not None and gone.done():
+                    return []
+                listener.rearm(waiter)
+
+    async def _claim_next_now(
+        self, queue: str, worker_id: str, limit: int, *, stamp_polled: float
+    ) -> list[ClaimedResponse]:
         params = {**self._params(worker_id), "queue": queue, "max": limit}
         async with self._pool.connection() as conn:
+            if stamp_polled > 0:
+                await self._stamp_polled(conn, queue, stamp_polled)
             rows = await batch.claim_next(conn, params)  # one statement: committed on return
             if len(rows) >= max(limit, 2):
                 await self._stamp_claimed_ahead(conn, queue)
         for row in rows:
             self._recorder.task_claimed(row)
         return [self._claimed(row) for row in rows]
+
+    async def _stamp_polled(self, conn: Conn, queue: str, wait: float) -> None:
+        now = time.monotonic()
+        if self._polled_stamped_until.get(queue, -math.inf) - now > wait / 2:
+            return
+        self._polled_stamped_until[queue] = now + wait
+        try:
+            await queues.mark_polled(conn, queue, wait, self._clock.sql_now())
+        except psycopg.Error as exc:  # a hint for creates: the claim stands without it
+            get_logger().warning("polled_not_stamped", queue=queue, error=str(exc))
 
     async def _stamp_claimed_ahead(self, conn: Conn, queue: str) -> None:
         now = time.monotonic()

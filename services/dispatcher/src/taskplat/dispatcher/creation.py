@@ -130,6 +130,7 @@ class BulkCreate:
             array: [each[column] for each in values] for column, array in _ARRAYS.items()
         }
         params["now"] = self._clock.sql_now()
+        params["polled_wakeup_delay_seconds"] = self._settings.polled_wakeup_delay_seconds
         trace_context = inject()
         params["trace_context"] = Jsonb(trace_context) if trace_context else None
         wanted: list[UUID] = [each["task_id"] for each in values]

@@ -15,6 +15,7 @@ call is counted and logged (`worker_call_rejected`) and a refused token logged
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Literal, TypeVar
@@ -241,7 +242,14 @@ async def task_claim_batch(request: Request) -> Response:
 async def task_claim_next(request: Request) -> Response:
     body = await _body(request, ClaimNextRequest)
     _bind(worker_id=body.worker_id)
-    return json_response(await _service(request).claim_next(body))
+    if body.wait_seconds <= 0:
+        return json_response(await _service(request).claim_next(body))
+    # The body is read: the next ASGI message is the client's disconnect.
+    gone: asyncio.Future[object] = asyncio.ensure_future(request.receive())
+    try:
+        return json_response(await _service(request).claim_next(body, gone))
+    finally:
+        gone.cancel()
 
 
 async def task_fetch(request: Request) -> Response:

@@ -20,6 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from typing import Any
@@ -59,6 +60,7 @@ from taskplat.common.contracts import (
 )
 from taskplat.common.errors import Conflict, NotFound, ValidationFailed
 from taskplat.common.telemetry import inject
+from taskplat.dispatcher.claim_waits import QueuedListener
 from taskplat.dispatcher.claims import Claims
 from taskplat.dispatcher.completions import Completions
 from taskplat.dispatcher.creation import BulkCreate, check_times, task_values
@@ -86,6 +88,7 @@ class TaskService:
         rand: random.Random | None = None,
         *,
         registry: QueueRegistry,
+        listener: QueuedListener | None = None,
     ) -> None:
         self._pool = pool
         self._clock = clock
@@ -93,7 +96,7 @@ class TaskService:
         self._recorder = recorder
         self._rand = rand or random.Random()
         self.tokens = TokenIssuer(settings, clock)
-        self._claims = Claims(pool, clock, settings, recorder, self.tokens)
+        self._claims = Claims(pool, clock, settings, recorder, self.tokens, listener)
         self._completions = Completions(pool, clock, settings, recorder, self._rand)
         self._registry = registry
         self._bulk = BulkCreate(pool, clock, settings, recorder, registry)
@@ -109,6 +112,7 @@ class TaskService:
             **task_values(request, self._settings),
             "now": now,
             "trace_context": repo.wakeup_trace_context(inject()),
+            "polled_wakeup_delay_seconds": self._settings.polled_wakeup_delay_seconds,
         }
         async with self._pool.connection() as conn:
             # One statement, committed on return: the task, its wake-up and the NOTIFY.
@@ -209,8 +213,17 @@ class TaskService:
             ],
         )
 
-    async def claim_next(self, request: ClaimNextRequest) -> ClaimNextResponse:
-        claimed = await self._claims.claim_next(request.queue, request.worker_id, request.max)
+    async def claim_next(
+        self, request: ClaimNextRequest, gone: asyncio.Future[object] | None = None
+    ) -> ClaimNextResponse:
+        """`gone` completes when the caller went away: a waiting claim then claims no more."""
+        claimed = await self._claims.claim_next(
+            request.queue,
+            request.worker_id,
+            request.max,
+            wait_seconds=request.wait_seconds,
+            gone=gone,
+        )
         return ClaimNextResponse(claimed=claimed)
 
     async def fetch(self, task_id: UUID) -> FetchResponse:

@@ -69,6 +69,21 @@ class DispatcherSettings(
     lease_ttl_seconds: float = Field(
         30.0, gt=0, le=3600, description="Lease granted by a claim and extended by a heartbeat."
     )
+    claim_max_wait_seconds: float = Field(
+        20.0,
+        ge=0,
+        le=60,
+        description="Longest a `task-claim-next` may wait for a task (`wait_seconds` above it is "
+        "cut to it; 0: claim-next never waits).",
+    )
+    polled_wakeup_delay_seconds: float = Field(
+        1.0,
+        ge=0,
+        le=60,
+        description="While a queue's workers wait on a `task-claim-next`, how long a new task's "
+        "SQS wake-up is held back: a waiting worker claims the task at once, and the relay sends "
+        "the wake-up then only if the task is still Queued (0: never held).",
+    )
     default_timeout_seconds: int = Field(
         3600, ge=1, description="Hard deadline of an attempt when the task sets no timeout."
     )

@@ -43,7 +43,7 @@ claimed AS (
               t.timeout_seconds, t.deadline_at, t.lease_token, t.lease_expires_at,
               t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset,
               taskplat_job_outputs(t.job) AS outputs, taskplat_job_trust(t.job) AS trust,
-              taskplat_task_steps(t.task_id, t.attempt) AS steps
+              taskplat_task_steps(t.task_id, t.attempt) AS steps, t.trace_context
 ),
 history AS (
     INSERT INTO task_attempts (task_id, attempt, worker_id, lease_token, started_at)

@@ -124,6 +124,7 @@ def invocation_payload(row: dict[str, Any], attempt_token: str) -> bytes:
         lease_expires_at=row["lease_expires_at"],
         task=ClaimTask.model_validate(task),
         attempt_token=attempt_token,
+        trace_context=row.get("trace_context"),
     )
     return claimed.model_dump_json().encode()
 

@@ -202,12 +202,17 @@ class DispatcherClient:
         return answers
 
     async def claim_next(
-        self, queue: str, worker_id: str, limit: int, *, until: float
+        self, queue: str, worker_id: str, limit: int, *, until: float, wait_seconds: float = 0.0
     ) -> list[ClaimedResponse]:
-        """One task-claim-next call: up to `limit` Queued tasks of `queue`, now claimed."""
-        body = ClaimNextRequest(worker_id=worker_id, queue=queue, max=limit)
+        """One task-claim-next call: up to `limit` Queued tasks of `queue`, now claimed; with
+        `wait_seconds`, the dispatcher waits that long for one (the call's timeout grows by it)."""
+        body = ClaimNextRequest(
+            worker_id=worker_id, queue=queue, max=limit, wait_seconds=wait_seconds
+        )
         path = "/internal/task-claim-next"
-        response = await self._post(path, body, until=until, span="claim_next")
+        response = await self._post(
+            path, body, until=until, span="claim_next", extra_seconds=wait_seconds
+        )
         answer = self._parse_ok(response, ClaimNextResponse, path)
         if len(answer.claimed) > limit:
             raise _unexpected(response, f"{path}: {len(answer.claimed)} tasks for max {limit}")
@@ -263,7 +268,9 @@ class DispatcherClient:
             raise _unexpected(response, f"unexpected answer from {path}") from exc
         raise _unexpected(response)
 
-    async def _post(self, path: str, body: BaseModel, *, until: float, span: str) -> HttpAnswer:
+    async def _post(
+        self, path: str, body: BaseModel, *, until: float, span: str, extra_seconds: float = 0.0
+    ) -> HttpAnswer:
         attributes = {"http.request.method": "POST", "url.path": path}
         task_id = getattr(body, "task_id", None)
         if task_id is not None:
@@ -271,18 +278,25 @@ class DispatcherClient:
         with self._telemetry.tracer.start_as_current_span(
             f"dispatcher.{span}", kind=trace.SpanKind.CLIENT, attributes=attributes
         ) as current:
-            response = await self._post_with_retries(path, body, until=until)
+            response = await self._post_with_retries(path, body, until=until, extra=extra_seconds)
             current.set_attribute("http.response.status_code", response.status_code)
             return response
 
-    async def _post_with_retries(self, path: str, body: BaseModel, *, until: float) -> HttpAnswer:
+    async def _post_with_retries(
+        self, path: str, body: BaseModel, *, until: float, extra: float = 0.0
+    ) -> HttpAnswer:
         loop = asyncio.get_running_loop()
         content = body.model_dump_json(exclude_none=False).encode()
         headers = inject()  # the current span: this call's
+        timeout = None
+        if extra > 0 and self._timeout.total is not None:  # a waiting call: longer to answer
+            timeout = aiohttp.ClientTimeout(
+                total=self._timeout.total + extra, sock_connect=self._timeout.sock_connect
+            )
         failures = 0
         while True:
             try:
-                response = await self._send(path, content, headers)
+                response = await self._send(path, content, headers, timeout)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 self._telemetry.dispatcher_call_error(path)
                 problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
@@ -300,11 +314,22 @@ class DispatcherClient:
             )
             await asyncio.sleep(delay)
 
-    async def _send(self, path: str, content: bytes, headers: dict[str, str]) -> HttpAnswer:
+    async def _send(
+        self,
+        path: str,
+        content: bytes,
+        headers: dict[str, str],
+        timeout: aiohttp.ClientTimeout | None = None,
+    ) -> HttpAnswer:
         url = self._base_url + path
         # aiohttp sends a large body from a file-like object in chunks (bytes would block).
         data = io.BytesIO(content) if len(content) > LARGE_BODY_BYTES else content
-        async with self._session().post(url, data=data, headers=headers) as response:
+        post = self._session().post
+        async with (
+            post(url, data=data, headers=headers)
+            if timeout is None
+            else post(url, data=data, headers=headers, timeout=timeout)
+        ) as response:
             return HttpAnswer(path, response.status, await response.read())
 
 

@@ -132,7 +132,10 @@ class TaskExecutor:
         with (
             structlog.contextvars.bound_contextvars(**bound, task_id=str(task.task_id)),
             self.telemetry.tracer.start_as_current_span(
-                "task.attempt", kind=SpanKind.CONSUMER, attributes=attributes
+                "task.attempt",
+                context=extract(claimed.trace_context or {}),  # the create's trace
+                kind=SpanKind.CONSUMER,
+                attributes=attributes,
             ) as span,
         ):
             self.telemetry.claim("Claimed")

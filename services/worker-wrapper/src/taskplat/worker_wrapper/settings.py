@@ -171,7 +171,22 @@ class WrapperSettings(
         True,
         description="Under a backlog (a receive came back full), claim further Queued tasks of "
         "the queue straight from the dispatcher (`task-claim-next`) while slots are free, "
-        "instead of waiting for their wake-ups; an idle wrapper still long-polls SQS.",
+        "instead of waiting for their wake-ups; an idle wrapper still long-polls SQS. Only "
+        "without `poll_dispatcher`, whose waiting claim fills free slots the same way.",
+    )
+    poll_dispatcher: bool = Field(
+        True,
+        description="While slots are free, keep one `task-claim-next` open on the dispatcher "
+        "that waits up to `poll_wait_seconds` for a task of the queue: a new task is claimed for "
+        "this wrapper as soon as it is created, with no SQS message in between (its wake-up is "
+        "sent later only if nobody claimed it). SQS is long-polled beside it, as always.",
+    )
+    poll_wait_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=60,
+        description="How long one waiting `task-claim-next` waits (the dispatcher may cut it "
+        "to its `claim_max_wait_seconds`); a stopping wrapper waits for the open one.",
     )
     report_in_background: bool = Field(
         True,

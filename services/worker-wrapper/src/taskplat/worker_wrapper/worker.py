@@ -17,9 +17,19 @@ Invariants:
     own wake-up this wrapper is claiming. An idle wrapper always long-polls, so the wake-up
     guarantee does not depend on claim-ahead. A failed claim-next is logged and only ends the
     backlog.
+  * With a waiting claim (`poll`, the default), the wrapper keeps one `task-claim-next` with
+    `wait_seconds` open on the dispatcher while slots are free (`claim_poll`): it reserves the
+    slots it asked for, and brings a new task of the queue as soon as it is created. SQS is
+    long-polled beside it, for the wake-ups the dispatcher's NOTIFY did not cover (retries,
+    scheduled tasks, a poll that failed); a message that arrives while the poll holds every free
+    slot waits for a slot (its visibility renewed as usual) before any new poll starts. Under a
+    backlog (the last poll came back full, two or more tasks) the loop gathers free slots as
+    claim-ahead does, so one call fills them all; claim-ahead itself is not used.
   * A failing receive (SQS down, queue missing) is logged and retried with backoff; the loop never
     dies of an error, and the handling of one delivery never breaks another.
-  * On stop: no new receive starts; running tasks get `drain_timeout_seconds` to finish; the rest
+  * On stop: no new receive or poll starts; the poll in flight is waited for and what it claimed
+    runs (it is leased to this wrapper); messages still waiting for a slot are released; running
+    tasks get `drain_timeout_seconds` to finish; the rest
     are stopped (process group killed) and reported Failed with `reason: Drained` and
     `retry_after_seconds: 0` (an attempt that does not count against the task's `max_attempts`),
     within the report timeout; messages a receive brings back after the stop are released
@@ -46,6 +56,7 @@ from taskplat.common.logging import get_logger
 from taskplat.common.sqs import sqs_client, sqs_queue_name
 from taskplat.common.telemetry import Telemetry
 from taskplat.worker_wrapper.batching import ClaimGroup
+from taskplat.worker_wrapper.claim_poll import ClaimPoll
 from taskplat.worker_wrapper.dispatcher_client import (
     DispatcherClient,
     DispatcherProtocolError,
@@ -96,6 +107,7 @@ class WorkerWrapper:
         retry_base_seconds: float,
         retry_max_seconds: float,
         intake_settings: IntakeSettings | None = None,
+        poll: ClaimPoll | None = None,
     ) -> None:
         self.intake = intake
         self.executor = executor
@@ -109,6 +121,8 @@ class WorkerWrapper:
         self._slot_freed = asyncio.Event()
         self._settings = intake_settings or IntakeSettings()
         self._backlog = False
+        self._poll = poll
+        self._waiting: list[Delivery] = []  # received while the poll held every free slot
         # The executor's count of claimed wake-ups before the receive that found a backlog.
         self._claimed_before_receive: int | None = None
         executor.completions.busy = lambda: len(self._running)
@@ -140,49 +154,159 @@ class WorkerWrapper:
         )
         stop_wait = asyncio.ensure_future(stop.wait())
         abandoned: asyncio.Future[list[Delivery]] | None = None
-        failures = 0
         try:
-            while not stop.is_set():
-                free = self.concurrency - self._occupied
-                if free <= 0:
-                    if not await self._slot_or_stop(stop_wait, self._busy_tick):
-                        self.health.polled()  # saturated, yet the loop turns: that is progress
-                    continue
-                if self._backlog:
-                    free = await self._gather_free_slots(free, stop_wait)
-                    if await self._claim_ahead(free):
-                        continue
-                wanted = min(free, MAX_BATCH)
-                receive = asyncio.ensure_future(self.intake.receive(wanted))
-                await asyncio.wait({receive, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-                if not receive.done():
-                    abandoned = receive
-                    break
-                try:
-                    deliveries = receive.result()
-                except Exception as exc:
-                    self.health.poll_failed()
-                    failures += 1
-                    delay = full_jitter_delay(self._retry_base, self._retry_max, failures)
-                    self.log.warning("sqs_receive_failed", error=str(exc), failures=failures)
-                    await asyncio.wait({stop_wait}, timeout=max(delay, self._retry_base))
-                    continue
-                self.health.polled()
-                failures = 0
-                claimed_before = self.executor.wakeups_claimed
-                self._start_all(deliveries)
-                # A backlog: a receive for two or more messages came back full (and, once its
-                # claims are answered, claimed something: see `_claim_ahead`).
-                full = len(deliveries) >= max(wanted, 2)
-                self._backlog = self._settings.claim_ahead and full
-                self._claimed_before_receive = claimed_before if self._backlog else None
+            if self._poll is None:
+                abandoned = await self._receive_loop(stop, stop_wait)
+            else:
+                abandoned = await self._poll_loop(self._poll, stop, stop_wait)
         finally:
             self.health.draining = True
             stop_wait.cancel()
             self.log.info("worker_wrapper_stopping", running=len(self._running))
-            await asyncio.gather(self._drain(), self._hand_back(abandoned))
+            await asyncio.gather(
+                self._drain_after_poll(), self._hand_back(abandoned), self._release_waiting()
+            )
             await self.intake.settle(self.drain.report_timeout_seconds)
             self.log.info("worker_wrapper_stopped")
+
+    async def _receive_loop(
+        self, stop: asyncio.Event, stop_wait: asyncio.Future[Any]
+    ) -> asyncio.Future[list[Delivery]] | None:
+        """Long-poll SQS while slots are free (claiming ahead under a backlog); the receive
+        still in flight when the stop came."""
+        failures = 0
+        while not stop.is_set():
+            free = self.concurrency - self._occupied
+            if free <= 0:
+                if not await self._slot_or_stop(stop_wait, self._busy_tick):
+                    self.health.polled()  # saturated, yet the loop turns: that is progress
+                continue
+            if self._backlog:
+                free = await self._gather_free_slots(free, stop_wait)
+                if await self._claim_ahead(free):
+                    continue
+            wanted = min(free, MAX_BATCH)
+            receive = asyncio.ensure_future(self.intake.receive(wanted))
+            await asyncio.wait({receive, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            if not receive.done():
+                return receive
+            try:
+                deliveries = receive.result()
+            except Exception as exc:
+                failures += 1
+                await asyncio.wait({stop_wait}, timeout=self._receive_failed(exc, failures))
+                continue
+            self.health.polled()
+            failures = 0
+            claimed_before = self.executor.wakeups_claimed
+            self._start_all(deliveries)
+            # A backlog: a receive for two or more messages came back full (and, once its
+            # claims are answered, claimed something: see `_claim_ahead`).
+            full = len(deliveries) >= max(wanted, 2)
+            self._backlog = self._settings.claim_ahead and full
+            self._claimed_before_receive = claimed_before if self._backlog else None
+        return None
+
+    async def _poll_loop(
+        self, poll: ClaimPoll, stop: asyncio.Event, stop_wait: asyncio.Future[Any]
+    ) -> asyncio.Future[list[Delivery]] | None:
+        """Keep one waiting claim-next open on the dispatcher while slots are free, and long-poll
+        SQS beside it; the receive still in flight when the stop came."""
+        loop = asyncio.get_running_loop()
+        receive: asyncio.Future[list[Delivery]] | None = None
+        receive_failures = 0
+        receive_at = 0.0  # event-loop time before which no receive starts (a backoff)
+        while not stop.is_set():
+            self._slot_freed.clear()
+            self._start_waiting()
+            room = self.concurrency - self._occupied - poll.reserved
+            if poll.future is None and room > 0 and not self._waiting and not poll.delay():
+                if self._backlog:  # the last poll came back full: let a few more slots free up
+                    room = await self._gather_free_slots(room, stop_wait)
+                    if stop_wait.done():
+                        break
+                poll.start(min(room, MAX_BATCH))
+                room = self.concurrency - self._occupied - poll.reserved
+            if receive is None and not self._waiting and loop.time() >= receive_at:
+                if room > 0 or poll.future is not None:
+                    # Beside a poll holding every free slot, one message: it waits for a slot.
+                    receive = asyncio.ensure_future(
+                        self.intake.receive(max(1, min(room, MAX_BATCH)))
+                    )
+            saturated = receive is None and poll.future is None and room <= 0
+            waits: set[asyncio.Future[Any]] = {stop_wait}
+            waits.update(each for each in (receive, poll.future) if each is not None)
+            freed = asyncio.ensure_future(self._slot_freed.wait())
+            timeout = self._busy_tick
+            if poll.future is None and poll.delay():
+                timeout = min(timeout, poll.delay())
+            if receive is None and receive_at > loop.time():
+                timeout = min(timeout, receive_at - loop.time())
+            try:
+                done, _ = await asyncio.wait(
+                    waits | {freed}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                freed.cancel()
+            if not done and saturated:
+                self.health.polled()  # saturated, yet the loop turns: that is progress
+            if stop_wait.done():
+                break
+            if poll.future is not None and poll.future.done():
+                asked = poll.slots
+                claimed = poll.take()
+                for each in claimed:
+                    self._track(self._run_claimed(each))
+                self._backlog = len(claimed) >= max(asked, 2)
+            if receive is not None and receive.done():
+                finished, receive = receive, None
+                try:
+                    deliveries = finished.result()
+                except Exception as exc:
+                    receive_failures += 1
+                    receive_at = loop.time() + self._receive_failed(exc, receive_failures)
+                    continue
+                self.health.polled()
+                receive_failures = 0
+                self._waiting.extend(deliveries)
+                self._start_waiting()
+        return receive
+
+    def _receive_failed(self, exc: Exception, failures: int) -> float:
+        """Log a failed receive (the `failures`-th in a row); the backoff before the next."""
+        self.health.poll_failed()
+        self.log.warning("sqs_receive_failed", error=str(exc), failures=failures)
+        delay = full_jitter_delay(self._retry_base, self._retry_max, failures)
+        return max(delay, self._retry_base)
+
+    def _start_waiting(self) -> None:
+        """Start the received deliveries that have a slot (the poll's reservation aside)."""
+        if not self._waiting:
+            return
+        reserved = self._poll.reserved if self._poll is not None else 0
+        room = max(0, self.concurrency - self._occupied - reserved)
+        ready, self._waiting = self._waiting[:room], self._waiting[room:]
+        if ready:
+            self._start_all(ready)
+
+    async def _drain_after_poll(self) -> None:
+        """Drain every running task, with what the poll in flight at the stop claims (it is
+        leased to this wrapper): all within `drain_timeout_seconds` of the stop."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.drain.drain_timeout_seconds
+        settle = asyncio.ensure_future(self._poll.settle()) if self._poll is not None else None
+        await self._drain(self.drain.drain_timeout_seconds)  # the tasks running at the stop
+        if settle is not None:
+            for each in await settle:
+                self._track(self._run_claimed(each))
+            await self._drain(max(0.0, deadline - loop.time()))
+
+    async def _release_waiting(self) -> None:
+        """Hand back the deliveries that never got a slot (visible again at once)."""
+        waiting, self._waiting = self._waiting, []
+        for delivery in waiting:
+            await self.intake.release(delivery)
+            self.log.info("message_released_at_shutdown", message_id=delivery.message_id)
 
     def _start_all(self, deliveries: list[Delivery]) -> None:
         group = None
@@ -284,13 +408,11 @@ class WorkerWrapper:
         self._backlog = len(claimed) >= limit
         return bool(claimed)
 
-    async def _drain(self) -> None:
+    async def _drain(self, timeout: float) -> None:
         if not self._running:
             return
         self.log.info("draining", running=len(self._running))
-        _, pending = await asyncio.wait(
-            set(self._running), timeout=self.drain.drain_timeout_seconds
-        )
+        _, pending = await asyncio.wait(set(self._running), timeout=timeout)
         if not pending:
             return
         self.log.warning("drain_timeout_stopping_tasks", stopping=len(pending))
@@ -404,6 +526,19 @@ def build_wrapper(
         ),
         retry_base_seconds=settings.retry_base_seconds,
         retry_max_seconds=settings.retry_max_seconds,
+        poll=(
+            ClaimPoll(
+                client,
+                settings.queue,
+                settings.worker_id,
+                wait_seconds=settings.poll_wait_seconds,
+                timeout_seconds=settings.http_timeout_seconds,
+                retry_base_seconds=settings.retry_base_seconds,
+                retry_max_seconds=settings.retry_max_seconds,
+            )
+            if settings.poll_dispatcher
+            else None
+        ),
         intake_settings=IntakeSettings(
             claim_ahead=settings.claim_ahead,
             batch_calls=settings.batch_calls,

@@ -120,6 +120,12 @@ class ClaimedResponse(Contract):
         description="For untrusted tasks: signed statement of the input dataset versions the "
         "attempt may read, its output prefixes and its scratch prefix (for the credential broker).",
     )
+    trace_context: dict[str, str] | None = Field(
+        None,
+        description="The W3C trace context (`traceparent`, `tracestate`) of the create that wrote "
+        "the task, when it had one: an attempt claimed without its wake-up (which carries it "
+        "otherwise) continues that trace.",
+    )
 
 
 class NotClaimedResponse(Contract):
@@ -320,6 +326,14 @@ class ClaimNextRequest(Contract):
     worker_id: WorkerId
     queue: QueueName
     max: Annotated[int, Field(ge=1, le=MAX_BATCH)]
+    wait_seconds: float = Field(
+        0.0,
+        ge=0,
+        le=60,
+        description="When no task is free, wait up to this long for one (cut to the "
+        "dispatcher's `claim_max_wait_seconds`), and answer as soon as one is claimed; 0 "
+        "answers at once.",
+    )
 
 
 class ClaimNextResponse(Contract):

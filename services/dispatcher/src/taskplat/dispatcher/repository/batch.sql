@@ -46,7 +46,7 @@ claimed AS (
               t.timeout_seconds, t.deadline_at, t.lease_token, t.lease_expires_at,
               t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset,
               taskplat_job_outputs(t.job) AS outputs, taskplat_job_trust(t.job) AS trust,
-              taskplat_task_steps(t.task_id, t.attempt) AS steps
+              taskplat_task_steps(t.task_id, t.attempt) AS steps, t.trace_context
 ),
 history AS (
     INSERT INTO task_attempts (task_id, attempt, worker_id, lease_token, started_at)
@@ -85,7 +85,7 @@ claimed AS (
               t.timeout_seconds, t.deadline_at, t.lease_token, t.lease_expires_at,
               t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset,
               taskplat_job_outputs(t.job) AS outputs, taskplat_job_trust(t.job) AS trust,
-              taskplat_task_steps(t.task_id, t.attempt) AS steps
+              taskplat_task_steps(t.task_id, t.attempt) AS steps, t.trace_context
 ),
 history AS (
     INSERT INTO task_attempts (task_id, attempt, worker_id, lease_token, started_at)
@@ -101,14 +101,16 @@ WHERE t.task_id = ANY(%(task_ids)s::uuid[])
 
 -- name: insert_tasks
 -- A bulk create: every task of the batch (its idempotency key already taken: skipped), and the
--- `enqueue_task` outbox row of each inserted task that is Queued, in one statement.
+-- `enqueue_task` outbox row of each inserted task that is Queued, in one statement; held, due
+-- %(polled_wakeup_delay_seconds)s later, for a queue whose workers wait on the dispatcher
+-- (`insert_task` in tasks.sql says why).
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 inserted AS (
     INSERT INTO tasks (
         task_id, status, queue, operator, job, config, inputs, max_attempts,
         max_processing_attempts, on_exhausted, backoff_base_seconds, backoff_max_seconds,
         timeout_seconds, scheduled_for, expires_at, idempotency_key, queued_at, created_at,
-        updated_at
+        updated_at, trace_context
     )
     SELECT
         i.task_id,
@@ -118,7 +120,7 @@ inserted AS (
         i.backoff_base_seconds, i.backoff_max_seconds, i.timeout_seconds,
         i.scheduled_for, i.expires_at, i.idempotency_key,
         CASE WHEN i.scheduled_for > n.now THEN NULL ELSE n.now END,
-        n.now, n.now
+        n.now, n.now, %(trace_context)s
     FROM n,
          unnest(%(task_ids)s::uuid[], %(queues)s::text[], %(operators)s::text[],
                 %(jobs)s::jsonb[], %(configs)s::jsonb[], %(inputs)s::jsonb[],
@@ -138,16 +140,26 @@ inserted AS (
     RETURNING task_id, status, queue, operator, attempt
 ),
 outboxed AS (
-    INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at)
+    INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at,
+                        held)
     SELECT 'enqueue_task', i.task_id, i.queue, jsonb_build_object('task_id', i.task_id::text),
-           %(trace_context)s, n.now, n.now
-    FROM inserted AS i, n
+           %(trace_context)s, n.now,
+           n.now + CASE WHEN q.name IS NOT NULL
+                        THEN make_interval(secs => %(polled_wakeup_delay_seconds)s)
+                        ELSE interval '0' END,
+           q.name IS NOT NULL
+    FROM inserted AS i CROSS JOIN n
+    LEFT JOIN queues AS q
+           ON q.name = i.queue AND q.polled_until > n.now
+          AND %(polled_wakeup_delay_seconds)s::double precision > 0
     WHERE i.status = 'Queued'
 )
 SELECT * FROM inserted
 
 -- name: notify_queues
-SELECT pg_notify('taskplat_outbox', q) FROM unnest(%(queues)s::text[]) AS q
+-- The relay, and the claims waiting on the dispatcher for these queues' tasks.
+SELECT pg_notify('taskplat_outbox', q), pg_notify('taskplat_queued', q)
+FROM unnest(%(queues)s::text[]) AS q
 
 -- name: find_tasks_by_idempotency_keys
 SELECT task_id, idempotency_key FROM tasks WHERE idempotency_key = ANY(%(keys)s::text[])

@@ -37,6 +37,10 @@ async def mark_claimed_ahead(conn: Conn, name: str, now: datetime | None) -> Non
     await conn.execute(Q["mark_claimed_ahead"], {"name": name, "now": now})
 
 
+async def mark_polled(conn: Conn, name: str, seconds: float, now: datetime | None) -> None:
+    await conn.execute(Q["mark_polled"], {"name": name, "seconds": seconds, "now": now})
+
+
 async def known_queues(conn: Conn) -> list[str]:
     return [row["name"] for row in await _all(conn, "known_queues", {})]
 

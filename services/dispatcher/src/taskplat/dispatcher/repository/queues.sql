@@ -79,6 +79,14 @@ SELECT (SELECT count(*) FROM resumed) AS resumed, (SELECT count(*) FROM announce
 -- A claim-next of the queue came back full (migration 0013): the relay may hold back wake-ups.
 UPDATE queues SET claimed_ahead_at = coalesce(%(now)s::timestamptz, now()) WHERE name = %(name)s
 
+-- name: mark_polled
+-- A claim-next of the queue waits for its next task (migration 0016): creates hold its wake-ups
+-- back for the next %(seconds)s, and NOTIFY the waiting claims instead.
+UPDATE queues
+SET polled_until = greatest(polled_until, coalesce(%(now)s::timestamptz, now())
+                                          + make_interval(secs => %(seconds)s))
+WHERE name = %(name)s
+
 -- name: queue_exists
 SELECT name, paused FROM queues WHERE name = %(name)s
 

@@ -7,15 +7,19 @@
 
 -- name: insert_task
 -- One statement, committed on return in autocommit: the task, and for a Queued one its
--- `enqueue_task` outbox row and the relay's NOTIFY (delivered on commit). No row: the idempotency
--- key already exists and nothing was written.
+-- `enqueue_task` outbox row and a NOTIFY (delivered on commit). No row: the idempotency key
+-- already exists and nothing was written. While the queue's workers wait on the dispatcher for
+-- its tasks (`queues.polled_until` ahead, migration 0016), the wake-up is written held, due
+-- %(polled_wakeup_delay_seconds)s later, and the NOTIFY goes to those waiting claims
+-- (`taskplat_queued`) instead of the relay (`taskplat_outbox`): the relay sends it then only if
+-- the task is still Queued.
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 inserted AS (
     INSERT INTO tasks (
         task_id, status, queue, operator, job, config, inputs, max_attempts,
         max_processing_attempts, on_exhausted, backoff_base_seconds, backoff_max_seconds,
         timeout_seconds, scheduled_for, expires_at, idempotency_key, queued_at, created_at,
-        updated_at
+        updated_at, trace_context
     )
     SELECT
         %(task_id)s,
@@ -25,23 +29,36 @@ inserted AS (
         %(backoff_base_seconds)s, %(backoff_max_seconds)s, %(timeout_seconds)s,
         %(scheduled_for)s, %(expires_at)s, %(idempotency_key)s,
         CASE WHEN %(scheduled_for)s::timestamptz > n.now THEN NULL ELSE n.now END,
-        n.now, n.now
+        n.now, n.now, %(trace_context)s
     FROM n
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING task_id, status, queue, operator, attempt
 ),
+polled AS (
+    SELECT true AS polled
+    FROM queues AS q, n
+    WHERE q.name = %(queue)s AND q.polled_until > n.now
+      AND %(polled_wakeup_delay_seconds)s::double precision > 0
+),
 wakeup AS (
-    INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at)
+    INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at,
+                        held)
     SELECT 'enqueue_task', i.task_id, i.queue, jsonb_build_object('task_id', i.task_id::text),
-           %(trace_context)s, n.now, n.now
-    FROM inserted AS i, n
+           %(trace_context)s, n.now,
+           n.now + CASE WHEN p.polled
+                        THEN make_interval(secs => %(polled_wakeup_delay_seconds)s)
+                        ELSE interval '0' END,
+           coalesce(p.polled, false)
+    FROM inserted AS i CROSS JOIN n LEFT JOIN polled AS p ON true
     WHERE i.status = 'Queued'
-    RETURNING queue
+    RETURNING queue, held
 )
 -- The NOTIFY runs in the answer's row, once per wake-up written (a SELECT in a CTE that nothing
 -- reads would not run at all).
 SELECT i.task_id, i.status, i.queue, i.operator, i.attempt,
-       (SELECT count(pg_notify('taskplat_outbox', w.queue)) FROM wakeup AS w) AS notified
+       (SELECT count(pg_notify(CASE WHEN w.held THEN 'taskplat_queued' ELSE 'taskplat_outbox' END,
+                               w.queue))
+        FROM wakeup AS w) AS notified
 FROM inserted AS i
 
 -- name: find_task_by_idempotency_key
@@ -121,7 +138,7 @@ claimed AS (
               t.timeout_seconds, t.deadline_at, t.lease_token, t.lease_expires_at,
               t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset,
               taskplat_job_outputs(t.job) AS outputs, taskplat_job_trust(t.job) AS trust,
-              taskplat_task_steps(t.task_id, t.attempt) AS steps
+              taskplat_task_steps(t.task_id, t.attempt) AS steps, t.trace_context
 ),
 history AS (
     INSERT INTO task_attempts (task_id, attempt, worker_id, lease_token, started_at)

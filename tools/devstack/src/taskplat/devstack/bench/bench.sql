@@ -32,8 +32,9 @@ FROM tasks
 WHERE task_id = ANY(%(ids)s::uuid[]);
 
 -- name: latency_stages
--- W2's breakdown, per task: created (dispatcher, database clock), first wake-up sent (relay),
--- first attempt claimed (dispatcher), operator started (the operator's clock).
+-- W2's breakdown, per task: created (dispatcher, database clock), first wake-up sent to SQS
+-- (relay; a skipped one sent nothing), first attempt claimed (dispatcher), operator started (the
+-- operator's clock).
 SELECT t.task_id::text AS task_id,
        extract(epoch FROM t.created_at)::float8 AS created,
        extract(epoch FROM o.sent_at)::float8 AS sent,
@@ -44,7 +45,7 @@ LEFT JOIN task_attempts AS a ON a.task_id = t.task_id AND a.attempt = 1
 LEFT JOIN (
     SELECT task_id, min(sent_at) AS sent_at
     FROM outbox
-    WHERE task_id = ANY(%(ids)s::uuid[]) AND kind = 'enqueue_task'
+    WHERE task_id = ANY(%(ids)s::uuid[]) AND kind = 'enqueue_task' AND NOT skipped
     GROUP BY task_id
 ) AS o ON o.task_id = t.task_id
 WHERE t.task_id = ANY(%(ids)s::uuid[]);

@@ -329,7 +329,12 @@ def render_markdown(record: Mapping[str, Any]) -> str:
         for path, when in ((("W2",), ""), (("W2", "unloaded"), " at a tenth of the rate")):
             stages = _lookup(variant.get("figures", {}), (*path, "stages_p50_ms"))
             if stages:
-                text = ", ".join(f"{name} {ms:.1f} ms" for name, ms in stages.items())
+                text = ", ".join(
+                    f"{name} {value:.0%}"
+                    if name == "claimed_without_wakeup"
+                    else f"{name} {value:.1f} ms"
+                    for name, value in stages.items()
+                )
                 lines += [f"W2 enqueue-to-start by stage{when} (median of each): {text}", ""]
         for workload in ("W1", "W2", "W4"):
             by_op = _lookup(variant.get("figures", {}), (workload, "sqs_requests_by_op"))

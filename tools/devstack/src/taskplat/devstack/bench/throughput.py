@@ -264,26 +264,42 @@ def measure_latency(
 
 STAGES = (
     ("request_to_created", "sent_at", "created"),
+    ("created_to_claimed", "created", "claimed"),
     ("created_to_wakeup_sent", "created", "sent"),
     ("wakeup_sent_to_claimed", "sent", "claimed"),
     ("claimed_to_operator_start", "claimed", "started"),
 )
+# Stages of a task claimed after an SQS wake-up was sent for it (not by a waiting claim first).
+WAKEUP_STAGES = ("created_to_wakeup_sent", "wakeup_sent_to_claimed")
 
 
 def _stages(submitted: Submitted, rows: dict[str, dict[str, Any]]) -> dict[str, float]:
-    """Median of each stage of enqueue-to-start (ms), over the tasks that have both ends."""
+    """Median of each stage of enqueue-to-start (ms), over the tasks that have both ends (the
+    wake-up's stages over the tasks claimed after their wake-up was sent), and the share of the
+    tasks claimed before any wake-up of theirs was sent (`claimed_without_wakeup`, a fraction)."""
     values: dict[str, list[float]] = {name: [] for name, _, _ in STAGES}
+    without_wakeup = claimed = 0
     for task_id, sent_at in zip(submitted.task_ids, submitted.sent_at, strict=True):
         row = rows.get(task_id)
         if row is None:
             continue
         points = {**row, "sent_at": sent_at}
+        woken = points.get("sent") is not None and points.get("claimed") is not None
+        woken = woken and points["sent"] <= points["claimed"]
+        if points.get("claimed") is not None:
+            claimed += 1
+            without_wakeup += not woken
         for name, start, end in STAGES:
+            if name in WAKEUP_STAGES and not woken:
+                continue
             if points.get(start) is not None and points.get(end) is not None:
                 values[name].append((points[end] - points[start]) * 1000)
-    return {
+    stages = {
         name: round(percentile(sorted(found), 50), 2) for name, found in values.items() if found
     }
+    if claimed:
+        stages["claimed_without_wakeup"] = round(without_wakeup / claimed, 3)
+    return stages
 
 
 def prefill(bs: BenchStack, rows: int) -> dict[str, Any]:

@@ -414,8 +414,10 @@ class Stack:
         return self._require_supervisor().restart(name)
 
     def remove(self, name: str) -> int | None:
-        """Stop a service gracefully for good; return its exit code."""
-        return self._require_supervisor().remove(name)
+        """Stop a service gracefully for good (its ops URL goes too); return its exit code."""
+        code = self._require_supervisor().remove(name)
+        self.ops_urls.pop(name, None)
+        return code
 
     def generation(self, name: str) -> int:
         return self._require_supervisor().generation(name)

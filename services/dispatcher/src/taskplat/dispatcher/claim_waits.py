@@ -1,0 +1,144 @@
+"""Claims that wait: a `task-claim-next` with `wait_seconds` that finds no task waits for one.
+
+A worker with free slots keeps one such claim open. A new task of its queue is then claimed for
+it as soon as the create commits: the create NOTIFYs `taskplat_queued` (payload: the queue), this
+dispatcher hears it and the waiting claim runs again, with no SQS message in between.
+
+Invariants:
+  * One LISTEN connection per dispatcher, on `taskplat_queued`, read on the event loop; a lost
+    one is reopened after `retry_seconds`, and meanwhile waits end only at their deadline (each
+    waiting claim claims once more then). A waiting claim holds no database connection.
+  * A waiter is registered before its first claim, so a NOTIFY heard during that claim is not
+    lost: the waiter claims again.
+  * Each notification wakes one waiter of its queue, the longest waiting, not all of them (they
+    would all claim, and all but one find nothing); a woken waiter whose claim came back full
+    wakes the next (more tasks may be Queued).
+  * `listening` is true only while the LISTEN connection is up: the dispatcher stamps
+    `queues.polled_until` (creates then hold wake-ups back, migration 0016) only then, so a
+    create holds back a wake-up only when its NOTIFY can reach a waiting claim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Iterable, Iterator
+
+import psycopg
+from opentelemetry.metrics import CallbackOptions, Observation
+
+from taskplat.common.logging import get_logger
+
+QUEUED_CHANNEL = "taskplat_queued"
+
+
+class Waiter:
+    """One waiting claim of one queue; woken at most once per `arm`."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self._woken = asyncio.Event()
+
+    def wake(self) -> bool:
+        """Wake it; False when it was already woken (the wake-up goes to another)."""
+        if self._woken.is_set():
+            return False
+        self._woken.set()
+        return True
+
+    async def wait(self, timeout: float, gone: asyncio.Future[object] | None) -> bool:
+        """Up to `timeout` seconds for a wake-up (or the client going away); True when woken."""
+        woken: asyncio.Future[object] = asyncio.ensure_future(self._woken.wait())
+        waits = {woken}
+        if gone is not None:
+            waits.add(gone)
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            woken.cancel()
+        was_woken = self._woken.is_set()
+        self._woken.clear()
+        return was_woken
+
+
+class QueuedListener:
+    def __init__(self, conninfo: str, *, retry_seconds: float = 1.0) -> None:
+        self._conninfo = conninfo
+        self._retry = retry_seconds
+        self._waiters: dict[str, deque[Waiter]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.listening = False
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._run())
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.listening = False
+
+    @contextlib.contextmanager
+    def waiter(self, queue: str) -> Iterator[Waiter]:
+        """A waiter of `queue`, registered (longest waiting first) until the block ends."""
+        waiter = Waiter(queue)
+        waiting = self._waiters.setdefault(queue, deque())
+        waiting.append(waiter)
+        try:
+            yield waiter
+        finally:
+            with contextlib.suppress(ValueError):
+                waiting.remove(waiter)
+            if not waiting and self._waiters.get(queue) is waiting:
+                del self._waiters[queue]
+
+    def rearm(self, waiter: Waiter) -> None:
+        """A woken waiter that claimed nothing waits again, behind the others."""
+        waiting = self._waiters.setdefault(waiter.queue, deque())
+        with contextlib.suppress(ValueError):
+            waiting.remove(waiter)
+        waiting.append(waiter)
+
+    def wake(self, queue: str) -> bool:
+        """Wake the longest waiting waiter of `queue`; False when none waits."""
+        waiting = self._waiters.get(queue)
+        while waiting:
+            if waiting.popleft().wake():
+                return True
+        return False
+
+    def waiting(self, queue: str) -> int:
+        return len(self._waiters.get(queue, ()))
+
+    def observe(self, _options: CallbackOptions) -> Iterable[Observation]:
+        """`taskplat.claims.waiting`: the claims now waiting, by queue."""
+        return [
+            Observation(len(waiting), {"queue": queue})
+            for queue, waiting in list(self._waiters.items())
+        ]
+
+    async def _run(self) -> None:
+        log = get_logger().bind(channel=QUEUED_CHANNEL)
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self._conninfo,
+                    autocommit=True,
+                    connect_timeout=5,
+                    application_name="taskplat-dispatcher-listen",
+                )
+                async with conn:
+                    await conn.execute("LISTEN taskplat_queued")  # QUEUED_CHANNEL
+                    self.listening = True
+                    log.info("listening")
+                    async for notify in conn.notifies():
+                        self.wake(notify.payload)
+            except (psycopg.Error, OSError) as exc:
+                log.warning("listen_lost", error=type(exc).__name__)
+            finally:
+                self.listening = False
+            await asyncio.sleep(self._retry)

@@ -1,0 +1,177 @@
+"""`task-claim-next` with `wait_seconds`: a claim that finds no task waits for one, is woken by
+the create's NOTIFY, and the create holds the task's SQS wake-up back meanwhile (delayed, never
+lost)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from dispatcher_calls import create_task
+from dispatcher_harness import Dispatcher
+from dispatcher_rows import task_row
+
+from taskplat.devstack.waiting import wait_for
+
+JsonDict = dict[str, Any]
+DEADLINE = 15.0
+
+
+@pytest.fixture
+def dispatcher_overrides() -> dict[str, object]:
+    return {"claim_max_wait_seconds": 30, "polled_wakeup_delay_seconds": 2.0}
+
+
+def _client(dispatcher: Dispatcher) -> httpx.Client:
+    return httpx.Client(base_url=dispatcher.base_url, headers=dispatcher.worker.headers, timeout=60)
+
+
+def _claim_next(client: httpx.Client, queue: str, *, wait: float, limit: int = 4) -> list[JsonDict]:
+    response = client.post(
+        "/internal/task-claim-next",
+        json={"worker_id": "w-poll", "queue": queue, "max": limit, "wait_seconds": wait},
+    )
+    assert response.status_code == 200, response.text
+    claimed: list[JsonDict] = response.json()["claimed"]
+    return claimed
+
+
+def _waiting(dispatcher: Dispatcher, queue: str) -> float:
+    """`taskplat_claims_waiting` of the queue on /metrics (0 when not reported)."""
+    text = dispatcher.anonymous.get("/metrics").text
+    for line in text.splitlines():
+        if line.startswith("taskplat_claims_waiting{") and f'queue="{queue}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def _until_listening(dispatcher: Dispatcher, db_url: str) -> None:
+    """Wait until the dispatcher listens for creates: only then does a waiting claim stamp its
+    queue (queue `c`, which the tests leave alone otherwise)."""
+
+    def stamped() -> bool:
+        with _client(dispatcher) as client:
+            _claim_next(client, "c", wait=0.05)
+        with psycopg.connect(db_url) as conn:
+            row = conn.execute("SELECT polled_until FROM queues WHERE name = 'c'").fetchone()
+        return row is not None and row[0] is not None
+
+    wait_for(stamped, timeout=DEADLINE, what="the dispatcher to listen on taskplat_queued")
+
+
+def _wakeups(db_url: str, task_id: str) -> list[tuple[bool, float]]:
+    """(held, seconds from created_at to available_at) of the task's enqueue_task rows."""
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute(
+            "SELECT held, extract(epoch FROM available_at - created_at)::float8 FROM outbox"
+            " WHERE task_id = %s AND kind = 'enqueue_task'",
+            (task_id,),
+        ).fetchall()
+    return [(bool(held), float(delay)) for held, delay in rows]
+
+
+def test_a_waiting_claim_takes_a_task_created_while_it_waits(
+    dispatcher: Dispatcher, db_url: str
+) -> None:
+    _until_listening(dispatcher, db_url)
+    with _client(dispatcher) as client, ThreadPoolExecutor(max_workers=1) as pool:
+        # 30 s of wait; the test's own deadline is half that, so the answer is the NOTIFY's.
+        poll: Future[list[JsonDict]] = pool.submit(_claim_next, client, "mine", wait=30)
+        wait_for(lambda: _waiting(dispatcher, "mine") == 1, timeout=DEADLINE, what="a waiter")
+        task_id = create_task(dispatcher, queue="mine")["task_id"]
+        claimed = poll.result(timeout=DEADLINE)
+    assert [each["task"]["task_id"] for each in claimed] == [task_id]
+    assert task_row(db_url, task_id)["status"] == "Running"
+    # The create held the wake-up back: the relay sends it later only if the task is Queued.
+    assert _wakeups(db_url, task_id) == [(True, 2.0)]
+    assert _waiting(dispatcher, "mine") == 0
+
+
+def test_a_waiting_claim_takes_a_queued_task_at_once_and_answers_none_after_its_wait(
+    dispatcher: Dispatcher,
+) -> None:
+    first = create_task(dispatcher, queue="other")["task_id"]
+    with _client(dispatcher) as client:
+        assert [c["task"]["task_id"] for c in _claim_next(client, "other", wait=30)] == [first]
+        assert _claim_next(client, "other", wait=0.3) == []
+
+
+def test_creates_hold_wakeups_back_only_while_a_claim_waits_or_lately_waited(
+    dispatcher: Dispatcher, db_url: str
+) -> None:
+    before = create_task(dispatcher, queue="q1")["task_id"]
+    assert _wakeups(db_url, before) == [(False, 0.0)]  # nobody waits: due at once
+    _until_listening(dispatcher, db_url)
+    with _client(dispatcher) as client:
+        assert [c["task"]["task_id"] for c in _claim_next(client, "q1", wait=0.3)] == [before]
+    # The stamp covers the wait; the dispatcher's clock is the test's (it has not moved).
+    during = create_task(dispatcher, queue="q1")["task_id"]
+    assert _wakeups(db_url, during) == [(True, 2.0)]
+    other_queue = create_task(dispatcher, queue="q2")["task_id"]
+    assert _wakeups(db_url, other_queue) == [(False, 0.0)]
+    response = dispatcher.api.post(
+        "/tasks/batch", json={"tasks": [{"operator": "echo", "queue": "q1"}] * 2}
+    )
+    assert response.status_code == 201, response.text
+    for result in response.json()["results"]:
+        assert _wakeups(db_url, result["task"]["task_id"]) == [(True, 2.0)]
+    dispatcher.clock.advance(5)  # past the wait: nobody polls any more
+    after = create_task(dispatcher, queue="q1")["task_id"]
+    assert _wakeups(db_url, after) == [(False, 0.0)]
+
+
+def test_a_claim_whose_client_went_away_claims_nothing(dispatcher: Dispatcher, db_url: str) -> None:
+    _until_listening(dispatcher, db_url)
+    body = json.dumps({"worker_id": "w-gone", "queue": "q3", "max": 1, "wait_seconds": 30})
+    host, port = dispatcher.base_url.removeprefix("http://").split(":")
+    request = (
+        f"POST /internal/task-claim-next HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: {dispatcher.worker.headers['Authorization']}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}"
+    )
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(request.encode())
+        wait_for(lambda: _waiting(dispatcher, "q3") == 1, timeout=DEADLINE, what="a waiter")
+    # The connection closed under the waiting call: it ends, and claims nothing more.
+    wait_for(lambda: _waiting(dispatcher, "q3") == 0, timeout=DEADLINE, what="the waiter gone")
+    task_id = create_task(dispatcher, queue="q3")["task_id"]
+    assert task_row(db_url, task_id)["status"] == "Queued"
+
+
+def test_concurrent_waiting_claims_each_take_a_task_once(
+    dispatcher: Dispatcher, db_url: str
+) -> None:
+    waiters, tasks = 3, 6
+    _until_listening(dispatcher, db_url)
+    clients = [_client(dispatcher) for _ in range(waiters)]
+    claimed: list[str] = []
+    lock = threading.Lock()
+    done = threading.Event()
+
+    def drain(client: httpx.Client) -> None:
+        while not done.is_set():
+            answer = _claim_next(client, "q", wait=0.5, limit=2)
+            with lock:
+                claimed.extend(each["task"]["task_id"] for each in answer)
+                if len(claimed) >= tasks:
+                    done.set()
+
+    try:
+        with ThreadPoolExecutor(max_workers=waiters) as pool:
+            running = [pool.submit(drain, client) for client in clients]
+            wait_for(lambda: _waiting(dispatcher, "q") >= 1, timeout=DEADLINE, what="waiters")
+            created = [create_task(dispatcher, queue="q")["task_id"] for _ in range(tasks)]
+            wait_for(done.is_set, timeout=DEADLINE, what="every task claimed")
+            for each in running:
+                each.result(timeout=DEADLINE)
+    finally:
+        done.set()
+        for client in clients:
+            client.close()
+    assert sorted(claimed) == sorted(created), "each task claimed once"

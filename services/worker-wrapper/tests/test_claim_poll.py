@@ -1,0 +1,83 @@
+"""The wrapper's waiting claim (`poll_dispatcher`): a task created while the wrapper idles is
+claimed for it at once with no SQS message, never more tasks than slots run, wake-ups still work
+beside it, and a stop waits for the open poll and drains what it brought."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from test_wrapper import parse_time, running_wrapper
+from wrapper_harness import Dispatcher, Queue, spawn_wrapper, wrapper_env
+
+from taskplat.devstack.waiting import wait_for
+
+POLL = {"poll_dispatcher": True, "poll_wait_seconds": 5.0}
+
+
+def _most_at_once(attempts: list[dict[str, str]]) -> int:
+    """The most attempts that ran at the same time, from their start and finish times."""
+    edges = sorted(
+        [(parse_time(a["started_at"]), 1) for a in attempts]
+        + [(parse_time(a["finished_at"]), -1) for a in attempts]
+    )
+    most = running = 0
+    for _, step in edges:
+        running += step
+        most = max(most, running)
+    return most
+
+
+def test_a_task_created_while_the_wrapper_idles_runs_without_a_wake_up(
+    dispatcher: Dispatcher, queue: Queue, operators_file: Path
+) -> None:
+    with running_wrapper(dispatcher, queue, operators_file, **POLL):
+        wait_for(
+            lambda: "taskplat_claims_waiting{" in dispatcher.api.get("/metrics").text,
+            timeout=15,
+            what="the wrapper's waiting claim",
+        )
+        task = dispatcher.create("echo", config={"n": 1})  # no wake-up is ever sent
+        done = dispatcher.wait_status(task["task_id"], "Completed", timeout=15)
+    assert done["result"] == {"n": 1}
+    assert queue.in_flight() == 0
+
+
+def test_polls_never_run_more_tasks_than_slots_and_wake_ups_still_work(
+    dispatcher: Dispatcher, queue: Queue, operators_file: Path
+) -> None:
+    # Slots held until each outcome is reported, so the dispatcher's times show them.
+    settings = {"concurrency": 2, "report_in_background": False, **POLL}
+    with running_wrapper(dispatcher, queue, operators_file, **settings):
+        tasks = [dispatcher.create("sleep", config={"seconds": 1.0}) for _ in range(5)]
+        ids = [task["task_id"] for task in tasks]
+        for task_id in ids:  # stale or not, each wake-up is answered and deleted
+            queue.wake(task_id)
+        done = [dispatcher.wait_status(task_id, "Completed", timeout=30) for task_id in ids]
+        queue.wait_empty()
+    attempts = [attempt for task in done for attempt in task["attempts"]]
+    most = _most_at_once(attempts)
+    assert 1 <= most <= 2
+
+
+def test_a_stop_waits_for_the_open_poll_and_exits_cleanly(
+    dispatcher: Dispatcher, queue: Queue, operators_file: Path, tmp_path: Path
+) -> None:
+    env = wrapper_env(dispatcher, queue, operators_file)
+    env["TASKPLAT_WORKER_POLL_DISPATCHER"] = "true"
+    env["TASKPLAT_WORKER_POLL_WAIT_SECONDS"] = "3"
+    wrapper = spawn_wrapper(env, tmp_path)
+    try:
+        task = dispatcher.create("sleep", config={"seconds": 0.5})
+        dispatcher.wait_status(task["task_id"], "Completed", timeout=30)
+        wait_for(
+            lambda: "taskplat_claims_waiting{" in dispatcher.api.get("/metrics").text,
+            timeout=15,
+            what="the wrapper's next waiting claim",
+        )
+        wrapper.popen.send_signal(signal.SIGTERM)
+        assert wrapper.wait(20), f"the wrapper did not exit:\n{wrapper.tail()}"
+        assert wrapper.popen.returncode == 0, wrapper.tail()
+    finally:
+        wrapper.stop_group(timeout=5)
+    assert "worker_wrapper_stopped" in wrapper.tail(200)
