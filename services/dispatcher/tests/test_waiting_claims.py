@@ -175,3 +175,17 @@ def test_concurrent_waiting_claims_each_take_a_task_once(
         for client in clients:
             client.close()
     assert sorted(claimed) == sorted(created), "each task claimed once"
+
+
+def test_a_waiting_claim_takes_a_replayed_task(dispatcher: Dispatcher, db_url: str) -> None:
+    """Every transition into Queued wakes a waiting claim, not only a create: here a replay,
+    which NOTIFYs the relay's channel (its wake-up is sent too, then answered NotClaimed)."""
+    task_id = create_task(dispatcher, queue="alpha")["task_id"]
+    assert dispatcher.api.put(f"/tasks/{task_id}/cancel").status_code == 200
+    _until_listening(dispatcher, db_url)
+    with _client(dispatcher) as client, ThreadPoolExecutor(max_workers=1) as pool:
+        poll: Future[list[JsonDict]] = pool.submit(_claim_next, client, "alpha", wait=30)
+        wait_for(lambda: _waiting(dispatcher, "alpha") == 1, timeout=DEADLINE, what="a waiter")
+        assert dispatcher.api.post(f"/tasks/{task_id}/retry").status_code == 200
+        claimed = poll.result(timeout=DEADLINE)
+    assert [each["task"]["task_id"] for each in claimed] == [task_id]

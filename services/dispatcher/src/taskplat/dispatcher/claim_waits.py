@@ -2,10 +2,13 @@
 
 A worker with free slots keeps one such claim open. A new task of its queue is then claimed for
 it as soon as the create commits: the create NOTIFYs `taskplat_queued` (payload: the queue), this
-dispatcher hears it and the waiting claim runs again, with no SQS message in between.
+dispatcher hears it and the waiting claim runs again, with no SQS message in between. It hears
+the relay's channel too, `taskplat_outbox` (payload: the queue), which every other transition
+into Queued NOTIFYs (a retry, a scheduled task come due, a replay, a routed event's task): a
+waiting claim takes those tasks as well (their wake-ups are sent, then answered NotClaimed).
 
 Invariants:
-  * One LISTEN connection per dispatcher, on `taskplat_queued`, read on the event loop; a lost
+  * One LISTEN connection per dispatcher, on both channels, read on the event loop; a lost
     one is reopened after `retry_seconds`, and meanwhile waits end only at their deadline (each
     waiting claim claims once more then). A waiting claim holds no database connection.
   * A waiter is registered before its first claim, so a NOTIFY heard during that claim is not
@@ -31,6 +34,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from taskplat.common.logging import get_logger
 
 QUEUED_CHANNEL = "taskplat_queued"
+OUTBOX_CHANNEL = "taskplat_outbox"
 
 
 class Waiter:
@@ -133,6 +137,7 @@ class QueuedListener:
                 )
                 async with conn:
                     await conn.execute("LISTEN taskplat_queued")  # QUEUED_CHANNEL
+                    await conn.execute("LISTEN taskplat_outbox")  # OUTBOX_CHANNEL
                     self.listening = True
                     log.info("listening")
                     async for notify in conn.notifies():

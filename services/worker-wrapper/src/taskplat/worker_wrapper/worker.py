@@ -19,12 +19,13 @@ Invariants:
     backlog.
   * With a waiting claim (`poll`, the default), the wrapper keeps one `task-claim-next` with
     `wait_seconds` open on the dispatcher while slots are free (`claim_poll`): it reserves the
-    slots it asked for, and brings a new task of the queue as soon as it is created. SQS is
-    long-polled beside it, for the wake-ups the dispatcher's NOTIFY did not cover (retries,
-    scheduled tasks, a poll that failed); a message that arrives while the poll holds every free
-    slot waits for a slot (its visibility renewed as usual) before any new poll starts. Under a
-    backlog (the last poll came back full, two or more tasks) the loop gathers free slots as
-    claim-ahead does, so one call fills them all; claim-ahead itself is not used.
+    slots it asked for, and brings a task of the queue as soon as one becomes Queued. SQS is
+    long-polled beside it, for the wake-ups the dispatcher's NOTIFY did not cover (a lost NOTIFY,
+    a poll that failed); an idle wrapper's poll leaves one free slot to what SQS brings (unless
+    it has only one), and a message that arrives while the poll holds every free slot waits for
+    a slot (its visibility renewed as usual) before any new poll starts. Under a backlog (the
+    last poll came back full, two or more tasks) the loop gathers free slots as claim-ahead does,
+    so one call fills them all; claim-ahead itself is not used.
   * A failing receive (SQS down, queue missing) is logged and retried with backoff; the loop never
     dies of an error, and the handling of one delivery never breaks another.
   * On stop: no new receive or poll starts; the poll in flight is waited for and what it claimed
@@ -225,7 +226,10 @@ class WorkerWrapper:
                     room = await self._gather_free_slots(room, stop_wait)
                     if stop_wait.done():
                         break
-                poll.start(min(room, MAX_BATCH))
+                    limit = min(room, MAX_BATCH)
+                else:  # it may wait long: one slot stays free for a wake-up SQS brings meanwhile
+                    limit = min(room - 1 if room > 1 else room, MAX_BATCH)
+                poll.start(limit)
                 room = self.concurrency - self._occupied - poll.reserved
             if receive is None and not self._waiting and loop.time() >= receive_at:
                 if room > 0 or poll.future is not None:

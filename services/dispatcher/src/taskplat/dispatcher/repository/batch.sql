@@ -157,9 +157,8 @@ outboxed AS (
 SELECT * FROM inserted
 
 -- name: notify_queues
--- The relay, and the claims waiting on the dispatcher for these queues' tasks.
-SELECT pg_notify('taskplat_outbox', q), pg_notify('taskplat_queued', q)
-FROM unnest(%(queues)s::text[]) AS q
+-- The relay, and the claims waiting on the dispatcher for these queues' tasks (they hear it too).
+SELECT pg_notify('taskplat_outbox', q) FROM unnest(%(queues)s::text[]) AS q
 
 -- name: find_tasks_by_idempotency_keys
 SELECT task_id, idempotency_key FROM tasks WHERE idempotency_key = ANY(%(keys)s::text[])
