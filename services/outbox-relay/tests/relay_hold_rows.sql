@@ -13,3 +13,8 @@ WHERE task_id = ANY(%(task_ids)s::uuid[]) AND status = 'Queued'
 
 -- name: hold_marks
 SELECT task_id, created_at, available_at, sent_at, skipped FROM outbox ORDER BY outbox_id
+
+-- name: stamp_polled
+-- A waiting claim-next of the queue, as the dispatcher stamps it (migration 0016).
+INSERT INTO queues (name, polled_until) VALUES (%(queue)s, %(until)s)
+ON CONFLICT (name) DO UPDATE SET polled_until = EXCLUDED.polled_until

@@ -168,3 +168,25 @@ def test_how_long_a_claim_ahead_counts_is_a_setting(
     batch = relay.run_once()
     assert (batch.claimed, batch.sent, batch.held) == (5, 3, 2)
     assert sorted(task_ids_of(queues.receive(url, 3))) == sorted(tasks[:3])
+
+
+def test_wake_ups_of_a_queue_whose_workers_wait_on_the_dispatcher_are_held_until_they_stop(
+    relay: Relay, rows: Rows, queues: Queues, clock: FakeClock, db_url: str
+) -> None:
+    """Whatever their depth: a waiting claim takes the oldest Queued task without a wake-up."""
+    url = queues.create(QUEUE)
+    tasks = _backlog(rows, clock, 2)  # not deep at all
+    _run(db_url, "stamp_polled", {"queue": QUEUE, "until": clock.now() + timedelta(seconds=10)})
+    assert relay.run_once() == RelayBatch(
+        claimed=2, sent=0, dead_letters_sent=0, failed=0, held=2, more=False
+    )
+    _run(db_url, "claim_tasks", {"task_ids": tasks[:1]})  # a waiting claim took the first
+    clock.advance(1)
+    assert relay.run_once() == RelayBatch(
+        claimed=2, sent=0, dead_letters_sent=0, failed=0, skipped=1, held=1, more=False
+    )
+    clock.advance(10)  # no waiting claim for longer than the stamp: the wake-up goes out
+    assert relay.run_once() == RelayBatch(
+        claimed=1, sent=1, dead_letters_sent=0, failed=0, more=False
+    )
+    assert task_ids_of(queues.receive(url, 1)) == tasks[1:]

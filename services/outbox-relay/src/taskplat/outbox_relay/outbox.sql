@@ -18,7 +18,11 @@
 -- task, looked up once per queue of the batch: MATERIALIZED, else the planner may inline it into
 -- the join and look it up again for every row), the row is held: it stays pending,
 -- due again after twice its age (at least 1 s, at most %(hold_max_seconds)s), and is returned
--- with held = true so the caller sends nothing for it now.
+-- with held = true so the caller sends nothing for it now. Likewise, whatever its depth, the
+-- wake-up of a Queued task whose queue's workers wait on the dispatcher for its tasks
+-- (`queues.polled_until` ahead, migration 0016): a worker with a free slot keeps a waiting
+-- claim, which takes the oldest Queued task, so the wake-up would only be answered NotClaimed;
+-- once no worker has waited for a wait's length, the stamp has passed and the row is sent.
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 batch AS (
     SELECT o.outbox_id, o.kind, o.task_id, o.queue, o.payload, o.trace_context,
@@ -58,11 +62,24 @@ claimed AS (
     FROM batch AS b
     WHERE %(skip_not_queued)s::boolean
 ),
+polled AS MATERIALIZED (
+    -- Queues whose workers wait on the dispatcher for their tasks (migration 0016).
+    SELECT q.name AS queue
+    FROM queues AS q, n
+    WHERE %(hold_depth)s > 0
+      AND q.polled_until > n.now
+      AND q.name IN (SELECT b.queue FROM batch AS b WHERE b.kind = 'enqueue_task')
+),
 to_hold AS (
     SELECT c.outbox_id
     FROM claimed AS c
     JOIN fronts AS f ON f.queue = c.queue
     WHERE c.queued_at > f.front_end
+    UNION
+    SELECT c.outbox_id
+    FROM claimed AS c
+    JOIN polled AS p ON p.queue = c.queue
+    WHERE c.kind = 'enqueue_task' AND c.queued_at IS NOT NULL
 ),
 skipped AS (
     UPDATE outbox AS o

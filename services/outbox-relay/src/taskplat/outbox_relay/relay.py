@@ -29,8 +29,11 @@ Invariants:
     2 s), is held: not sent, left pending and due again after twice its age (1 s to
     `hold_max_seconds`). Those workers take the oldest Queued tasks first without wake-ups, so
     the held row is usually skipped when it comes due; if nobody claims ahead any more, or the
-    task is near the front, it is sent then. A held wake-up is delayed, never lost, and counts
-    in `taskplat.outbox.held{kind}`, not in `relayed`;
+    task is near the front, it is sent then. Whatever the depth, a wake-up is held the same way
+    while its queue's `polled_until` lies ahead (its workers keep waiting claims on the
+    dispatcher, which take the oldest Queued task; migration 0016), and sent once it has
+    passed. A held wake-up is delayed, never lost, and counts in `taskplat.outbox.held{kind}`,
+    not in `relayed`;
   * skipped rows count in `taskplat.outbox.skipped{kind}` and, like sent rows, in
     `taskplat.outbox.relayed{kind}` (rows that left the outbox); every SQS API call of the relay's
     client counts once in `taskplat.sqs.requests{op}` (`op` = botocore's snake_case operation

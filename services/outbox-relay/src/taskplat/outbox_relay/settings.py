@@ -81,7 +81,9 @@ class RelaySettings(
             "the queue came back full within `hold_evidence_seconds`), the wake-up of a task "
             "with at least this many Queued tasks of its queue ahead of it is held back instead "
             "of sent, and looked at again later: skipped once the task is claimed, sent once it "
-            "is near the front or nobody claims ahead. 0: send every wake-up at once."
+            "is near the front or nobody claims ahead. Whatever its depth, a wake-up is held "
+            "while its queue's workers wait on the dispatcher for its tasks (a waiting "
+            "`task-claim-next`, which takes the oldest Queued task). 0: send every wake-up at once."
         ),
     )
     hold_max_seconds: float = Field(
