@@ -15,7 +15,8 @@ Invariants:
     lost: the waiter claims again.
   * Each notification wakes one waiter of its queue, the longest waiting, not all of them (they
     would all claim, and all but one find nothing); a woken waiter whose claim came back full
-    wakes the next (more tasks may be Queued).
+    wakes the next (more tasks may be Queued). A notification that comes while every waiter of
+    its queue is claiming is kept: the first of them to wait again claims once more instead.
   * `listening` is true only while the LISTEN connection is up: the dispatcher stamps
     `queues.polled_until` (creates then hold wake-ups back, migration 0016) only then, so a
     create holds back a wake-up only when its NOTIFY can reach a waiting claim.
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 
 import psycopg
@@ -70,7 +71,10 @@ class QueuedListener:
     def __init__(self, conninfo: str, *, retry_seconds: float = 1.0) -> None:
         self._conninfo = conninfo
         self._retry = retry_seconds
-        self._waiters: dict[str, deque[Waiter]] = {}
+        self._waiters: dict[str, deque[Waiter]] = {}  # waiting now, longest waiting first
+        self._live: Counter[str] = Counter()  # waiters registered, waiting or claiming
+        # Queues whose notification found no waiter waiting (each of them was claiming).
+        self._missed: set[str] = set()
         self._task: asyncio.Task[None] | None = None
         self.listening = False
 
@@ -90,40 +94,52 @@ class QueuedListener:
     def waiter(self, queue: str) -> Iterator[Waiter]:
         """A waiter of `queue`, registered (longest waiting first) until the block ends."""
         waiter = Waiter(queue)
-        waiting = self._waiters.setdefault(queue, deque())
-        waiting.append(waiter)
+        self._waiters.setdefault(queue, deque()).append(waiter)
+        self._live[queue] += 1
+        self._missed.discard(queue)  # its first claim comes after anything missed so far
         try:
             yield waiter
         finally:
-            with contextlib.suppress(ValueError):
-                waiting.remove(waiter)
-            if not waiting and self._waiters.get(queue) is waiting:
-                del self._waiters[queue]
+            waiting = self._waiters.get(queue)
+            if waiting is not None:
+                with contextlib.suppress(ValueError):
+                    waiting.remove(waiter)
+            self._live[queue] -= 1
+            if self._live[queue] <= 0:
+                del self._live[queue]
+                self._waiters.pop(queue, None)
+                self._missed.discard(queue)
 
     def rearm(self, waiter: Waiter) -> None:
-        """A woken waiter that claimed nothing waits again, behind the others."""
+        """A woken waiter that claimed nothing waits again, behind the others; at once if a
+        notification of its queue found no waiter meanwhile (it came during the claims)."""
         waiting = self._waiters.setdefault(waiter.queue, deque())
         with contextlib.suppress(ValueError):
             waiting.remove(waiter)
+        if waiter.queue in self._missed:
+            self._missed.discard(waiter.queue)
+            waiter.wake()
+            return
         waiting.append(waiter)
 
     def wake(self, queue: str) -> bool:
-        """Wake the longest waiting waiter of `queue`; False when none waits."""
+        """Wake the longest waiting waiter of `queue`; False when none waits (then the next
+        waiter of the queue to wait again looks once more)."""
         waiting = self._waiters.get(queue)
         while waiting:
             if waiting.popleft().wake():
                 return True
+        if self._live[queue] > 0:  # its waiters are all claiming: one of them looks again
+            self._missed.add(queue)
         return False
 
     def waiting(self, queue: str) -> int:
-        return len(self._waiters.get(queue, ()))
+        """Waiting claims of `queue`, waiting or claiming."""
+        return self._live[queue]
 
     def observe(self, _options: CallbackOptions) -> Iterable[Observation]:
-        """`taskplat.claims.waiting`: the claims now waiting, by queue."""
-        return [
-            Observation(len(waiting), {"queue": queue})
-            for queue, waiting in list(self._waiters.items())
-        ]
+        """`taskplat.claims.waiting`: the waiting claims now open, by queue."""
+        return [Observation(count, {"queue": queue}) for queue, count in list(self._live.items())]
 
     async def _run(self) -> None:
         log = get_logger().bind(channel=QUEUED_CHANNEL)
