@@ -189,3 +189,15 @@ def test_a_waiting_claim_takes_a_replayed_task(dispatcher: Dispatcher, db_url: s
         assert dispatcher.api.post(f"/tasks/{task_id}/retry").status_code == 200
         claimed = poll.result(timeout=DEADLINE)
     assert [each["task"]["task_id"] for each in claimed] == [task_id]
+
+
+def test_claim_next_never_takes_a_task_of_a_lambda_job(dispatcher: Dispatcher) -> None:
+    """Its function's: the relay claims it for the function (a worker would run it instead)."""
+    dag = {"jobs": {"fn": {"operator": "probe", "runtime": "lambda", "timeout_seconds": 60}}}
+    assert dispatcher.api.put("/dags/lambdas", json=dag).status_code == 201
+    run = dispatcher.api.post("/dags/lambdas/jobs/fn/runs", json={})
+    assert run.status_code == 201, run.text
+    plain = create_task(dispatcher)["task_id"]  # queued after it, in the same queue
+    with _client(dispatcher) as client:
+        claimed = _claim_next(client, run.json()["queue"], wait=0.2, limit=10)
+    assert [each["task"]["task_id"] for each in claimed] == [plain]

@@ -7,7 +7,8 @@ Invariants:
     order) and classifies all the others with one read taken after it; a task named twice in one
     batch is claimed at most once (its later occurrences answer NotClaimed AlreadyRunning).
   * claim-next takes only Queued tasks of the named queue that no one else is claiming (SKIP
-    LOCKED), oldest first, never more than `max`.
+    LOCKED), oldest first, never more than `max`, and never a task of a `runtime: lambda` job
+    (the relay claims those for their function).
   * No claim hands out a task of a paused queue: a single or batch claim of one answers NotClaimed
     `Paused`, claim-next answers no task.
   * A claim-next that comes back full (two or more tasks, as many as asked) stamps its queue's

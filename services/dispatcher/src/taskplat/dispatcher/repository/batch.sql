@@ -4,7 +4,7 @@
 -- batch claims of overlapping tasks wait for each other instead of deadlocking) and claims only
 -- what is still Queued once locked; claim-next takes free Queued rows (SKIP LOCKED) of one queue,
 -- oldest first; every claim records its attempt in the same statement. Time is
--- coalesce(%(now)s::timestamptz, now()).
+-- coalesce(%(now)s::timestamptz, now()). Claim-next never takes a task of a `runtime: lambda` job.
 --
 -- The UPDATE of a claim finds its rows by primary key only (`= ANY(ARRAY(...))`, an Index Cond
 -- whatever the statistics say; a join could be planned as a scan). `FOR UPDATE` re-tests the WHERE of
@@ -63,6 +63,11 @@ picked AS MATERIALIZED (
       AND t.queue = %(queue)s
       AND (t.expires_at IS NULL OR t.expires_at > n.now)
       AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.name = %(queue)s AND q.paused)
+      -- A task of a `runtime: lambda` job is its function's (the relay claims it for it).
+      AND (t.job IS NULL
+           OR NOT EXISTS (SELECT 1 FROM jobs AS j
+                          WHERE j.dag_name = t.job ->> 'dag_name' AND j.name = t.job ->> 'name'
+                            AND j.runtime = 'lambda'))
     ORDER BY t.queued_at
     LIMIT %(max)s
     FOR UPDATE OF t SKIP LOCKED
