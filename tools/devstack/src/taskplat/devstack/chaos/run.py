@@ -71,9 +71,10 @@ STACK_ENV: dict[str, str] = {
     "TASKPLAT_REAPER_DEADLINE_GRACE_SECONDS": "5",
     "TASKPLAT_SCHEDULER_INTERVAL_SECONDS": "0.5",
     "TASKPLAT_SCHEDULER_REQUEUE_AFTER_SECONDS": "20",
-    # Creates never hold a wake-up back for the wrappers' waiting claims: every task's wake-up
-    # goes through the faulty SQS while those claims race it for the task.
+    # No wake-up is held back, neither by a create for the wrappers' waiting claims nor by the
+    # relay: every task's wake-up goes through the faulty SQS while those claims race it.
     "TASKPLAT_DISPATCHER_POLLED_WAKEUP_DELAY_SECONDS": "0",
+    "TASKPLAT_RELAY_HOLD_DEPTH": "0",
     "TASKPLAT_WORKER_CONCURRENCY": "8",
     "TASKPLAT_WORKER_WAIT_TIME_SECONDS": "2",
     "TASKPLAT_WORKER_VISIBILITY_TIMEOUT_SECONDS": "10",
