@@ -31,11 +31,10 @@ from collections.abc import Iterable, Iterator
 
 import psycopg
 from opentelemetry.metrics import CallbackOptions, Observation
+from psycopg import sql
 
+from taskplat.common.db.notify import OUTBOX_CHANNEL, QUEUED_CHANNEL
 from taskplat.common.logging import get_logger
-
-QUEUED_CHANNEL = "taskplat_queued"
-OUTBOX_CHANNEL = "taskplat_outbox"
 
 
 class Waiter:
@@ -142,7 +141,7 @@ class QueuedListener:
         return [Observation(count, {"queue": queue}) for queue, count in list(self._live.items())]
 
     async def _run(self) -> None:
-        log = get_logger().bind(channel=QUEUED_CHANNEL)
+        log = get_logger().bind(channels=[QUEUED_CHANNEL, OUTBOX_CHANNEL])
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(
@@ -152,8 +151,8 @@ class QueuedListener:
                     application_name="taskplat-dispatcher-listen",
                 )
                 async with conn:
-                    await conn.execute("LISTEN taskplat_queued")  # QUEUED_CHANNEL
-                    await conn.execute("LISTEN taskplat_outbox")  # OUTBOX_CHANNEL
+                    for channel in (QUEUED_CHANNEL, OUTBOX_CHANNEL):
+                        await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
                     self.listening = True
                     log.info("listening")
                     async for notify in conn.notifies():

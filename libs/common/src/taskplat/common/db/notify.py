@@ -23,6 +23,8 @@ from taskplat.common.logging import get_logger
 OUTBOX_CHANNEL = "taskplat_outbox"
 # Only statements that store `invoke_lambda` outbox rows notify it (migration 0014).
 INVOKE_CHANNEL = "taskplat_invoke"
+# A create whose wake-up is held for the claims waiting on the dispatcher (migration 0016).
+QUEUED_CHANNEL = "taskplat_queued"
 
 
 class PgNotifyWaker:
