@@ -10,13 +10,12 @@ Two set-ups, both real processes:
   * `root` (only when the tests run as root): the wrapper runs as root and runs the untrusted
     operator as a separate user, in a scratch directory of its own.
 
-The wrapper needs an interpreter the unprivileged user can execute: the workspace venv's own
-interpreter may live under /root (pyenv), which other users cannot traverse. `reachable_python`
-takes the first interpreter of the same minor version that the user can reach (the workspace's
-own, else the system's `/usr/bin/python3.X`, e.g. Debian's python3.11), and `uv venv` makes a
-small venv from it in a world-readable temporary directory whose `.pth` adds the workspace's
-site-packages (readable by all), so the wrapper runs the code under test without installing it
-again.
+The wrapper needs an interpreter the unprivileged user can execute and code it can read, wherever
+the checkout is (a mode-700 clone, root's home): `reachable_python` takes the first interpreter of
+the same minor version that the user can reach (the workspace's own, else the system's
+`/usr/bin/python3.X`, e.g. Debian's python3.11), and `install_workspace_package` makes a venv from
+it in a world-readable temporary directory holding a non-editable copy of the worker wrapper and
+its locked dependencies, so nothing the wrapper imports lies inside the checkout.
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ import pwd
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tempfile
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -41,7 +39,7 @@ from wrapper_harness import WORKER_TOKEN, Dispatcher, Queue, run_dispatcher, spa
 from taskplat.common.tokens.capability import capability_key_ring, verify_capability_token
 from taskplat.common.tokens.keys import TokenKeySettings
 from taskplat.devstack.users import RunAs, traversable_by
-from taskplat.devstack.venvs import find_uv
+from taskplat.devstack.venvs import install_workspace_package
 from taskplat.worker_wrapper.isolation import aws_session
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
@@ -111,23 +109,23 @@ def wrapper_user() -> RunAs | None:
 
 @pytest.fixture(scope="module")
 def wrapper_python(shared_dir: Path, wrapper_user: RunAs | None) -> str:
-    venv = shared_dir / "venv"
-    subprocess.run(
-        [find_uv(), "venv", "--quiet", "--no-project", "--python", reachable_python(wrapper_user),
-         str(venv)],
-        check=True,
-        env={**os.environ, "UV_PYTHON_DOWNLOADS": "never"},
-    )  # fmt: skip
-    purelib = Path(sysconfig.get_paths()["purelib"])
-    site = next((venv / "lib").glob("python3.*/site-packages"))
-    (site / "taskplat_workspace.pth").write_text(
-        f"import site; site.addsitedir({str(purelib)!r})\n"
+    python = str(
+        install_workspace_package(
+            shared_dir / "venv",
+            python=reachable_python(wrapper_user),
+            package="taskplat-worker-wrapper",
+        )
     )
-    python = str(venv / "bin" / "python")
     probe = subprocess.run(
-        [python, "-c", "import taskplat.worker_wrapper.isolation"], capture_output=True, text=True
+        [python, "-c", "import taskplat.worker_wrapper.isolation, taskplat.common.logging"],
+        capture_output=True,
+        text=True,
+        cwd=shared_dir,
+        user=wrapper_user.uid if wrapper_user else None,
+        group=wrapper_user.gid if wrapper_user else None,
+        extra_groups=[] if wrapper_user else None,
     )
-    assert probe.returncode == 0, probe.stderr
+    assert probe.returncode == 0, f"the wrapper user cannot import the wrapper: {probe.stderr}"
     return python
 
 

@@ -9,6 +9,9 @@ Invariants:
 - The stamp is written last, atomically, so a crashed install never looks complete.
 - Venvs are created with uv (``uv venv`` + ``uv pip install``), never by pip into the project env,
   and uv is never allowed to download an interpreter.
+- ``install_workspace_package`` makes a venv that holds a non-editable copy of a workspace package
+  and its locked dependencies: nothing in it points back into the checkout, so another user can
+  run it from a checkout they cannot enter (a mode-700 clone, root's home).
 """
 
 from __future__ import annotations
@@ -219,3 +222,40 @@ def ensure_moto_venv(localstack_venv: Path | None = None, *, uv: str | None = No
     except DevstackError:
         python = sys.executable  # moto runs on any supported Python, 3.11 included
     return ensure_venv(sibling / "moto-venv", python=python, requirements=MOTO_REQUIREMENTS, uv=uv)
+
+
+def install_workspace_package(
+    venv_dir: Path, *, python: str, package: str, uv: str | None = None
+) -> Path:
+    """Make ``venv_dir`` a venv of ``python`` with a non-editable copy of the workspace
+    ``package`` and the versions ``uv.lock`` pins for its dependencies; return its python.
+
+    The copy is self-contained (readable wherever ``venv_dir`` is), unlike the workspace venv's
+    editable installs, whose ``.pth`` files point into the checkout."""
+    root = repo_root()
+    if root is None:
+        raise DevstackError("no uv workspace found above this file or the current directory")
+    uv_exe = find_uv(uv)
+    venv_dir = venv_dir.absolute()
+    venv_dir.parent.mkdir(parents=True, exist_ok=True)
+    log_path = venv_dir.parent / f"{venv_dir.name}.install.log"
+    requirements = venv_dir.parent / f"{venv_dir.name}.requirements.txt"
+    _run_logged(
+        [uv_exe, "export", "--project", str(root), "--frozen", "--no-dev", "--no-editable",
+         "--no-hashes", "--package", package, "--output-file", str(requirements)],
+        log_path,
+        f"exporting the locked requirements of {package}",
+    )  # fmt: skip
+    _run_logged(
+        [uv_exe, "venv", "--no-project", "--python", python, str(venv_dir)],
+        log_path,
+        f"creating {venv_dir}",
+    )
+    # The exported file names workspace members by paths relative to the workspace root.
+    _run_logged(
+        [uv_exe, "pip", "install", "--python", str(venv_python(venv_dir)),
+         "--no-sources", "--directory", str(root), "-r", str(requirements)],
+        log_path,
+        f"installing {package} into {venv_dir}",
+    )  # fmt: skip
+    return venv_python(venv_dir)
