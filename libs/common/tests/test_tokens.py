@@ -108,8 +108,8 @@ def test_key_settings_are_checked() -> None:
 
 
 def test_capability_of_a_dag_task_with_pinned_inputs() -> None:
-    """A `transform` task of the DESIGN example: woken by a `blocks` event (cursor) and reading
-    `alert_events` with a filter; it writes `alert_events_enriched`."""
+    """A `transform` task of the README's pipeline example: woken by a `blocks` event (cursor)
+    and reading `alert_events` with a filter; it writes `alert_events_enriched`."""
     inputs: list[object] = [
         {"dataset_uuid": str(BLOCKS), "dataset_version": str(BLOCKS_V2), "cursor": 12345},
         {

@@ -1,5 +1,5 @@
-"""`/internal/task-claim`: Queued -> Running, the Claimed payload of seed 004, every NotClaimed
-reason, and exactly one winner among truly concurrent claims."""
+"""`/internal/task-claim`: Queued -> Running, the Claimed payload of docs/contracts.md, every
+NotClaimed reason, and exactly one winner among truly concurrent claims."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from taskplat.common.contracts import ClaimedResponse, NotClaimedResponse
 
 # Seed 004's Claimed response and its task payload.
 SEED_CLAIMED_FIELDS = {"status", "attempt", "lease_token", "lease_expires_at", "task"}
-# DESIGN "Runtimes and trust": every claim also carries its attempt token (and, untrusted, a
+# docs/contracts.md: every claim also carries its attempt token (and, untrusted, a
 # capability token).
 TOKEN_FIELDS = {"attempt_token", "capability_token"}
 # The create's trace context, for an attempt claimed without its wake-up (migration 0016).

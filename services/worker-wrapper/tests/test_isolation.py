@@ -1,4 +1,4 @@
-"""The hard test of the wrapper as a protection boundary (DESIGN "Runtimes and trust"): a real
+"""The hard test of the wrapper as a protection boundary (docs/security.md): a real
 wrapper process, started the way the image starts it, runs an operator that hunts for the worker
 token and the wrapper's AWS credentials in its environment, in `/proc/<wrapper>/environ`,
 `cmdline` and `mem`, and in every file descriptor it can reach, and finds them nowhere.

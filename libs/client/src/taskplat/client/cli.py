@@ -1,4 +1,4 @@
-"""The `taskplat` command: DESIGN's commands over the sync client.
+"""The `taskplat` command: the commands of the README's "Using Taskplat" over the sync client.
 
 Invariants: every command takes `--url`/`--api-key` (or TASKPLAT_URL/TASKPLAT_API_KEY) and
 `--json`; human output goes to stdout as tables, progress and messages to stderr, so `--json`

@@ -141,7 +141,7 @@ class Task:
 
 @dataclass(frozen=True)
 class Result:
-    """A full result: payload, outputs (seed 004 shape) and final events."""
+    """A full result: payload, outputs (docs/contracts.md, task-complete) and final events."""
 
     payload: dict[str, Any] | None = None
     outputs: list[dict[str, Any]] = field(default_factory=list)

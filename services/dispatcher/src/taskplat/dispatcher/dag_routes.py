@@ -1,4 +1,4 @@
-"""The public routes of jobs, DAGs and datasets (DESIGN "Jobs, DAGs and datasets").
+"""The public routes of jobs, DAGs and datasets (docs/ARCHITECTURE.md "Jobs, DAGs and datasets").
 
 Invariants: every route needs an API key; a DAG document is read size-capped and parsed as YAML
 when its content type says so, else as JSON, and is checked whole before anything is stored; path

@@ -1,4 +1,4 @@
--- Routing of stored events to the jobs that read their dataset (DESIGN "Routing").
+-- Routing of stored events to the jobs that read their dataset (docs/contracts.md "Events and routing").
 --
 -- The relay runs these inside the transaction that holds the events' `route_event` outbox rows:
 -- the downstream tasks, their wake-ups, the route keys and the events' routed marks commit

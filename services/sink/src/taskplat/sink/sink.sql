@@ -1,4 +1,4 @@
--- The sink's reads and writes (DESIGN "Buffered Postgres datasets"). Time is
+-- The sink's reads and writes (docs/contracts.md "Buffered Postgres datasets"). Time is
 -- coalesce(%(now)s::timestamptz, now()).
 
 -- name: buffers

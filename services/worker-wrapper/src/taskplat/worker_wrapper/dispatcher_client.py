@@ -1,4 +1,4 @@
-"""The wrapper's client of the dispatcher's internal API (`/internal/*`, seed 004).
+"""The wrapper's client of the dispatcher's internal API (`/internal/*`, docs/contracts.md).
 
 Invariants:
   * Every call carries `Authorization: Bearer <worker token>`; the token lives only here.

@@ -1,7 +1,7 @@
 """The stdout protocol of an operator: JSON lines.
 
-  * `{"event": {...}}` or `{"events": [...]}`: upstream events (seed 004's shape), forwarded to the
-    dispatcher at once, in order;
+  * `{"event": {...}}` or `{"events": [...]}`: upstream events (docs/contracts.md, "Events and
+    routing"), forwarded to the dispatcher at once, in order;
   * `{"step": {"name": ..., "result": ...}}`: a step's result to record (`POST /internal/steps`),
     forwarded at once, in order with the events;
   * `{"records": [...], "dataset_uuid": ...}`: records for a buffered_postgres output of the job,

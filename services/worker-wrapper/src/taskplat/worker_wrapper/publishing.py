@@ -1,6 +1,7 @@
 """Records an operator publishes to its job's buffered_postgres outputs, sent to their buffer queues
-(DESIGN "Buffered Postgres datasets"). The operator writes `{"records": [...], "dataset_uuid"}`
-lines; the wrapper, which holds the AWS credentials, sends them.
+(docs/contracts.md, "Buffered Postgres datasets"). The operator writes
+`{"records": [...], "dataset_uuid"}` lines; the wrapper, which holds the AWS credentials, sends
+them.
 
 Invariants:
   * records go only to an output of the task's own job whose kind is buffered_postgres and whose

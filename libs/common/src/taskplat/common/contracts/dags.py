@@ -1,5 +1,5 @@
-"""Contracts of jobs, DAGs and datasets (`/dags`, `/datasets`), as DESIGN "Jobs, DAGs and datasets"
-shapes them.
+"""Contracts of jobs, DAGs and datasets (`/dags`, `/datasets`), as docs/ARCHITECTURE.md
+"Jobs, DAGs and datasets" shapes them.
 
 Invariants: a DAG document is a mapping of job names to jobs; each input reads exactly one of a
 job's output (`{job, output_index}`) or a dataset by name (`{dataset}`); output indexes of a job

@@ -1,4 +1,4 @@
-"""Contracts of the internal worker API (`/internal/*`), shaped as in seed 004.
+"""Contracts of the internal worker API (`/internal/*`), shaped as in docs/contracts.md.
 
 Invariants: a worker call names `(task_id, attempt)` and, for heartbeat and completion, the
 `lease_token`; `/internal/events` takes the token optionally (the wrapper always sends it). An event

@@ -33,7 +33,7 @@ TERMINAL_STATUSES: frozenset[str] = frozenset({"Completed", "Dead", "Canceled"})
 
 
 class JobRef(Contract):
-    """The job a task belongs to (seed 004: `{dag_name, name}`)."""
+    """The job a task belongs to (`{dag_name, name}`, docs/contracts.md)."""
 
     dag_name: ShortText
     name: ShortText

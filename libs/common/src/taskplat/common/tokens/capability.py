@@ -1,4 +1,5 @@
-"""Capability tokens: what an untrusted task may read and write (seed 004's UDF data access token).
+"""Capability tokens: what an untrusted task may read and write (docs/contracts.md,
+"Capability tokens").
 
 Invariants:
   * Issuance is a pure function of the task's inputs and outputs, a location resolver and the

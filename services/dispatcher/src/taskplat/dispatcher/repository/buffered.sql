@@ -1,5 +1,5 @@
--- Buffered Postgres datasets: their tables, buffers and sink producer tasks (DESIGN "Buffered
--- Postgres datasets"). Callers hold the dataset row's lock (`dags.lock_dataset`) for every write.
+-- Buffered Postgres datasets: their tables, buffers and sink producer tasks (docs/contracts.md
+-- "Buffered Postgres datasets"). Callers hold the dataset row's lock (`dags.lock_dataset`) for every write.
 -- Time is coalesce(%(now)s::timestamptz, now()).
 
 -- name: current_table

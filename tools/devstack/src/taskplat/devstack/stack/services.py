@@ -3,9 +3,9 @@
 Invariants:
 - Every service runs as `<this interpreter> -m <module>`, so `make up` runs the code of the
   workspace it was started from.
-- Worker wrappers never get the database URL nor the API keys (DESIGN: workers hold no database
-  credentials); they get `TASKPLAT_WORKER_QUEUE` and, at each start, a fresh
-  `TASKPLAT_WORKER_ID` (`<service>.<generation>`, set by the supervisor).
+- Worker wrappers never get the database URL nor the API keys (docs/security.md:
+  workers hold no database credentials); they get `TASKPLAT_WORKER_QUEUE` and, at each start, a
+  fresh `TASKPLAT_WORKER_ID` (`<service>.<generation>`, set by the supervisor).
 - A worker wrapper's stop timeout covers its whole drain as configured (drain, kill grace, the
   reports of stopped tasks and the long-poll in flight), so a graceful stop is never cut short.
 """

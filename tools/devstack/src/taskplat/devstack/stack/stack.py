@@ -15,8 +15,9 @@ Invariants:
   and report to the dispatcher), then the other services, then SQS, then Postgres. Idempotent.
 - Postgres and SQS are started only when the config names no `database_url` / `sqs_endpoint_url`;
   Postgres keeps its data in `<run_dir>/postgres` across restarts unless `keep_data` is false.
-- Worker wrappers get no database URL, no API keys and no attempt-token signing keys (DESIGN:
-  workers never hold database credentials); every service gets the same environment otherwise.
+- Worker wrappers get no database URL, no API keys and no attempt-token signing keys
+  (docs/security.md: workers never hold database credentials); every service gets the same
+  environment otherwise.
 - Servers are started with die-with-parent from the thread that calls `start()`: call it from a
   thread that outlives the stack (the main thread, or a pytest fixture).
 """
