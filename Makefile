@@ -96,6 +96,10 @@ fmt: venv ## Format the code with ruff
 migrate: venv ## Apply migrations to DATABASE_URL
 	@$(RUN) taskplat-migrate
 
+.PHONY: schema
+schema: venv ## Rewrite libs/common/.../db/schema.sql (the schema the migrations leave) after a migration
+	@$(RUN) python -m taskplat.devstack schema
+
 .PHONY: migrate-status
 migrate-status: venv ## List applied and pending migrations of DATABASE_URL
 	@$(RUN) taskplat-migrate status

@@ -23,12 +23,14 @@ import argparse
 import logging
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Protocol
 
+from taskplat.devstack import schema_dump
 from taskplat.devstack.errors import DevstackError
 from taskplat.devstack.postgres import PrivatePostgres
 from taskplat.devstack.sqs import LocalSqs, ensure_localstack_venv
@@ -129,6 +131,21 @@ def _cmd_sqs(args: argparse.Namespace) -> int:
     )
     log.info("sqs: state in %s, log %s", server.base_dir, server.log_path)
     return _serve(server, "SQS_ENDPOINT_URL")
+
+
+def _cmd_schema(args: argparse.Namespace) -> int:
+    from taskplat.common.db.migrate import apply_migrations
+
+    with tempfile.TemporaryDirectory(prefix="taskplat-schema-") as directory:
+        base = Path(directory)
+        base.chmod(0o755)  # the server may run as another user
+        with PrivatePostgres(base / "postgres", die_with_parent=True) as server:
+            apply_migrations(server.url)
+            text = schema_dump.dump_schema(server.url)
+    target = schema_dump.schema_sql_path()
+    target.write_text(text)
+    print(f"wrote {target}", flush=True)
+    return 0
 
 
 def _print_line(line: str) -> None:
@@ -338,6 +355,9 @@ def _parser() -> argparse.ArgumentParser:
     sqs.add_argument("--uv", help="uv executable used to build the LocalStack venv")
     sqs.set_defaults(func=_cmd_sqs)
 
+    sub.add_parser(
+        "schema", help="write libs/common/.../db/schema.sql from the migrations (make schema)"
+    ).set_defaults(func=_cmd_schema)
     up = sub.add_parser("up", help="run the whole platform in the foreground (make up)")
     up.add_argument("--dir", type=Path, default=Path(".run"), help="state directory (.run)")
     up.add_argument(
