@@ -21,10 +21,6 @@ from taskplat.client import models
 T = TypeVar("T")
 
 
-def _identity(value: Any) -> Any:
-    return value
-
-
 @dataclass(frozen=True)
 class Call(Generic[T]):
     method: str

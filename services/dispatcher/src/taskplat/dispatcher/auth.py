@@ -48,12 +48,6 @@ def matches_any(provided: str, secrets: Sequence[SecretStr]) -> bool:
     return matched
 
 
-def require_token(request: Request, secrets: Sequence[SecretStr], *, what: str) -> None:
-    token = bearer_token(request)
-    if token is None or not matches_any(token, secrets):
-        raise Unauthorized(f"a valid {what} is required as 'Authorization: Bearer <{what}>'")
-
-
 def authorize(
     request: Request,
     secrets: Sequence[SecretStr],

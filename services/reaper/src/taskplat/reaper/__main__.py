@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from taskplat.common.db.loop_service import run_db_loop_service
+from taskplat.common.db.loop_service import plain_loop, run_db_loop_service
 from taskplat.reaper.reaper import Reaper
 from taskplat.reaper.settings import ReaperSettings
 
@@ -17,9 +17,11 @@ def main() -> int:
     return run_db_loop_service(
         "reaper",
         ReaperSettings,
-        lambda settings, pool, telemetry, stop, health: Reaper(
-            pool, settings, telemetry=telemetry
-        ).run(stop, health=health),
+        plain_loop(
+            lambda settings, pool, telemetry, stop, health: Reaper(
+                pool, settings, telemetry=telemetry
+            ).run(stop, health=health)
+        ),
         lambda settings: {
             "deadline_grace_seconds": settings.deadline_grace_seconds,
             "retention_seconds": settings.retention_seconds,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from taskplat.common.db.loop_service import run_db_loop_service
+from taskplat.common.db.loop_service import plain_loop, run_db_loop_service
 from taskplat.scheduler.scheduler import Scheduler
 from taskplat.scheduler.settings import SchedulerSettings
 
@@ -17,9 +17,11 @@ def main() -> int:
     return run_db_loop_service(
         "scheduler",
         SchedulerSettings,
-        lambda settings, pool, telemetry, stop, health: Scheduler(
-            pool, settings, telemetry=telemetry
-        ).run(stop, health=health),
+        plain_loop(
+            lambda settings, pool, telemetry, stop, health: Scheduler(
+                pool, settings, telemetry=telemetry
+            ).run(stop, health=health)
+        ),
         lambda settings: {"requeue_after_seconds": settings.requeue_after_seconds},
     )
 

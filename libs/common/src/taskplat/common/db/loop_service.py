@@ -1,9 +1,11 @@
-"""The entry point shared by the database loops that need nothing but Postgres (scheduler, reaper).
+"""The entry point shared by the database loop services (scheduler, reaper, relay, sink).
 
-Wiring order: settings -> logging -> telemetry -> ops server -> signals -> pool -> loop. Invariants:
-bad settings (or an ops port that cannot be bound) exit with status 2 and one line on stderr, never
-a traceback; SIGTERM/SIGINT end the loop after the batch in progress, then the ops server, the pool
-and the telemetry are shut down.
+Wiring order: settings -> logging -> telemetry -> pool -> the service's objects -> ops server ->
+signals -> run. Invariants: bad settings (or an ops port that cannot be bound) exit with status 2
+and one line on stderr, never a traceback; a service that needs its database at start
+(`wait_for_database`) exits 1 with one line when it cannot connect in time; SIGTERM/SIGINT end the
+loop after the batch in progress, then the ops server, the service's objects, the pool and the
+telemetry are shut down, in that order.
 """
 
 from __future__ import annotations
@@ -11,11 +13,12 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from psycopg import ProgrammingError
 from psycopg.conninfo import conninfo_to_dict
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 from pydantic import ValidationError
 
 from taskplat.common.db.pools import make_pool
@@ -25,7 +28,24 @@ from taskplat.common.ops_server import start_ops_server
 from taskplat.common.service_setup import configure_service
 from taskplat.common.telemetry import Telemetry
 
-# (settings, pool, telemetry, stop, health) -> runs the loop until `stop` is set.
+
+def _nothing() -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class LoopProcess:
+    """What a loop service runs: `run(stop)` until `stop` is set, its `/healthz` answer, and
+    what to close once it returned (or when the ops server could not start)."""
+
+    run: Callable[[threading.Event], None]
+    health: Callable[[], tuple[bool, str]]
+    close: Callable[[], None] = _nothing
+
+
+# (settings, pool, telemetry) -> the service's objects, ready to run.
+BuildLoop = Callable[[Any, ConnectionPool[Any], Telemetry], LoopProcess]
+# (settings, pool, telemetry, stop, health) -> runs a plain loop until `stop` is set.
 RunLoop = Callable[[Any, ConnectionPool[Any], Telemetry, threading.Event, LoopHealth], None]
 
 
@@ -37,11 +57,26 @@ def settings_error(exc: ValidationError) -> str:
     )
 
 
+def plain_loop(run: RunLoop) -> BuildLoop:
+    """A `BuildLoop` for a loop that keeps a `LoopHealth` and owns nothing to close."""
+
+    def build(settings: Any, pool: ConnectionPool[Any], telemetry: Telemetry) -> LoopProcess:
+        health = LoopHealth()
+        return LoopProcess(
+            run=lambda stop: run(settings, pool, telemetry, stop, health),
+            health=lambda: health.check(settings.stall_seconds),
+        )
+
+    return build
+
+
 def run_db_loop_service(
     service: str,
     load_settings: Callable[[], Any],
-    run: RunLoop,
+    build: BuildLoop,
     describe: Callable[[Any], dict[str, object]],
+    *,
+    wait_for_database: bool = False,
 ) -> int:
     """Run one loop service; `describe(settings)` gives the fields of its start-up log line."""
     name = f"taskplat-{service}"
@@ -56,10 +91,20 @@ def run_db_loop_service(
         return 2
     configure_service(service, settings)
     telemetry = Telemetry(service, settings)
-    health = LoopHealth()
+    pool = make_pool(settings, application_name=name)
     try:
-        ops = start_ops_server(settings, telemetry, lambda: health.check(settings.stall_seconds))
+        pool.open(wait=wait_for_database, timeout=settings.db_connect_timeout_seconds)
+    except PoolTimeout:
+        pool.close()
+        telemetry.shutdown()
+        print(f"{name}: cannot connect to the database", file=sys.stderr)
+        return 1
+    process = build(settings, pool, telemetry)
+    try:
+        ops = start_ops_server(settings, telemetry, process.health)
     except OSError as exc:
+        process.close()
+        pool.close()
         telemetry.shutdown()
         print(
             f"{name}: invalid settings: cannot serve ops on "
@@ -69,20 +114,19 @@ def run_db_loop_service(
         return 2
     stop = threading.Event()
     install_stop_signals(stop)
-    pool = make_pool(settings, application_name=name)
-    pool.open(wait=False)
     get_logger().info(
-        f"{service}_starting",
+        f"{service.replace('-', '_')}_starting",
         interval_seconds=settings.interval_seconds,
         ops_port=ops.port if ops is not None else None,
         tracing=telemetry.tracing,
         **describe(settings),
     )
     try:
-        run(settings, pool, telemetry, stop, health)
+        process.run(stop)
     finally:
         if ops is not None:
             ops.stop()
+        process.close()
         pool.close()
         telemetry.shutdown()
     return 0

@@ -225,8 +225,5 @@ class SqsRequestLog:
             return Counter(m.group(1).decode() for m in _LOCALSTACK_REQUEST.finditer(data))
         return Counter("unknown" for _ in _MOTO_REQUEST.finditer(data))
 
-    def written_since(self, offset: int) -> bool:
-        return self._size() != offset
-
     def size(self) -> int:
         return self._size()
