@@ -2,7 +2,8 @@
 events, and version rollovers. Each public call is one transaction.
 
 Invariants:
-  * a document is checked whole (`dag_rules`) before anything is written; applying it replaces the
+  * a document is checked whole (`dag_rules`, off the event loop: a check probes every schedule)
+    before anything is written; applying it replaces the
     DAG's jobs, edges and outputs in one transaction under the DAG's lock, and the same document
     again (same hash) writes nothing;
   * every job names a registered queue (422 naming the known ones otherwise), like `POST /tasks`;
@@ -59,6 +60,7 @@ from taskplat.dispatcher.recorder import Recorder
 from taskplat.dispatcher.repository import buffered as buffered_repo
 from taskplat.dispatcher.repository import dags as repo
 from taskplat.dispatcher.repository import tasks as task_repo
+from taskplat.dispatcher.requests import off_loop
 from taskplat.dispatcher.settings import DispatcherSettings, OperatorDefaults
 from taskplat.dispatcher.views import task_view
 
@@ -106,7 +108,7 @@ class DagService:
 
     async def apply(self, dag_name: str, doc: DagDocument) -> tuple[DagView, bool]:
         """Apply a checked document; (view, created)."""
-        dag_rules.check_document(doc)
+        await off_loop(dag_rules.check_document, doc)
         await self._registry.require({job.queue for job in doc.jobs.values()}, ["body", "jobs"])
         digest = dag_rules.document_hash(doc)
         now = self._clock.sql_now()
