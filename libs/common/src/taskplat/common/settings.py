@@ -158,12 +158,14 @@ class DocumentLimitSettings(BaseSettings):
         DEFAULT_MAX_DEPTH,
         ge=1,
         le=PARSER_MAX_DEPTH,
-        description="Deepest nesting of containers a request body may have (422 beyond).",
+        description="Deepest nesting of containers a JSON or YAML request body may have, at most "
+        "200; deeper is refused with 422 (docs/security.md, Document limits).",
     )
     max_document_nodes: int = Field(
         DEFAULT_MAX_NODES,
         ge=1,
-        description="Most nodes (values and mapping keys) a request body may have (422 beyond).",
+        description="Most nodes (values and mapping keys) a JSON or YAML request body may have; "
+        "more is refused with 422 (docs/security.md, Document limits).",
     )
 
     def document_limits(self) -> DocumentLimits:
