@@ -2,10 +2,10 @@
 events, and version rollovers. Each public call is one transaction.
 
 Invariants:
-  * a document is checked whole (`dag_rules`, off the event loop: a check probes every schedule)
-    before anything is written; applying it replaces the
+  * a document is checked whole (`dag_rules`) before anything is written; applying it replaces the
     DAG's jobs, edges and outputs in one transaction under the DAG's lock, and the same document
-    again (same hash) writes nothing;
+    again (same hash) writes nothing; the check (which probes every schedule) and the hash run off
+    the event loop (`off_loop`);
   * every job names a registered queue (422 naming the known ones otherwise), like `POST /tasks`;
   * datasets are created on first use and never deleted; an output naming an existing dataset of
     another kind is refused (422) and nothing of the document is stored;
@@ -110,7 +110,7 @@ class DagService:
         """Apply a checked document; (view, created)."""
         await off_loop(dag_rules.check_document, doc)
         await self._registry.require({job.queue for job in doc.jobs.values()}, ["body", "jobs"])
-        digest = dag_rules.document_hash(doc)
+        digest = await off_loop(dag_rules.document_hash, doc)
         now = self._clock.sql_now()
         canceled: list[Row] = []
         async with self._pool.connection() as conn:
