@@ -148,6 +148,8 @@ def test_bad_bodies_answer_4xx(broker: httpx.Client, clock: FakeClock) -> None:
     assert post(broker, token, content=b"{").status_code == 422
     assert post(broker, token, json={"unexpected": 1}).status_code == 422
     assert post(broker, token, content=b"x" * 5000).status_code == 413
+    deep = post(broker, token, content=b"[" * 1000 + b"]" * 1000)  # within the size cap
+    assert deep.status_code == 422 and "64 levels deep" in deep.json()["message"], deep.text
     assert post(broker, token, json={}).status_code == 200
     assert broker.get("/credentials").status_code == 405
 

@@ -12,6 +12,7 @@ import yaml
 from pydantic import ValidationError
 
 from taskplat.common.contracts import Event
+from taskplat.common.documents import DocumentLimits, DocumentRefused
 from taskplat.common.errors import MalformedJson, ValidationFailed
 from taskplat.dispatcher.dag_rules import (
     check_document,
@@ -183,3 +184,33 @@ def test_a_lambda_job_states_its_function_timeout(timeout: int | None) -> None:
     assert problem["type"] == "lambda_timeout"
     ok = {"jobs": {"fn": job(runtime="lambda", timeout_seconds=900), "w": job(runtime="ecs")}}
     check_document(parse_document(json.dumps(ok).encode(), "application/json"))
+
+
+def _nested(levels: int) -> Any:
+    """A value `levels` containers deep: {"a": [{"a": [...]}]}."""
+    value: Any = 0
+    for level in range(levels):
+        value = [value] if level % 2 else {"a": value}
+    return value
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "application/yaml"])
+def test_json_and_yaml_obey_the_same_depth_and_node_limits(content_type: str) -> None:
+    """The document itself is 3 containers deep above `config` (document, jobs, the job)."""
+    limits = DocumentLimits(max_depth=10, max_nodes=60)
+
+    def doc(config: Any) -> bytes:
+        body = {"jobs": {"a": {"operator": "echo", "config": config}}}
+        text = yaml.safe_dump(body) if "yaml" in content_type else json.dumps(body)
+        return text.encode()
+
+    parse_document(doc({"x": _nested(6)}), content_type, limits)  # 3 + 1 + 6 = 10 levels
+    with pytest.raises(DocumentRefused) as deep:
+        parse_document(doc({"x": _nested(7)}), content_type, limits)
+    assert deep.value.kind == "max_depth" and "10 levels" in deep.value.message
+    # Nodes: the document, "jobs", its mapping, "a", the job, "operator", "echo", "config", the
+    # config, "x", the list: 11, plus the list's n items.
+    parse_document(doc({"x": list(range(49))}), content_type, limits)  # 60 nodes
+    with pytest.raises(DocumentRefused) as many:
+        parse_document(doc({"x": list(range(50))}), content_type, limits)
+    assert many.value.kind == "max_nodes" and "60 nodes" in many.value.message

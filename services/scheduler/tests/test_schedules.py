@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 from dispatcher_harness import serve_dispatcher
 from psycopg.rows import dict_row
+from structlog.testing import capture_logs
 
 from taskplat.common.clock import FakeClock
 
@@ -97,3 +98,38 @@ def test_a_deleted_dag_starts_no_more_runs(
     clock.set(START + timedelta(hours=2))
     assert make_scheduler().run_once().runs_started == 0
     assert runs(db_url) == []
+
+
+def test_a_stored_schedule_that_never_fires_is_skipped_and_the_others_still_tick(
+    db_url: str, clock: FakeClock, make_scheduler: Callable[..., Any]
+) -> None:
+    """A job row whose schedule produces no tick (February 31, stored by an older dispatcher that
+    checked only the syntax) is logged and parked; the batch it was in still starts the others."""
+    clock.set(START)
+    with serve_dispatcher(db_url) as dispatcher:
+        dispatcher.clock.set(START)
+        assert dispatcher.api.put("/dags/cron", json=DAG).status_code == 201
+    with psycopg.connect(db_url) as conn:
+        # As an older apply stored it: the expression and a first tick, due before the others.
+        conn.execute(
+            "UPDATE jobs SET schedule = '0 0 31 2 *', schedule_next_at = %s "
+            "WHERE dag_name = 'cron' AND name = 'hourly'",
+            (START + timedelta(minutes=1),),
+        )
+    scheduler = make_scheduler(schedule_batch_size=2)
+
+    clock.set(START + timedelta(minutes=5))
+    with capture_logs() as logs:
+        assert scheduler.run_once().runs_started == 1
+    assert keys(db_url) == ["schedule:cron:every5:2030-01-01T00:05:00+00:00"]
+    (skipped,) = [log for log in logs if log["event"] == "schedule_unusable"]
+    assert skipped["job"] == "hourly" and skipped["schedule"] == "0 0 31 2 *"
+    assert "never fires" in skipped["error"]
+
+    # Parked: later batches neither pick it nor log it again, and the others keep ticking.
+    clock.set(START + timedelta(minutes=10))
+    with capture_logs() as logs:
+        assert scheduler.run_once().runs_started == 1
+    assert not [log for log in logs if log["event"] == "schedule_unusable"]
+    assert keys(db_url)[-1] == "schedule:cron:every5:2030-01-01T00:10:00+00:00"
+    assert keys(db_url, "hourly") == []

@@ -16,6 +16,13 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from taskplat.common.documents import (
+    DEFAULT_MAX_DEPTH,
+    DEFAULT_MAX_NODES,
+    PARSER_MAX_DEPTH,
+    DocumentLimits,
+)
+
 LogFormat = Literal["json", "console"]
 
 
@@ -140,6 +147,29 @@ class WorkerTokenSettings(BaseSettings):
         min_length=16,
         description="Bearer token of the internal worker API (at least 16 characters).",
     )
+
+
+class DocumentLimitSettings(BaseSettings):
+    """Limits of the JSON and YAML documents a service's routes accept (its own prefix)."""
+
+    model_config = _FRAGMENT_CONFIG
+
+    max_document_depth: int = Field(
+        DEFAULT_MAX_DEPTH,
+        ge=1,
+        le=PARSER_MAX_DEPTH,
+        description="Deepest nesting of containers a JSON or YAML request body may have, at most "
+        "200; deeper is refused with 422 (docs/security.md, Document limits).",
+    )
+    max_document_nodes: int = Field(
+        DEFAULT_MAX_NODES,
+        ge=1,
+        description="Most nodes (values and mapping keys) a JSON or YAML request body may have; "
+        "more is refused with 422 (docs/security.md, Document limits).",
+    )
+
+    def document_limits(self) -> DocumentLimits:
+        return DocumentLimits(self.max_document_depth, self.max_document_nodes)
 
 
 def _json_object(value: object) -> object:

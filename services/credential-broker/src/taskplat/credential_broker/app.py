@@ -6,6 +6,9 @@ Invariants:
     called. The credentials carry `policy.session_policy` of that capability and last
     `policy.session_seconds`.
   * A task asking more than `rate_limit_per_task` times per window gets 429 with `Retry-After`.
+  * The body is read size-capped (413 once it passes `max_body_bytes`, never buffered whole
+    first) and checked against the document limits (`taskplat.common.documents`, 422) before
+    the contract parses it.
   * Bad input answers 4xx JSON (`{"error", "message", "detail"}`), STS trouble 502, never a 500
     with a traceback; tokens and credentials are never logged.
   * `/healthz`, `/readyz` and `/metrics` are open; every answer of `/credentials` is counted by
@@ -30,6 +33,7 @@ from starlette.routing import Route
 
 from taskplat.common.clock import Clock, SystemClock
 from taskplat.common.contracts import CredentialsRequest, CredentialsResponse, ErrorResponse
+from taskplat.common.documents import check_json, read_body
 from taskplat.common.errors import (
     BadRequest,
     PayloadTooLarge,
@@ -68,11 +72,10 @@ def _bearer(request: Request) -> str:
     return token.strip()
 
 
-async def _check_body(request: Request, cap: int) -> None:
-    body = await request.body()
-    if len(body) > cap:
-        raise PayloadTooLarge(f"request body over {cap} bytes")
+async def _check_body(request: Request, settings: BrokerSettings) -> None:
+    body = await read_body(request, settings.max_body_bytes)
     if body.strip():
+        check_json(body, settings.document_limits())
         try:
             CredentialsRequest.model_validate_json(body)
         except ValueError as exc:
@@ -110,7 +113,7 @@ class Broker:
         now = self._clock.now()
         verified = verify_capability_token(self._ring, token, now=now)
         capability = verified.capability
-        await _check_body(request, self._settings.max_body_bytes)
+        await _check_body(request, self._settings)
         wait = self._limiter.allow(capability.task_id, time.monotonic())
         if wait is not None:
             self._answers.add(1, {"outcome": "rate_limited"})

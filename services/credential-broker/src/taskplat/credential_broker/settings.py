@@ -12,12 +12,18 @@ from typing import Self
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from taskplat.common.settings import CapabilityTokenSettings, ServiceSettings
+from taskplat.common.settings import (
+    CapabilityTokenSettings,
+    DocumentLimitSettings,
+    ServiceSettings,
+)
 from taskplat.common.telemetry import TelemetrySettings
 from taskplat.common.tokens.keys import TokenKeySettings, key_settings
 
 
-class BrokerSettings(ServiceSettings, CapabilityTokenSettings, TelemetrySettings):
+class BrokerSettings(
+    ServiceSettings, CapabilityTokenSettings, TelemetrySettings, DocumentLimitSettings
+):
     model_config = SettingsConfigDict(
         env_prefix="TASKPLAT_BROKER_",
         extra="ignore",

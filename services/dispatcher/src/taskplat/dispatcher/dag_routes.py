@@ -1,7 +1,8 @@
 """The public routes of jobs, DAGs and datasets (docs/ARCHITECTURE.md "Jobs, DAGs and datasets").
 
 Invariants: every route needs an API key; a DAG document is read size-capped and parsed as YAML
-when its content type says so, else as JSON, and is checked whole before anything is stored; path
+when its content type says so, else as JSON, within the document limits and off the event loop
+(`off_loop`), and is checked whole before anything is stored; path
 names (DAG and job names) are validated like the document's names, dataset uuids as UUIDs.
 """
 
@@ -32,7 +33,14 @@ from taskplat.common.errors import ValidationFailed
 from taskplat.dispatcher.dag_rules import parse_document
 from taskplat.dispatcher.dags import DagService
 from taskplat.dispatcher.errors import json_response
-from taskplat.dispatcher.requests import parse_body, parse_query, parse_uuid, read_body
+from taskplat.dispatcher.requests import (
+    document_limits,
+    off_loop,
+    parse_body,
+    parse_query,
+    parse_uuid,
+    read_body,
+)
 from taskplat.dispatcher.routes import RouteSpec, bind_log_fields, settings_of
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
@@ -62,7 +70,8 @@ def _name(request: Request, param: str) -> str:
 async def put_dag(request: Request) -> Response:
     dag_name = _name(request, "dag_name")
     body = await read_body(request, settings_of(request).max_body_bytes)
-    doc = parse_document(body, request.headers.get("content-type", "application/json"))
+    content_type = request.headers.get("content-type", "application/json")
+    doc = await off_loop(parse_document, body, content_type, document_limits(request))
     view, created = await _dags(request).apply(dag_name, doc)
     return json_response(view, 201 if created else 200)
 

@@ -4,6 +4,10 @@ no I/O.
 Invariants:
   * a mapping with a key given twice (a job named twice) is refused, in JSON as in YAML: neither
     parser may silently keep the last one;
+  * a document over the document limits (depth, nodes: `taskplat.common.documents`) is refused
+    (422) before it is built: JSON is checked before it is loaded, YAML is counted node by node as
+    it is composed; YAML anchors and aliases are refused (422) where the parser meets the first
+    one, so no alias is ever expanded (no "billion laughs");
   * a document is accepted only when every input names a job of the document and one of that job's
     output indexes (or a dataset by name), every schedule is a five-field cron expression, a dataset
     is given one kind within the document, a declared schema belongs to a buffered_postgres output
@@ -23,11 +27,16 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
+from yaml._yaml import CParser
+from yaml.composer import Composer
+from yaml.constructor import SafeConstructor
+from yaml.resolver import Resolver
 
 from taskplat.common.buffered import Column, SchemaProblem, full_schema
 from taskplat.common.contracts import DagDocument
 from taskplat.common.contracts.dags import FromDataset, FromJob
 from taskplat.common.cron import schedule_error
+from taskplat.common.documents import DocumentLimits, DocumentRefused, NodeBudget, check_json
 from taskplat.common.errors import MalformedJson, ValidationFailed
 from taskplat.dispatcher.requests import validation_detail
 
@@ -65,8 +74,50 @@ def _pairs_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return seen
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a mapping key given twice."""
+class _StrictLoader(Composer, CParser, SafeConstructor, Resolver):
+    """YAML's safe loader, refusing a mapping key given twice, anchors and aliases, and a document
+    over the limits (checked as each node is composed, before anything is built from it). Its
+    events come from libyaml's parser (PyYAML's wheels ship it; several times faster than the
+    pure-Python one, and linear on deep flow nesting) and its nodes from PyYAML's composer, whose
+    `compose_node` this class checks."""
+
+    def __init__(self, stream: str, limits: DocumentLimits) -> None:
+        CParser.__init__(self, stream)
+        Composer.__init__(self)
+        SafeConstructor.__init__(self)
+        Resolver.__init__(self)
+        self.budget = NodeBudget(limits)
+        self.depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            raise DocumentRefused(
+                f"YAML aliases are refused (*{event.anchor} {_where(event)}): write the value "
+                "out in full",
+                kind="yaml_alias",
+            )
+        anchor = getattr(event, "anchor", None)
+        if anchor is not None:
+            raise DocumentRefused(
+                f"YAML anchors are refused (&{anchor} {_where(event)}): write the value out "
+                "in full",
+                kind="yaml_anchor",
+            )
+        self.budget.add()
+        if not isinstance(event, yaml.CollectionStartEvent):
+            return super().compose_node(parent, index)
+        self.depth += 1
+        self.budget.enter(self.depth)
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+def _where(event: yaml.Event | None) -> str:
+    mark = event.start_mark if event is not None else None
+    return f"at line {mark.line + 1}, column {mark.column + 1}" if mark else "in the document"
 
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
@@ -79,19 +130,34 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[An
     return loader.construct_mapping(node)
 
 
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_StrictLoader.add_constructor(  # type: ignore[type-var]
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping
+)
 
 
-def parse_document(body: bytes, content_type: str) -> DagDocument:
-    """The document in `body` (YAML when the content type says so, else JSON), validated against
-    the contract. Raises MalformedJson (400) or ValidationFailed (422)."""
-    media_type = content_type.split(";")[0].strip().lower()
+def _load_yaml(text: str, limits: DocumentLimits) -> Any:
+    loader = _StrictLoader(text, limits)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def parse_document(
+    body: bytes, content_type: str, limits: DocumentLimits | None = None
+) -> DagDocument:
+    """The document in `body` (YAML when the content type says so, else JSON), within `limits`
+    (default: the default limits) and validated against the contract. Raises MalformedJson (400)
+    or ValidationFailed (422; DocumentRefused for a document over the limits)."""
+    limits = limits or DocumentLimits()
+    is_yaml = content_type.split(";")[0].strip().lower() in YAML_TYPES
     if not body.strip():
         raise MalformedJson("request body is empty; a DAG document is required")
     try:
-        if media_type in YAML_TYPES:
-            raw = yaml.load(body.decode("utf-8"), Loader=_StrictLoader)
+        if is_yaml:
+            raw = _load_yaml(body.decode("utf-8"), limits)
         else:
+            check_json(body, limits)
             raw = json.loads(body, object_pairs_hook=_pairs_without_duplicates)
     except _DuplicateKey as exc:
         key = exc.args[0]
@@ -103,7 +169,8 @@ def parse_document(body: bytes, content_type: str) -> DagDocument:
         reason = " ".join(str(exc).split())
         raise MalformedJson(f"request body is not valid YAML: {reason}") from None
     except ValueError as exc:
-        raise MalformedJson(f"request body is not valid JSON: {exc}") from None
+        kind = "YAML" if is_yaml else "JSON"
+        raise MalformedJson(f"request body is not valid {kind}: {exc}") from None
     try:
         return DagDocument.model_validate(raw)
     except ValidationError as exc:

@@ -4,7 +4,8 @@ events, and version rollovers. Each public call is one transaction.
 Invariants:
   * a document is checked whole (`dag_rules`) before anything is written; applying it replaces the
     DAG's jobs, edges and outputs in one transaction under the DAG's lock, and the same document
-    again (same hash) writes nothing;
+    again (same hash) writes nothing; the check (which probes every schedule) and the hash run off
+    the event loop (`off_loop`);
   * every job names a registered queue (422 naming the known ones otherwise), like `POST /tasks`;
   * datasets are created on first use and never deleted; an output naming an existing dataset of
     another kind is refused (422) and nothing of the document is stored;
@@ -59,6 +60,7 @@ from taskplat.dispatcher.recorder import Recorder
 from taskplat.dispatcher.repository import buffered as buffered_repo
 from taskplat.dispatcher.repository import dags as repo
 from taskplat.dispatcher.repository import tasks as task_repo
+from taskplat.dispatcher.requests import off_loop
 from taskplat.dispatcher.settings import DispatcherSettings, OperatorDefaults
 from taskplat.dispatcher.views import task_view
 
@@ -106,9 +108,9 @@ class DagService:
 
     async def apply(self, dag_name: str, doc: DagDocument) -> tuple[DagView, bool]:
         """Apply a checked document; (view, created)."""
-        dag_rules.check_document(doc)
+        await off_loop(dag_rules.check_document, doc)
         await self._registry.require({job.queue for job in doc.jobs.values()}, ["body", "jobs"])
-        digest = dag_rules.document_hash(doc)
+        digest = await off_loop(dag_rules.document_hash, doc)
         now = self._clock.sql_now()
         canceled: list[Row] = []
         async with self._pool.connection() as conn:

@@ -17,6 +17,7 @@ from taskplat.common.settings import (
     AttemptTokenSettings,
     CapabilityTokenSettings,
     DatabaseSettings,
+    DocumentLimitSettings,
     ServiceSettings,
     WorkerTokenSettings,
 )
@@ -46,6 +47,7 @@ class DispatcherSettings(
     TelemetrySettings,
     AttemptTokenSettings,
     CapabilityTokenSettings,
+    DocumentLimitSettings,
 ):
     model_config = SettingsConfigDict(
         env_prefix="TASKPLAT_DISPATCHER_",

@@ -6,24 +6,31 @@ Invariants:
     after starting the run, a DAG re-applied with the same schedule;
   * a scheduler that was down across several ticks starts one run, for the latest tick at or
     before now, and moves the job's next tick past now (missed ticks collapse into one);
-  * the run, its wake-up and the job's next tick commit together (the caller's transaction).
+  * the run, its wake-up and the job's next tick commit together (the caller's transaction);
+  * a stored schedule that produces no tick (one an older dispatcher let through, such as
+    February 31) is skipped and logged (`schedule_unusable`) and parked at `NEVER`, so it neither
+    fails the batch nor takes a place in every later one; re-applying its DAG replaces it.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from psycopg import Connection
 from psycopg.rows import DictRow
 
-from taskplat.common.cron import latest_tick, next_tick
+from taskplat.common.cron import UnusableSchedule, latest_tick, next_tick
 from taskplat.common.db.queries import load_queries
+from taskplat.common.logging import get_logger
 
 Q = load_queries("taskplat.scheduler", "schedules.sql")
 
 Conn = Connection[DictRow]
 Row = dict[str, Any]
+
+# Where a job whose schedule produces no tick is parked (never due).
+NEVER = datetime(9999, 12, 31, tzinfo=UTC)
 
 
 def run_key(dag_name: str, job_name: str, tick: datetime) -> str:
@@ -36,7 +43,12 @@ def start_due_runs(conn: Conn, *, now: datetime | None, limit: int) -> list[Row]
     started: list[Row] = []
     for job in conn.execute(Q["due_schedules"], {"now": now, "limit": limit}).fetchall():
         db_now: datetime = job["now"]
-        tick = latest_tick(job["schedule"], db_now)
+        try:
+            tick = latest_tick(job["schedule"], db_now)
+            next_at = next_tick(job["schedule"], db_now)
+        except UnusableSchedule as exc:
+            _park(conn, job, str(exc))
+            continue
         row = conn.execute(
             Q["start_scheduled_run"],
             {
@@ -52,7 +64,7 @@ def start_due_runs(conn: Conn, *, now: datetime | None, limit: int) -> list[Row]
                 "dag_name": job["dag_name"],
                 "job_name": job["name"],
                 "due_at": job["schedule_next_at"],
-                "next_at": next_tick(job["schedule"], db_now),
+                "next_at": next_at,
             },
         )
         if row is not None and row["task_id"] is not None:
@@ -68,3 +80,23 @@ def start_due_runs(conn: Conn, *, now: datetime | None, limit: int) -> list[Row]
                 }
             )
     return started
+
+
+def _park(conn: Conn, job: Row, reason: str) -> None:
+    get_logger().warning(
+        "schedule_unusable",
+        loop="scheduler",
+        dag_name=job["dag_name"],
+        job=job["name"],
+        schedule=job["schedule"],
+        error=reason,
+    )
+    conn.execute(
+        Q["advance_schedule"],
+        {
+            "dag_name": job["dag_name"],
+            "job_name": job["name"],
+            "due_at": job["schedule_next_at"],
+            "next_at": NEVER,
+        },
+    )
