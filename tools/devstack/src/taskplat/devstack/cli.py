@@ -231,7 +231,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _cmd_chaos(args: argparse.Namespace) -> int:
     from taskplat.devstack.chaos.injector import FaultRates
-    from taskplat.devstack.chaos.run import ChaosConfig
+    from taskplat.devstack.chaos.run import VARIANTS, ChaosConfig
     from taskplat.devstack.chaos.run import main as run_chaos
 
     try:
@@ -252,10 +252,12 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
         kill_every=args.kill_every,
         postgres_restarts=args.postgres_restarts,
         workers=args.workers,
+        replicas=args.replicas,
         seed=args.seed,
         sqs_endpoint_url=args.sqs_endpoint_url,
     )
-    return run_chaos(config)
+    variants = VARIANTS if args.variant == "both" else (args.variant,)
+    return run_chaos(config, variants=variants)
 
 
 def _share(text: str) -> float:
@@ -458,6 +460,27 @@ def _chaos_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     chaos.add_argument("--seed", type=int, help="random seed (default: drawn and printed)")
     chaos.add_argument(
         "--sqs-endpoint-url", help="an SQS endpoint to use (default: a private LocalStack)"
+    )
+    chaos.add_argument(
+        "--replicas",
+        type=_positive,
+        default=2,
+        help="processes of each of dispatcher, relay, scheduler, reaper and sink (2); the "
+        "dispatchers behind a round-robin balancer",
+    )
+    variants = chaos.add_mutually_exclusive_group()
+    variants.add_argument(
+        "--variant",
+        choices=["both", "waiting-claims", "no-waiting-claims"],
+        default="both",
+        help="both (default): the waiting-claims run, then the no-waiting-claims one; or just one",
+    )
+    variants.add_argument(
+        "--no-waiting-claims",
+        dest="variant",
+        action="store_const",
+        const="no-waiting-claims",
+        help="only the variant without waiting claims (every task through SQS)",
     )
     chaos.add_argument(
         "--dir", type=Path, default=Path(".run/chaos"), help="state directory (.run/chaos)"
