@@ -6,7 +6,8 @@ DAG's `react` job.
 
 Invariants:
 - The schedule is absolute: after `t` seconds, `floor(rate * t)` tasks are due; a late tick
-  catches up (never more than one batch call of 100 per due 100), so the average rate holds.
+  catches up (never more than one batch call of 100 per due 100), so the average rate holds;
+  unless stopped early, exactly `floor(rate * duration)` tasks are sent in all.
 - Calls are retried on transport errors and 5xx for up to `RETRY_SECONDS`; a call that still
   fails, or that gets a 4xx, is counted in `failures` (the soak fails on any) and the load goes on.
 - The thread only speaks HTTP and SQS; it starts and stops nothing.
@@ -82,6 +83,11 @@ class SteadyLoad(threading.Thread):
                 self._records(due_records - self.sent["record_messages"])
             ticks += 1
             self.stop.wait(max(0.0, started + ticks * TICK_SECONDS - time.monotonic()))
+        if not self.stop.is_set():  # the last tick's due, so the totals are exact
+            self._tasks(math.floor(self.rate * self.duration))
+            due_records = math.floor(self.records_per_second * self.duration / RECORDS_PER_MESSAGE)
+            if self.sent["record_messages"] < due_records:
+                self._records(due_records - self.sent["record_messages"])
 
     def _call(self, what: str, send: Any) -> httpx.Response | None:
         deadline = time.monotonic() + RETRY_SECONDS

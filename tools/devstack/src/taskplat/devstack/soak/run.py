@@ -47,6 +47,7 @@ from taskplat.devstack.waiting import wait_for
 
 Say = Callable[[str], None]
 DAG = "soak"
+LOAD_GRACE_SECONDS = 60.0  # how long the load may run past its duration (its last retried calls)
 DATASET = "soak-records"
 
 STACK_ENV: dict[str, str] = {
@@ -217,10 +218,10 @@ class SoakRun:
                     f"soak: {now:.0f}s of {config.duration:g}s, {load.sent['tasks']} tasks sent, "
                     f"{len(load.failures)} failed calls"
                 )
-            if now >= config.duration or not load.is_alive():
+            if not load.is_alive() or now >= config.duration + LOAD_GRACE_SECONDS:
                 break
             next_at = started + samples * config.sample_every
-            time.sleep(max(0.0, min(next_at, started + config.duration) - time.monotonic()))
+            load.join(timeout=max(0.0, next_at - time.monotonic()))
 
     def _completed(self, api: httpx.Client) -> int | None:
         try:
