@@ -750,12 +750,20 @@ def comparison(results: list[ChaosResult]) -> str:
 
 
 def variant_configs(config: ChaosConfig, variants: tuple[str, ...]) -> list[ChaosConfig]:
-    """One config per variant, each in its own directory under `config.run_dir`."""
+    """One config per variant, each in its own directory under `config.run_dir`, with the seed
+    plus the variant's index in VARIANTS (so the variants draw different kill schedules, and a
+    variant run alone replays the same one)."""
     unknown = [name for name in variants if name not in VARIANTS]
     if unknown or not variants:
         raise DevstackError(f"unknown chaos variant {unknown}: choose from {', '.join(VARIANTS)}")
+    seed = config.seed
     return [
-        replace(config, run_dir=config.run_dir / name, waiting_claims=name == WAITING_CLAIMS)
+        replace(
+            config,
+            run_dir=config.run_dir / name,
+            waiting_claims=name == WAITING_CLAIMS,
+            seed=None if seed is None else seed + VARIANTS.index(name),
+        )
         for name in variants
     ]
 
@@ -763,7 +771,7 @@ def variant_configs(config: ChaosConfig, variants: tuple[str, ...]) -> list[Chao
 def main(
     config: ChaosConfig, say: Say | None = None, *, variants: tuple[str, ...] = VARIANTS
 ) -> int:
-    """Run each variant (one after the other, the same seed), print each report and the
+    """Run each variant (one after the other, seeds from one draw), print each report and the
     comparison, write `<run_dir>/chaos-summary.json`; 0 when every variant passed."""
 
     def default_say(text: str) -> None:
