@@ -37,39 +37,38 @@ def _human(value: float | None, unit: str) -> str:
     return f"{value:.1f}" if abs(value) < 100 else f"{value:.0f}"
 
 
-def plot(series: Series, judgement: Judgement, half: float, path: Path) -> None:
+def plot(series: Series, judgement: Judgement, half: float, path: Path, figure: Any) -> None:
+    """Draw one series on `figure` (cleared first; one figure serves every plot: creating and
+    laying out a figure costs more than drawing on it)."""
     unit = UNITS[series.kind]
     scale = 1 << 20 if unit == "bytes" else 1
     label = "MiB" if unit == "bytes" else unit
-    figure, axes = plt.subplots(figsize=(7, 3), dpi=80)
-    try:
-        ts = [t / 60 for t, _ in series.points]
-        axes.plot(ts, [v / scale for _, v in series.points], marker=".", linewidth=1)
-        second = [(t, v) for t, v in series.points if t >= half]
-        if len(second) >= 2:
-            slope = fit_slope(second)
-            t0 = sum(t for t, _ in second) / len(second)
-            v0 = sum(v for _, v in second) / len(second)
-            ends = (second[0][0], second[-1][0])
-            axes.plot(
-                [t / 60 for t in ends],
-                [(v0 + slope * (t - t0)) / scale for t in ends],
-                color="red",
-                linewidth=1.5,
-                label="second-half fit",
-            )
-            axes.legend(loc="upper left", fontsize=7)
-        axes.axvline(half / 60, color="grey", linestyle=":", linewidth=1)
-        verdict = "OK" if judgement.ok else "GROWS"
-        axes.set_title(f"{series.name}: {verdict} ({judgement.reason})", fontsize=8)
-        axes.set_xlabel("minutes since the load started", fontsize=8)
-        axes.set_ylabel(label, fontsize=8)
-        axes.tick_params(labelsize=7)
-        axes.set_ylim(bottom=0)
-        figure.tight_layout()
-        figure.savefig(path)
-    finally:
-        plt.close(figure)
+    figure.clear()
+    axes = figure.add_axes((0.1, 0.17, 0.87, 0.72))
+    ts = [t / 60 for t, _ in series.points]
+    axes.plot(ts, [v / scale for _, v in series.points], marker=".", linewidth=1)
+    second = [(t, v) for t, v in series.points if t >= half]
+    if len(second) >= 2:
+        slope = fit_slope(second)
+        t0 = sum(t for t, _ in second) / len(second)
+        v0 = sum(v for _, v in second) / len(second)
+        ends = (second[0][0], second[-1][0])
+        axes.plot(
+            [t / 60 for t in ends],
+            [(v0 + slope * (t - t0)) / scale for t in ends],
+            color="red",
+            linewidth=1.5,
+            label="second-half fit",
+        )
+        axes.legend(loc="upper left", fontsize=7)
+    axes.axvline(half / 60, color="grey", linestyle=":", linewidth=1)
+    verdict = "OK" if judgement.ok else "GROWS"
+    axes.set_title(f"{series.name}: {verdict} ({judgement.reason})", fontsize=8)
+    axes.set_xlabel("minutes since the load started", fontsize=8)
+    axes.set_ylabel(label, fontsize=8)
+    axes.tick_params(labelsize=7)
+    axes.set_ylim(bottom=0)
+    figure.savefig(path)
 
 
 def write(
@@ -87,10 +86,14 @@ def write(
     plots.mkdir(parents=True, exist_ok=True)
     by_name = {s.name: s for s in series}
     files: dict[str, str] = {}
-    for judgement in judgements:
-        name = f"{slug(judgement.name)}.png"
-        plot(by_name[judgement.name], judgement, half, plots / name)
-        files[judgement.name] = f"plots/{name}"
+    figure = plt.figure(figsize=(7, 3), dpi=80)
+    try:
+        for judgement in judgements:
+            name = f"{slug(judgement.name)}.png"
+            plot(by_name[judgement.name], judgement, half, plots / name, figure)
+            files[judgement.name] = f"plots/{name}"
+    finally:
+        plt.close(figure)
     ok = not problems and all(j.ok for j in judgements)
     ordered = sorted(judgements, key=lambda j: (j.ok, not j.judged, j.kind, j.name))
     lines = [
