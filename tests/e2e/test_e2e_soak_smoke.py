@@ -21,6 +21,7 @@ pytestmark = pytest.mark.e2e
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.timeout(480)  # 60 s of load, a stack's start and stop, 60-odd plots on a busy machine
 def test_a_one_minute_soak_writes_its_report_and_passes_the_slope_test(
     sqs_endpoint_url: str, tmp_path: Path
 ) -> None:
