@@ -129,7 +129,7 @@ class ChaosConfig:
     postgres_restarts: int = 2
     workers: int = 2
     replicas: int = 2  # processes of each of REPLICATED
-    waiting_claims: bool = True  # False: TASKPLAT_WORKER_POLL_DISPATCHER=false on the wrappers
+    waiting_claims: bool = True  # False: NO_WAITING_CLAIMS_ENV on the wrappers
     task_sleep: float = 0.005  # seconds each task's operator sleeps
     seed: int | None = None
     sqs_endpoint_url: str | None = None  # a running SQS endpoint to put the injector in front of
