@@ -1,11 +1,12 @@
 -- Read-only queries of `make soak`'s sampler.
 
 -- name: connections
--- Postgres connections per application_name (each service names its pools), the sampler's own
--- connection left out.
+-- Client connections per application_name (each service names its pools), the sampler's own
+-- connection and Postgres's own processes (autovacuum workers and the like) left out.
 SELECT coalesce(nullif(application_name, ''), 'unnamed') AS application, count(*)::int AS n
 FROM pg_stat_activity
 WHERE datname = current_database() AND pid <> pg_backend_pid()
+  AND backend_type = 'client backend'
 GROUP BY 1
 ORDER BY 1;
 
