@@ -13,6 +13,7 @@ VENV := .venv
 RUN := $(UV) run --frozen --no-sync
 PYTEST_ARGS ?=
 CHAOS_ARGS ?=
+SOAK_ARGS ?=
 
 export UV_PROJECT_ENVIRONMENT := $(abspath $(VENV))
 export UV_PYTHON := $(PYTHON)
@@ -53,8 +54,12 @@ bench: venv sqs-deps ## Benchmark on a private stack: prints the table, writes b
 	@$(RUN) python -m taskplat.devstack bench $(BENCH_ARGS)
 
 .PHONY: chaos
-chaos: venv sqs-deps ## Chaos run: 10,000 tasks under SQS faults, SIGKILLs, Postgres crashes; exits 1 on loss (CHAOS_ARGS)
+chaos: venv sqs-deps ## Chaos run, 2 replicas, with and without waiting claims: 10,000 tasks each under SQS faults, SIGKILLs, Postgres crashes; exits 1 on loss (CHAOS_ARGS)
 	@$(RUN) python -m taskplat.devstack chaos $(CHAOS_ARGS)
+
+.PHONY: soak
+soak: venv sqs-deps ## Soak: 200 tasks/s for 20 min on a private stack; exits 1 if a resource grows (SOAK_ARGS)
+	@$(RUN) python -m taskplat.devstack soak $(SOAK_ARGS)
 
 .PHONY: browser-deps
 browser-deps: ## Install Debian's chromium and chromium-driver for the dashboard's browser tests (root)

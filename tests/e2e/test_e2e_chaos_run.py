@@ -1,7 +1,9 @@
-"""End to end, `make chaos` at small scale: 250 tasks through a private stack while the SQS fault
-injector loses, duplicates and fails messages, services get SIGKILL and Postgres restarts in
-immediate mode; no task is lost, none is completed twice, no attempts overlap, counted from the
-database and from the operators' own record.
+"""End to end, `make chaos` at small scale, in both variants: a few hundred tasks through a
+private stack with 2 replicas of each service (the dispatchers behind the run's round-robin
+balancer) while the SQS fault injector loses, duplicates and fails messages, single replicas and
+wrappers get SIGKILL and Postgres restarts in immediate mode; no task is lost, none is completed
+twice, no attempts overlap, counted from the database and from the operators' own record. Without
+waiting claims every completed task was claimed from a wake-up SQS delivered.
 
 The run is the one `make chaos` runs (`taskplat.devstack.chaos.run`), in this process, against the
 session's SQS endpoint; its seed is printed.
@@ -15,34 +17,60 @@ from pathlib import Path
 import pytest
 
 from taskplat.devstack.chaos.injector import FaultRates
-from taskplat.devstack.chaos.run import ChaosConfig, ChaosRun, report
+from taskplat.devstack.chaos.run import ChaosConfig, ChaosResult, ChaosRun, report
 
 pytestmark = pytest.mark.e2e
 
+TASKS = 250
 
-def test_a_small_chaos_run_loses_nothing_and_completes_nothing_twice(
-    sqs_endpoint_url: str, tmp_path: Path
-) -> None:
+
+def _run(sqs_endpoint_url: str, run_dir: Path, *, waiting_claims: bool) -> ChaosResult:
     seed = random.randrange(1 << 30)
     config = ChaosConfig(
-        run_dir=tmp_path / "chaos",
-        tasks=250,
-        fault_seconds=20.0,
-        drain_seconds=90.0,
+        run_dir=run_dir,
+        tasks=TASKS,
+        fault_seconds=25.0,
+        drain_seconds=120.0,
         # Higher rates than the default run's, so that every kind happens at this size.
         rates=FaultRates(lose=0.15, duplicate=0.15, fail_receive=0.15, fail_delete=0.15),
         kill_every=3.0,
         postgres_restarts=1,
         workers=2,
+        replicas=2,
+        waiting_claims=waiting_claims,
         seed=seed,
         sqs_endpoint_url=sqs_endpoint_url,
     )
     result = ChaosRun(config, say=print).run()
     print(report(result, config))
-
     assert result.verdict.ok, result.verdict
     assert result.queue_empty
     assert result.postgres_restarts == 1
     assert sum(result.kills.values()) >= 1, result.kills
     assert result.injected.get("lost", 0) > 0 and result.injected.get("duplicated", 0) > 0
-    assert result.runs_recorded >= 250
+    assert result.runs_recorded >= TASKS
+    # Both dispatcher replicas served requests, and every completion's claim went through the
+    # balancer (so its source is known).
+    served = [k for k in result.balancer if k.startswith("requests to ")]
+    assert len(served) == 2, result.balancer
+    assert sum(result.completed_by_source.values()) == TASKS
+    assert result.completed_by_source["unknown"] == 0, result.completed_by_source
+    return result
+
+
+def test_a_small_chaos_run_with_two_replicas_loses_nothing_and_completes_nothing_twice(
+    sqs_endpoint_url: str, tmp_path: Path
+) -> None:
+    _run(sqs_endpoint_url, tmp_path / "chaos", waiting_claims=True)
+
+
+def test_without_waiting_claims_every_task_goes_through_the_faulty_sqs(
+    sqs_endpoint_url: str, tmp_path: Path
+) -> None:
+    result = _run(sqs_endpoint_url, tmp_path / "chaos", waiting_claims=False)
+
+    assert result.completed_by_source["sqs"] == TASKS, result.completed_by_source
+    assert result.claims_by_source["waiting_claim"] == 0
+    assert result.claims_by_source["claim_ahead"] == 0
+    assert result.wakeups_received >= TASKS
+    assert result.injected.get("failed_receives", 0) > 0

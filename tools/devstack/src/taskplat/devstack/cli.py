@@ -248,7 +248,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _cmd_chaos(args: argparse.Namespace) -> int:
     from taskplat.devstack.chaos.injector import FaultRates
-    from taskplat.devstack.chaos.run import ChaosConfig
+    from taskplat.devstack.chaos.run import VARIANTS, ChaosConfig
     from taskplat.devstack.chaos.run import main as run_chaos
 
     try:
@@ -269,10 +269,12 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
         kill_every=args.kill_every,
         postgres_restarts=args.postgres_restarts,
         workers=args.workers,
+        replicas=args.replicas,
         seed=args.seed,
         sqs_endpoint_url=args.sqs_endpoint_url,
     )
-    return run_chaos(config)
+    variants = VARIANTS if args.variant == "both" else (args.variant,)
+    return run_chaos(config, variants=variants)
 
 
 def _share(text: str) -> float:
@@ -379,6 +381,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_cmd_demo)
     _bench_parser(sub)
     _chaos_parser(sub)
+    _soak_parser(sub)
     return parser
 
 
@@ -480,9 +483,98 @@ def _chaos_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--sqs-endpoint-url", help="an SQS endpoint to use (default: a private LocalStack)"
     )
     chaos.add_argument(
+        "--replicas",
+        type=_positive,
+        default=2,
+        help="processes of each of dispatcher, relay, scheduler, reaper and sink (2); the "
+        "dispatchers behind a round-robin balancer",
+    )
+    variants = chaos.add_mutually_exclusive_group()
+    variants.add_argument(
+        "--variant",
+        choices=["both", "waiting-claims", "no-waiting-claims"],
+        default="both",
+        help="both (default): the waiting-claims run, then the no-waiting-claims one; or just one",
+    )
+    variants.add_argument(
+        "--no-waiting-claims",
+        dest="variant",
+        action="store_const",
+        const="no-waiting-claims",
+        help="only the variant without waiting claims (every task through SQS)",
+    )
+    chaos.add_argument(
         "--dir", type=Path, default=Path(".run/chaos"), help="state directory (.run/chaos)"
     )
     chaos.set_defaults(func=_cmd_chaos)
+
+
+def _soak_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    soak = sub.add_parser(
+        "soak",
+        help="a steady load through a private stack, resources sampled and judged (make soak)",
+        description="Runs a steady load (echo tasks, runs of a DAG job, records through a "
+        "buffered dataset) through a private stack, samples every service's RSS, fds and "
+        "threads, Postgres connections per service, dead tuples and table sizes, and exits 1 "
+        "when a series grows without bound over the second half (or a service exited). Writes "
+        "soak.md, soak.json and a PNG per series. See docs/operations.md, Soak.",
+    )
+    soak.add_argument("--rate", type=_positive_float, default=200.0, help="tasks per second (200)")
+    soak.add_argument(
+        "--duration", type=_positive_float, default=1200.0, help="seconds of load (1200)"
+    )
+    soak.add_argument(
+        "--sample-every", type=_positive_float, default=10.0, help="seconds between samples (10)"
+    )
+    soak.add_argument("--workers", type=_positive, default=2, help="worker wrappers (2)")
+    soak.add_argument(
+        "--records-per-second",
+        type=float,
+        default=50.0,
+        help="records published to the buffered dataset per second (50; 0: none)",
+    )
+    soak.add_argument(
+        "--job-every",
+        type=float,
+        default=5.0,
+        help="seconds between two runs of the DAG's produce job (5; 0: none)",
+    )
+    soak.add_argument(
+        "--retention",
+        type=_positive_float,
+        help="the reaper's retention of finished tasks and sent outbox rows, seconds "
+        "(default: a quarter of the duration, at most 300)",
+    )
+    soak.add_argument(
+        "--sqs-endpoint-url", help="an SQS endpoint to use (default: a private LocalStack)"
+    )
+    soak.add_argument(
+        "--dir", type=Path, default=Path(".run/soak"), help="state directory (.run/soak)"
+    )
+    soak.add_argument(
+        "--report-dir", type=Path, help="where the report goes (default: <dir>/report)"
+    )
+    soak.set_defaults(func=_cmd_soak)
+
+
+def _cmd_soak(args: argparse.Namespace) -> int:
+    from taskplat.devstack.soak.run import SoakConfig
+    from taskplat.devstack.soak.run import main as run_soak
+
+    run_dir = _usable_dir(args.dir)
+    config = SoakConfig(
+        run_dir=run_dir,
+        report_dir=args.report_dir or run_dir / "report",
+        rate=args.rate,
+        duration=args.duration,
+        sample_every=args.sample_every,
+        workers=args.workers,
+        records_per_second=args.records_per_second,
+        job_every=args.job_every,
+        retention_seconds=args.retention,
+        sqs_endpoint_url=args.sqs_endpoint_url,
+    )
+    return run_soak(config)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,8 +24,9 @@ Invariants:
   answer comes back whole, with its Content-Length).
 - A batch entry is lost or duplicated only when the rest of the batch was accepted (HTTP 200);
   otherwise the upstream's answer is returned as is and nothing is counted.
-- `counts` says how many faults of each kind were injected and how many requests of each action
-  were seen; it is exact (guarded by a lock).
+- `counts` says how many faults of each kind were injected, how many requests of each action
+  were seen and how many messages the receives delivered (`received`); it is exact (guarded by
+  a lock).
 """
 
 from __future__ import annotations
@@ -149,8 +150,9 @@ class SqsFaultInjector:
 
     @property
     def counts(self) -> dict[str, int]:
-        """Faults injected (`lost`, `duplicated`, `failed_receives`, `failed_deletes`) and
-        requests seen per action (`action:<Name>`)."""
+        """Faults injected (`lost`, `duplicated`, `failed_receives`, `failed_deletes`),
+        requests seen per action (`action:<Name>`) and messages delivered by receives
+        (`received`)."""
         with self._lock:
             return dict(self._counts)
 
@@ -245,7 +247,13 @@ class SqsFaultInjector:
             if kind is not None:
                 self._count("failed_receives" if rate == "fail_receive" else "failed_deletes")
                 return _error(kind)
-            return self.forward(method, path, headers, body)
+            reply = self.forward(method, path, headers, body)
+            if action == "ReceiveMessage" and reply.status == 200:
+                answer = _json_body(reply)
+                messages = answer.get("Messages") if answer is not None else None
+                if isinstance(messages, list) and messages:
+                    self._count("received", len(messages))
+            return reply
         if action == "SendMessage":
             return self._send(path, headers, body)
         if action == "SendMessageBatch":

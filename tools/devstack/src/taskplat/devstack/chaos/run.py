@@ -2,23 +2,32 @@
 services die by SIGKILL and Postgres crashes; then what went wrong, counted two ways.
 
 The run:
-1. A private stack (`Stack`): its own Postgres (fsync on: a crash must not lose a commit), every
-   service, `workers` worker wrappers running the chaos operator (`recording_operator.py`, pooled),
-   all talking to SQS through an `SqsFaultInjector` in front of a local SQS endpoint (LocalStack, or
-   the one given). The stack's intervals are short so that a lost wake-up is re-published by the
-   scheduler, and a killed wrapper's lease expires, well within the run.
+1. A private stack (`Stack`): its own Postgres (fsync on: a crash must not lose a commit),
+   `replicas` processes of each service (dispatcher, relay, scheduler, reaper, sink), `workers`
+   worker wrappers running the chaos operator (`recording_operator.py`, pooled), all talking to
+   SQS through an `SqsFaultInjector` in front of a local SQS endpoint (LocalStack, or the one
+   given), and to the dispatchers through a `DispatcherBalancer` (round robin per request). The
+   stack's intervals are short so that a lost wake-up is re-published by the scheduler, and a
+   killed wrapper's lease expires, well within the run. The `waiting_claims` variant keeps the
+   wrappers' waiting claims on the dispatcher; without it (`TASKPLAT_WORKER_POLL_DISPATCHER` and
+   `TASKPLAT_WORKER_CLAIM_AHEAD` false) every task is claimed from a wake-up received from SQS.
 2. The fault window (`fault_seconds`): the injector's rates are on; tasks are submitted in
    batches (`POST /tasks/batch`, idempotency keys, retried while the dispatcher is down) spread
    over the first part of the window; at random moments (mean `kill_every` seconds apart) a
-   random service (dispatcher, relay, scheduler, reaper, a worker wrapper) gets SIGKILL and the
-   supervisor restarts it; `postgres_restarts` times, at random moments, Postgres is stopped in
-   immediate mode and started again.
+   random process (one replica of the dispatcher, relay, scheduler or reaper, or a worker
+   wrapper) gets SIGKILL and the supervisor restarts it; `postgres_restarts` times, at random
+   moments, Postgres is stopped in immediate mode and started again.
 3. The faults stop (rates 0, no more kills); the run waits, up to `drain_seconds`, for every task
    to be Completed, then for the SQS task queue to empty (no wake-up left that could start a run).
 4. The verdict, from the database (tasks, task_attempts) and from the operators' own record file:
    tasks lost (not Completed; in the record: no run at all), tasks completed twice (two accepted
    completions; in the record: one attempt run to the end twice), attempts that overlapped (two
-   attempts' lease periods; in the record: two runs' [start, end]). Any of them: exit 1.
+   attempts' lease periods; in the record: two runs' [start, end]). Any of them: exit 1. Beside
+   it, how each completed attempt was claimed (from the balancer's record: an SQS wake-up, a
+   waiting claim, a claim ahead) and how many wake-ups SQS delivered (from the injector).
+
+`main` runs the variants given (default: both, waiting claims first), each with a fresh stack in
+`<run_dir>/<variant>`, and fails when either fails.
 
 Invariants:
 - Every random choice comes from `random.Random(seed)` (the injector has its own stream from the
@@ -41,7 +50,7 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, LiteralString
 
@@ -50,8 +59,10 @@ import psycopg
 from psycopg.rows import dict_row
 
 from taskplat.common.db.queries import load_queries
+from taskplat.devstack.chaos.balancer import DispatcherBalancer
 from taskplat.devstack.chaos.injector import FaultRates, SqsFaultInjector
 from taskplat.devstack.errors import DevstackError
+from taskplat.devstack.ports import free_port
 from taskplat.devstack.sqs import LocalSqs, sqs_client
 from taskplat.devstack.stack import Stack, StackConfig
 from taskplat.devstack.waiting import wait_for
@@ -59,6 +70,16 @@ from taskplat.devstack.waiting import wait_for
 QUERIES = load_queries("taskplat.devstack.chaos", "chaos.sql")
 OPERATOR_SCRIPT = str(Path(__file__).with_name("recording_operator.py").absolute())
 LOOPS = ("dispatcher", "relay", "scheduler", "reaper")  # with the worker wrappers: the victims
+REPLICATED = ("dispatcher", "relay", "scheduler", "reaper", "sink")  # `replicas` of each
+WAITING_CLAIMS = "waiting-claims"
+NO_WAITING_CLAIMS = "no-waiting-claims"
+VARIANTS = (WAITING_CLAIMS, NO_WAITING_CLAIMS)
+# Without waiting claims, no claim bypasses SQS: no waiting claim and no claim ahead either.
+NO_WAITING_CLAIMS_ENV = {
+    "TASKPLAT_WORKER_POLL_DISPATCHER": "false",
+    "TASKPLAT_WORKER_CLAIM_AHEAD": "false",
+}
+CLAIM_SOURCES = ("sqs", "waiting_claim", "claim_ahead", "unknown")
 BATCH = 100
 Say = Callable[[str], None]
 
@@ -107,6 +128,8 @@ class ChaosConfig:
     kill_every: float = 5.0  # mean seconds between two SIGKILLs (0: none)
     postgres_restarts: int = 2
     workers: int = 2
+    replicas: int = 2  # processes of each of REPLICATED
+    waiting_claims: bool = True  # False: NO_WAITING_CLAIMS_ENV on the wrappers
     task_sleep: float = 0.005  # seconds each task's operator sleeps
     seed: int | None = None
     sqs_endpoint_url: str | None = None  # a running SQS endpoint to put the injector in front of
@@ -118,6 +141,12 @@ class ChaosConfig:
             raise DevstackError("the fault and drain windows must be positive")
         if self.workers < 1:
             raise DevstackError("chaos needs at least one worker wrapper")
+        if self.replicas < 1:
+            raise DevstackError("chaos needs at least one replica of each service")
+
+    @property
+    def variant(self) -> str:
+        return WAITING_CLAIMS if self.waiting_claims else NO_WAITING_CLAIMS
 
 
 @dataclass
@@ -152,6 +181,15 @@ class ChaosResult:
     submit_seconds: float
     drain_seconds: float | None
     queue_empty: bool
+    variant: str = WAITING_CLAIMS
+    replicas: int = 1
+    # How each task's completed attempt was claimed (CLAIM_SOURCES), from the balancer's record.
+    completed_by_source: dict[str, int] = field(default_factory=dict)
+    claims_by_source: dict[str, int] = field(default_factory=dict)  # every claim answered
+    wakeups_received: int = 0  # messages SQS delivered to the wrappers, the whole run
+    balancer: dict[str, int] = field(default_factory=dict)  # requests per replica, 502s
+    kills_by_process: dict[str, int] = field(default_factory=dict)
+    settings: dict[str, str] = field(default_factory=dict)  # the variant's notable settings
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -272,6 +310,7 @@ class ChaosRun:
         self.tag = uuid.uuid4().hex
         self.record = config.run_dir / "operator-runs.txt"
         self.kills: Counter[str] = Counter()
+        self.kills_by_process: Counter[str] = Counter()
         self.postgres_restarts = 0
 
     def run(self) -> ChaosResult:
@@ -285,13 +324,19 @@ class ChaosRun:
             upstream = sqs.start()
         try:
             injector = SqsFaultInjector(upstream, FaultRates(), seed=self.seed)
-            with injector:
-                return self._run(injector)
+            with injector, DispatcherBalancer() as balancer:
+                return self._run(injector, balancer)
         finally:
             if sqs is not None:
                 sqs.stop()
 
-    def _stack_config(self, sqs_url: str) -> StackConfig:
+    def _worker_env(self, balancer_url: str) -> dict[str, str]:
+        env = {"TASKPLAT_WORKER_DISPATCHER_URL": balancer_url}
+        if not self.config.waiting_claims:
+            env.update(NO_WAITING_CLAIMS_ENV)
+        return env
+
+    def _stack_config(self, sqs_url: str, dispatcher_port: int, balancer_url: str) -> StackConfig:
         operators = self.config.run_dir / "operators.yaml"
         operators.write_text(OPERATORS_YAML.format(script=json.dumps(OPERATOR_SCRIPT)))
         env = {**STACK_ENV, "TASKPLAT_WORKER_OPERATORS_FILE": str(operators)}
@@ -300,7 +345,8 @@ class ChaosRun:
         return StackConfig(
             run_dir=self.config.run_dir / "stack",
             workers=self.config.workers,
-            dispatcher_port=None,
+            dispatcher_port=dispatcher_port,
+            service_env={"worker": self._worker_env(balancer_url)},
             sqs_endpoint_url=sqs_url,
             queue_prefix=f"chaos-{self.tag[:8]}-",
             dead_letter_queue=f"chaos-{self.tag[:8]}-dead-letters",
@@ -310,24 +356,49 @@ class ChaosRun:
             env=env,
         )
 
-    def _run(self, injector: SqsFaultInjector) -> ChaosResult:
+    def _run(self, injector: SqsFaultInjector, balancer: DispatcherBalancer) -> ChaosResult:
         config = self.config
         self.say(
-            f"chaos: seed {self.seed}, {config.tasks} tasks, faults for {config.fault_seconds:g}s"
+            f"chaos ({config.variant}): seed {self.seed}, {config.tasks} tasks, faults for "
+            f"{config.fault_seconds:g}s, {config.replicas} replicas of each service"
         )
-        stack = Stack(self._stack_config(injector.url))
+        port = free_port()
+        balancer.set_upstreams([f"http://127.0.0.1:{port}"])
+        stack = Stack(self._stack_config(injector.url, port, balancer.url))
         stack.start()
         conn_box: list[psycopg.Connection[dict[str, Any]]] = []
         try:
+            self._add_replicas(stack, balancer)
             conn_box.append(
                 psycopg.connect(stack.info.database_url, autocommit=True, row_factory=dict_row)
             )
-            return self._drive(stack, injector, conn_box)
+            return self._drive(stack, injector, balancer, conn_box)
         finally:
             for conn in conn_box:
                 conn.close()
             self.say("chaos: stopping the stack ...")
             stack.stop()
+
+    def _add_replicas(self, stack: Stack, balancer: DispatcherBalancer) -> None:
+        """The further replicas of each service; the balancer spreads over every dispatcher
+        once each answers `/readyz`."""
+        names = [
+            stack.add_replica(service)
+            for service in REPLICATED
+            for _ in range(self.config.replicas - 1)
+        ]
+        dispatchers = ["dispatcher", *(n for n in names if n.startswith("dispatcher-"))]
+        urls = [stack.ops_urls[name] for name in dispatchers]
+        for url in urls[1:]:
+
+            def ready(url: str = url) -> bool:
+                try:
+                    return httpx.get(f"{url}/readyz", timeout=2.0).status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+            wait_for(ready, timeout=60, what=f"the dispatcher replica at {url}", interval=0.2)
+        balancer.set_upstreams(urls)
 
     def _query(self, conn: psycopg.Connection[dict[str, Any]], name: str) -> list[dict[str, Any]]:
         sql: LiteralString = QUERIES[name]
@@ -356,6 +427,7 @@ class ChaosRun:
         self,
         stack: Stack,
         injector: SqsFaultInjector,
+        balancer: DispatcherBalancer,
         conn_box: list[psycopg.Connection[dict[str, Any]]],
     ) -> ChaosResult:
         """Faults, submission, drain, verdict; `conn_box[0]` is the database connection (replaced
@@ -372,9 +444,7 @@ class ChaosRun:
             for n in range(config.tasks)
         ]
         spread = config.fault_seconds * 0.6
-        submitter = _Submitter(
-            stack.info.dispatcher_url, stack.info.api_key, bodies, spread, run_key
-        )
+        submitter = _Submitter(balancer.url, stack.info.api_key, bodies, spread, run_key)
         started = time.monotonic()
         window_end = started + config.fault_seconds
         restarts = sorted(
@@ -420,6 +490,12 @@ class ChaosRun:
         records = _records(self.record)
         verdict, rerun = judge(records, task_ids | self._missing(task_ids), db)
         outcomes = {row["outcome"]: row["attempts"] for row in db("attempt_outcomes")}
+        claims = balancer.claims
+        completed_by_source = Counter(
+            claims.get((row["task_id"], row["attempt"]), "unknown")
+            for row in db("completed_attempts")
+        )
+        claims_by_source = Counter(claims.values())
         return ChaosResult(
             seed=self.seed,
             tasks=config.tasks,
@@ -436,8 +512,30 @@ class ChaosRun:
             submit_seconds=round(submit_seconds, 1),
             drain_seconds=drain_seconds,
             queue_empty=queue_empty,
+            variant=config.variant,
+            replicas=config.replicas,
+            completed_by_source={k: completed_by_source.get(k, 0) for k in CLAIM_SOURCES},
+            claims_by_source={k: claims_by_source.get(k, 0) for k in CLAIM_SOURCES[:-1]},
+            wakeups_received=injector.counts.get("received", 0),
+            balancer={
+                k.replace("upstream:", "requests to "): v
+                for k, v in balancer.counts.items()
+                if not k.startswith("claimed:")
+            },
+            settings=self._settings(),
+            kills_by_process=dict(self.kills_by_process),
             notes=notes,
         )
+
+    def _settings(self) -> dict[str, str]:
+        """The settings that decide which path a task takes (shown in the report)."""
+        names = ("TASKPLAT_RELAY_HOLD_DEPTH", "TASKPLAT_DISPATCHER_POLLED_WAKEUP_DELAY_SECONDS")
+        settings = {name: STACK_ENV[name] for name in names}
+        settings["TASKPLAT_WORKER_POLL_DISPATCHER"] = (
+            "true" if self.config.waiting_claims else "false"
+        )
+        settings["TASKPLAT_WORKER_CLAIM_AHEAD"] = "true" if self.config.waiting_claims else "false"
+        return settings
 
     def _missing(self, task_ids: set[str]) -> set[str]:
         """Placeholders for submitted tasks the database does not hold (each one is lost)."""
@@ -464,7 +562,7 @@ class ChaosRun:
         candidates = [
             name
             for name in stack.services()
-            if name in running and (name in LOOPS or name.startswith("worker"))
+            if name in running and (_kind(name) in LOOPS or _kind(name) == "worker")
         ]
         if not candidates:
             return
@@ -473,7 +571,8 @@ class ChaosRun:
             stack.kill(victim, signal.SIGKILL)
         except DevstackError:
             return  # it died or is restarting already
-        self.kills[victim if victim in LOOPS else "worker"] += 1
+        self.kills[_kind(victim)] += 1
+        self.kills_by_process[victim] += 1
         self.say(f"chaos: SIGKILL {victim}")
 
     def _drain(
@@ -539,6 +638,11 @@ class ChaosRun:
         return drained, True, notes
 
 
+def _kind(name: str) -> str:
+    """The service a process runs: `dispatcher-2` -> `dispatcher`, `worker-1` -> `worker`."""
+    return name.split("-", 1)[0]
+
+
 def _rates_text(rates: FaultRates) -> str:
     return (
         f"lose {rates.lose:.0%}, duplicate {rates.duplicate:.0%}, "
@@ -552,9 +656,12 @@ def report(result: ChaosResult, config: ChaosConfig) -> str:
     kills = ", ".join(f"{name} {n}" for name, n in sorted(result.kills.items())) or "none"
     outcomes = ", ".join(f"{k} {n}" for k, n in sorted(result.attempt_outcomes.items()))
     drained = f"{result.drain_seconds}s" if result.drain_seconds is not None else "not reached"
+    by_source = result.completed_by_source
     lines = [
-        f"chaos run: {result.tasks} tasks, seed {result.seed}, faults for "
-        f"{config.fault_seconds:g}s ({_rates_text(config.rates)}), {config.workers} workers",
+        f"chaos run ({result.variant}): {result.tasks} tasks, seed {result.seed}, faults for "
+        f"{config.fault_seconds:g}s ({_rates_text(config.rates)}), {config.workers} workers, "
+        f"{result.replicas} replicas of each service",
+        "settings: " + ", ".join(f"{k}={v}" for k, v in result.settings.items()),
         f"injected: {injected.get('lost', 0)} messages lost, "
         f"{injected.get('duplicated', 0)} duplicated, "
         f"{injected.get('failed_receives', 0)} receives and "
@@ -562,10 +669,17 @@ def report(result: ChaosResult, config: ChaosConfig) -> str:
         "SQS requests during the faults: "
         + ", ".join(f"{name} {n}" for name, n in sorted(result.sqs_requests.items())),
         f"SIGKILLs: {kills}; Postgres immediate restarts: {result.postgres_restarts}",
+        "SIGKILLs per process: "
+        + (", ".join(f"{n} {k}" for n, k in sorted(result.kills_by_process.items())) or "none"),
+        "dispatcher balancer: " + ", ".join(f"{k} {n}" for k, n in sorted(result.balancer.items())),
         f"submitted in {result.submit_seconds}s; every task Completed {drained} after the "
         f"faults stopped; task queue empty at the end: {'yes' if result.queue_empty else 'no'}",
         f"attempts: {outcomes}; operator runs recorded: {result.runs_recorded} "
         f"({result.tasks_run_more_than_once} tasks run more than once, allowed)",
+        f"completed tasks claimed from an SQS wake-up {by_source.get('sqs', 0)}, by a waiting "
+        f"claim {by_source.get('waiting_claim', 0)}, ahead {by_source.get('claim_ahead', 0)}, "
+        f"unknown {by_source.get('unknown', 0)}; wake-ups SQS delivered: "
+        f"{result.wakeups_received}",
         "",
         f"{'':34}{'database':>10}{'operators':>11}",
         f"{'tasks lost':34}{len(v.lost_db):>10}{len(v.lost_records):>11}",
@@ -579,24 +693,127 @@ def report(result: ChaosResult, config: ChaosConfig) -> str:
     for name, items in asdict(v).items():
         if items:
             lines.append(f"{name}: {', '.join(items[:10])}{' ...' if len(items) > 10 else ''}")
-    lines.append("result: " + ("PASS" if v.ok else "FAIL"))
+    lines.append(f"result ({result.variant}): " + ("PASS" if v.ok else "FAIL"))
     return "\n".join(lines)
 
 
-def main(config: ChaosConfig, say: Say | None = None) -> int:
+def comparison(results: list[ChaosResult]) -> str:
+    """One column per variant: the verdict (database/operators) and the paths the tasks took."""
+
+    def both(db: list[str], records: list[str]) -> str:
+        return f"{len(db)}/{len(records)}"
+
+    rows: list[tuple[str, list[str]]] = [
+        ("tasks (replicas of each service)", [f"{r.tasks} ({r.replicas})" for r in results]),
+        (
+            "tasks lost (db/operators)",
+            [both(r.verdict.lost_db, r.verdict.lost_records) for r in results],
+        ),
+        (
+            "completed twice (db/operators)",
+            [
+                both(r.verdict.completed_twice_db, r.verdict.completed_twice_records)
+                for r in results
+            ],
+        ),
+        (
+            "overlaps (db/operators)",
+            [both(r.verdict.overlapped_db, r.verdict.overlapped_records) for r in results],
+        ),
+        ("unrecorded completions", [str(len(r.verdict.unrecorded_completions)) for r in results]),
+    ]
+    for source, label in (
+        ("sqs", "completed via an SQS wake-up"),
+        ("waiting_claim", "completed via a waiting claim"),
+        ("claim_ahead", "completed via a claim ahead"),
+        ("unknown", "completed via unknown"),
+    ):
+        rows.append((label, [str(r.completed_by_source.get(source, 0)) for r in results]))
+    rows += [
+        ("wake-ups SQS delivered", [str(r.wakeups_received) for r in results]),
+        (
+            "SQS sends lost/duplicated",
+            [f"{r.injected.get('lost', 0)}/{r.injected.get('duplicated', 0)}" for r in results],
+        ),
+        (
+            "SIGKILLs / Postgres restarts",
+            [f"{sum(r.kills.values())}/{r.postgres_restarts}" for r in results],
+        ),
+        ("result", ["PASS" if r.verdict.ok else "FAIL" for r in results]),
+    ]
+    width = max(20, *(len(r.variant) + 2 for r in results))
+    lines = [f"{'':34}" + "".join(f"{r.variant:>{width}}" for r in results)]
+    lines += [
+        f"{label:34}" + "".join(f"{cell:>{width}}" for cell in cells) for label, cells in rows
+    ]
+    return "\n".join(lines)
+
+
+def variant_configs(config: ChaosConfig, variants: tuple[str, ...]) -> list[ChaosConfig]:
+    """One config per variant, each in its own directory under `config.run_dir`, with the seed
+    plus the variant's index in VARIANTS (so the variants draw different kill schedules, and a
+    variant run alone replays the same one)."""
+    unknown = [name for name in variants if name not in VARIANTS]
+    if unknown or not variants:
+        raise DevstackError(f"unknown chaos variant {unknown}: choose from {', '.join(VARIANTS)}")
+    seed = config.seed
+    return [
+        replace(
+            config,
+            run_dir=config.run_dir / name,
+            waiting_claims=name == WAITING_CLAIMS,
+            seed=None if seed is None else seed + VARIANTS.index(name),
+        )
+        for name in variants
+    ]
+
+
+def main(
+    config: ChaosConfig, say: Say | None = None, *, variants: tuple[str, ...] = VARIANTS
+) -> int:
+    """Run each variant (one after the other, seeds from one draw), print each report and the
+    comparison, write `<run_dir>/chaos-summary.json`; 0 when every variant passed."""
+
     def default_say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
     say = say or default_say
-    result = ChaosRun(config, say).run()
-    text = report(result, config)
-    print(text, flush=True)
+    seed = config.seed if config.seed is not None else random.randrange(1 << 31)
+    config = replace(config, seed=seed)
+    runs: list[tuple[ChaosConfig, ChaosResult, str]] = []
+    for each in variant_configs(config, variants):
+        result = ChaosRun(each, say).run()
+        text = report(result, each)
+        print(text + "\n", flush=True)
+        each.run_dir.mkdir(parents=True, exist_ok=True)
+        (each.run_dir / "chaos-summary.json").write_text(
+            json.dumps(
+                {"config": _config_json(each), "result": result.to_json(), "text": text}, indent=2
+            )
+        )
+        runs.append((each, result, text))
+    table = comparison([result for _, result, _ in runs])
+    ok = all(result.verdict.ok for _, result, _ in runs)
+    print(table + "\nresult: " + ("PASS" if ok else "FAIL"), flush=True)
     (config.run_dir / "chaos-summary.json").write_text(
         json.dumps(
-            {"config": _config_json(config), "result": result.to_json(), "text": text}, indent=2
+            {
+                "config": _config_json(config),
+                "variants": {
+                    result.variant: {
+                        "config": _config_json(each),
+                        "result": result.to_json(),
+                        "text": text,
+                    }
+                    for each, result, text in runs
+                },
+                "comparison": table,
+                "ok": ok,
+            },
+            indent=2,
         )
     )
-    return 0 if result.verdict.ok else 1
+    return 0 if ok else 1
 
 
 def _config_json(config: ChaosConfig) -> dict[str, Any]:

@@ -328,7 +328,8 @@ class Stack:
         return name
 
     def add_replica(self, service: str) -> str:
-        """Start one more process of a loop service (`sink`, `relay`, ...); return its name."""
+        """Start one more process of a service (`sink`, `relay`, ...; a `dispatcher` replica
+        listens on a free port of its own, its URL in `ops_urls`); return its name."""
         module = SERVICES[service]
         supervisor = self._require_supervisor()
         taken = set(supervisor.names())
@@ -339,6 +340,10 @@ class Stack:
         overrides = self._with_ops_port(
             name, service, dict(self.config.service_env.get(service, {}))
         )
+        if service == "dispatcher":
+            port = free_port()
+            overrides["TASKPLAT_DISPATCHER_PORT"] = str(port)
+            self.ops_urls[name] = f"http://127.0.0.1:{port}"
         supervisor.add(service_spec(name, module, self._env, overrides, cwd=self.config.run_dir))
         return name
 
