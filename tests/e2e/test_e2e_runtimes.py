@@ -14,12 +14,20 @@ from typing import Any
 
 import pytest
 from e2e_stack import E2EStack, e2e_stack
-from runtime_builds import PY_OPERATOR_DIR, JsRuntime, RustRuntime, build_js, build_rust
+from runtime_builds import (
+    BUILD_TIMEOUT,
+    PY_OPERATOR_DIR,
+    JsRuntime,
+    RustRuntime,
+    build_js,
+    build_rust,
+)
 
 from taskplat.devstack.lambda_endpoint import LocalLambda, node_runtime_command
 from taskplat.devstack.waiting import wait_for
 
-pytestmark = pytest.mark.e2e
+# The module fixture builds the runtimes (a first Rust build is slow on a small machine).
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(BUILD_TIMEOUT)]
 
 CURSORS = [11, 12, 13]
 

@@ -1,12 +1,15 @@
 """Build the TypeScript and Rust operator runtimes for the tests, once per session.
 
 Invariants: builds run the packages' own commands (`npm ci`, `npm run build`, `cargo build
---offline`) in their directories, never a download of a toolchain; a missing toolchain skips
-the caller (fails it with CI=true) with a one-line reason.
+--offline`) in their directories, never a download of a toolchain, and each at most once per test
+process (a successful build is cached); a missing toolchain skips the caller (fails it with
+CI=true) with a one-line reason. A first Rust build takes a minute or two on a small machine:
+callers' tests allow `BUILD_TIMEOUT` seconds.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -21,6 +24,7 @@ JS_DIR = ROOT / "libs" / "lambda-runtime-js"
 RS_DIR = ROOT / "libs" / "lambda-runtime-rs"
 PY_OPERATOR_DIR = Path(__file__).parent
 DEBIAN_CARGO_REGISTRY = Path("/usr/share/cargo/registry")
+BUILD_TIMEOUT = 1200
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ def run(argv: list[str], cwd: Path, what: str, timeout: float = 600) -> None:
         )
 
 
+@functools.cache
 def build_js() -> JsRuntime:
     node, npm = shutil.which("node"), shutil.which("npm")
     if node is None or npm is None:
@@ -65,6 +70,7 @@ def build_js() -> JsRuntime:
     return JsRuntime(node, npm, JS_DIR, JS_DIR / "examples" / "operator.mjs")
 
 
+@functools.cache
 def build_rust() -> RustRuntime:
     cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
     if not Path(cargo).exists():
@@ -74,5 +80,10 @@ def build_rust() -> RustRuntime:
             "Debian's librust-ureq-dev, librust-serde-json-dev and librust-serde-derive-dev are "
             "not installed (`make runtime-deps` as root): the Rust runtime is not tested"
         )
-    run([cargo, "build", "--offline", "--bins", "--tests"], RS_DIR, "cargo build", timeout=1200)
+    run(
+        [cargo, "build", "--offline", "--bins", "--tests"],
+        RS_DIR,
+        "cargo build",
+        timeout=BUILD_TIMEOUT,
+    )
     return RustRuntime(cargo, RS_DIR, RS_DIR / "target" / "debug" / "bootstrap")

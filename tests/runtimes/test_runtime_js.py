@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 from dispatcher_harness import API_KEY, WORKER_TOKEN, Dispatcher, serve_dispatcher
-from runtime_builds import JsRuntime
+from runtime_builds import BUILD_TIMEOUT, JsRuntime
+
+# The first test to use a runtime builds it (a first Rust build is slow on a small machine).
+pytestmark = pytest.mark.timeout(BUILD_TIMEOUT)
 
 KEYS = {"k1": "attempt-signing-key-of-the-runtime-tests-0123"}
 
