@@ -16,6 +16,7 @@ import pytest
 from e2e_stack import E2EStack, e2e_stack
 from runtime_builds import (
     BUILD_TIMEOUT,
+    PY_OPERATOR,
     PY_OPERATOR_DIR,
     JsRuntime,
     RustRuntime,
@@ -87,7 +88,7 @@ def stack(
         "operators:\n"
         f'  rt-js: {{command: ["{js.node}", "{js.operator}"], mode: per-task}}\n'
         f'  rt-rs: {{command: ["{rust.bootstrap}"], mode: pooled, pool_size: 1}}\n'
-        f'  rt-py: {{command: ["{{python}}", "{PY_OPERATOR_DIR / "contract_operator.py"}"],'
+        f'  rt-py: {{command: ["{{python}}", "{PY_OPERATOR}"],'
         " mode: per-task}\n"
     )
     with e2e_stack(
@@ -107,9 +108,7 @@ def stack(
             "rt-js", "operator.handler", env=env, command=node_runtime_command(js.operator)
         )
         lam.add_function("rt-rs", "bootstrap", env=env, command=[str(rust.bootstrap)])
-        lam.add_function(
-            "rt-py", "contract_operator.handler", env=env, pythonpath=[PY_OPERATOR_DIR]
-        )
+        lam.add_function("rt-py", "example_operator.handler", env=env, pythonpath=[PY_OPERATOR_DIR])
         yield running
 
 

@@ -22,7 +22,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 JS_DIR = ROOT / "libs" / "lambda-runtime-js"
 RS_DIR = ROOT / "libs" / "lambda-runtime-rs"
-PY_OPERATOR_DIR = Path(__file__).parent
+PY_OPERATOR_DIR = ROOT / "libs" / "lambda-runtime" / "examples"
+PY_OPERATOR = PY_OPERATOR_DIR / "example_operator.py"
 DEBIAN_CARGO_REGISTRY = Path("/usr/share/cargo/registry")
 BUILD_TIMEOUT = 1200
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from runtime_builds import BUILD_TIMEOUT, PY_OPERATOR_DIR, JsRuntime, RustRuntime
+from runtime_builds import BUILD_TIMEOUT, PY_OPERATOR, PY_OPERATOR_DIR, JsRuntime, RustRuntime
 
 from taskplat.devstack.lambda_endpoint import node_runtime_command
 from taskplat.devstack.waiting import wait_for
@@ -130,8 +130,8 @@ def runtime(request: pytest.FixtureRequest) -> str:
 def command(runtime: str, contract: str, request: pytest.FixtureRequest) -> list[str]:
     if runtime == "python":
         if contract == "wrapper":
-            return [sys.executable, str(PY_OPERATOR_DIR / "contract_operator.py")]
-        return [sys.executable, "-m", "awslambdaric", "contract_operator.handler"]
+            return [sys.executable, str(PY_OPERATOR)]
+        return [sys.executable, "-m", "awslambdaric", "example_operator.handler"]
     if runtime == "javascript":
         js: JsRuntime = request.getfixturevalue("js_runtime")
         if contract == "wrapper":

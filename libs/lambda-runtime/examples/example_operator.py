@@ -1,6 +1,6 @@
 """The example operator of the Python runtime, the same as the JavaScript and Rust ones (the
-shared contract tests run all three): `python contract_operator.py` serves the worker wrapper's
-protocol; as a Lambda function its handler is `contract_operator.handler`.
+shared contract tests run all three): `python example_operator.py` serves the worker wrapper's
+protocol; as a Lambda function its handler is `example_operator.handler`.
 
 Config: `crash` (exit at once, answering nothing), `print` (a stray line on stdout), `events`
 (emitted as given), `forward` (one event on output 0 per input, at its cursor), `steps` (names:
