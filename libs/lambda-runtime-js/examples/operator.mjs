@@ -3,10 +3,10 @@
 // protocol; as a Lambda function its handler is `operator.handler`.
 //
 // Config: `crash` (exit at once, answering nothing), `print` (a stray line on stdout),
-// `events` (emitted as given), `forward` (one event on output 0 per input, at its cursor),
-// `steps` (names: each step's result is the attempt that first ran it), `query` ({sql, params,
-// max_rows}: its answer goes in the payload), `records` ({output, records}: published),
-// `fail` / `permanent` (fail with this message, permanently for the latter).
+// `sleep_seconds` (then go on), `events` (emitted as given), `forward` (one event on output 0 per
+// input, at its cursor), `steps` (names: each step's result is the attempt that first ran it),
+// `query` ({sql, params, max_rows}: its answer goes in the payload), `records` ({output, records}:
+// published), `fail` / `permanent` (fail with this message, permanently for the latter).
 // Payload: {attempt, emitted, inputs (their cursors)} plus `steps`, `query`, `published`.
 import { pathToFileURL } from "node:url";
 
@@ -24,6 +24,7 @@ export async function handle(task) {
   const config = task.config;
   if (config.crash) process.exit(3);
   if (config.print) console.log(config.print);
+  if (config.sleep_seconds) await new Promise((resolve) => setTimeout(resolve, config.sleep_seconds * 1000));
   const payload = { attempt: task.attempt, emitted: 0, inputs: task.inputs.map((item) => item.cursor ?? null) };
   for (const event of config.events ?? []) {
     await emitEvent(event);

@@ -2,17 +2,18 @@
 shared contract tests run all three): `python example_operator.py` serves the worker wrapper's
 protocol; as a Lambda function its handler is `example_operator.handler`.
 
-Config: `crash` (exit at once, answering nothing), `print` (a stray line on stdout), `events`
-(emitted as given), `forward` (one event on output 0 per input, at its cursor), `steps` (names:
-each step's result is the attempt that first ran it), `query` ({sql, params, max_rows}: its answer
-goes in the payload), `records` ({output, records}: published), `fail` / `permanent` (fail with
-this message, permanently for the latter). Payload: {attempt, emitted, inputs (their cursors)}
-plus `steps`, `query`, `published`.
+Config: `crash` (exit at once, answering nothing), `print` (a stray line on stdout),
+`sleep_seconds` (then go on), `events` (emitted as given), `forward` (one event on output 0 per
+input, at its cursor), `steps` (names: each step's result is the attempt that first ran it),
+`query` ({sql, params, max_rows}: its answer goes in the payload), `records` ({output, records}:
+published), `fail` / `permanent` (fail with this message, permanently for the latter). Payload:
+{attempt, emitted, inputs (their cursors)} plus `steps`, `query`, `published`.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from taskplat.lambda_runtime import (
@@ -37,6 +38,8 @@ def handle(task: Task) -> dict[str, Any]:
         os._exit(3)
     if config.get("print"):
         print(config["print"])
+    if config.get("sleep_seconds"):
+        time.sleep(float(config["sleep_seconds"]))
     inputs = [item.get("cursor") for item in task.inputs]
     payload: dict[str, Any] = {"attempt": task.attempt, "emitted": 0, "inputs": inputs}
     for event in config.get("events", []):

@@ -2,12 +2,12 @@
 //! shared contract tests run all three), built as Lambda's `bootstrap`: it serves the worker
 //! wrapper's protocol, or the Lambda Runtime API when AWS_LAMBDA_RUNTIME_API is set.
 //!
-//! Config: `crash` (exit at once, answering nothing), `print` (a stray line on stdout), `events`
-//! (emitted as given), `forward` (one event on output 0 per input, at its cursor), `steps`
-//! (names: each step's result is the attempt that first ran it), `query` ({sql, params,
-//! max_rows}: its answer goes in the payload), `records` ({output, records}: published),
-//! `fail` / `permanent` (fail with this message, permanently for the latter).
-//! Payload: {attempt, emitted, inputs (their cursors)} plus `steps`, `query`, `published`.
+//! Config: `crash` (exit at once, answering nothing), `print` (a stray line on stdout),
+//! `sleep_seconds` (then go on), `events` (emitted as given), `forward` (one event on output 0 per
+//! input, at its cursor), `steps` (names: each step's result is the attempt that first ran it),
+//! `query` ({sql, params, max_rows}: its answer goes in the payload), `records` ({output,
+//! records}: published), `fail` / `permanent` (fail with this message, permanently for the
+//! latter). Payload: {attempt, emitted, inputs (their cursors)} plus `steps`, `query`, `published`.
 use serde_json::{json, Map, Value};
 use taskplat::{emit_event, publish_records, query, step, Error, PermanentFailure, Task, TaskResult};
 
@@ -18,6 +18,9 @@ fn handle(task: &Task) -> Result<TaskResult, Error> {
     }
     if let Some(text) = config.get("print").and_then(Value::as_str) {
         println!("{}", text);
+    }
+    if let Some(seconds) = config.get("sleep_seconds").and_then(Value::as_f64) {
+        std::thread::sleep(std::time::Duration::from_secs_f64(seconds));
     }
     let inputs: Vec<Value> = task.inputs.iter().map(|i| i.get("cursor").cloned().unwrap_or(Value::Null)).collect();
     let mut payload = json!({"attempt": task.attempt, "emitted": 0, "inputs": inputs});
