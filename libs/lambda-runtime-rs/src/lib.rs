@@ -29,3 +29,8 @@ pub use operator::{
     PermanentFailure, Task, TaskResult, RECORDS_LINE_BYTES,
 };
 pub use query::{query, QueryColumn, QueryResult, CAPABILITY_TOKEN_ENV, QUERY_URL_ENV};
+
+/// The README's examples, compiled by `cargo test`.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
