@@ -60,7 +60,7 @@ impl Attempt {
                 self.lease_lost.store(true, Ordering::SeqCst);
                 Error::failure(format!("{} refused: {}", what, reason))
             }
-            CallError::Unreachable(message) => Error::failure(message),
+            CallError::Unreachable(message) => Error::other("Unreachable", message),
         }
     }
 }

@@ -52,6 +52,11 @@ impl Error {
         Error { kind: Kind::Permanent, message: message.into() }
     }
 
+    /// Any other error, as `<kind>: <message>` (the other runtimes' exception name and message).
+    pub(crate) fn other(kind: &str, message: impl fmt::Display) -> Error {
+        Error { kind: Kind::Other, message: format!("{}: {}", kind, message) }
+    }
+
     pub fn is_permanent(&self) -> bool {
         self.kind == Kind::Permanent
     }
