@@ -46,7 +46,8 @@ up: venv sqs-deps ## Start the platform: Postgres, SQS, every service and TASKPL
 	@$(RUN) python -m taskplat.devstack up
 
 .PHONY: demo
-demo: venv sqs-deps ## Private stack: 1,000 echo tasks and a three-job pipeline, summaries, stop
+demo: venv sqs-deps ## Private stack: 1,000 echo tasks, a three-job pipeline, the same in three languages (wrapper and Lambda), stop
+	@$(MAKE) --no-print-directory runtimes || echo "demo: the TypeScript/Rust runtimes did not build: the three-language pipeline is skipped" >&2
 	@$(RUN) python -m taskplat.devstack demo
 
 .PHONY: bench
@@ -65,8 +66,17 @@ soak: venv sqs-deps ## Soak: 200 tasks/s for 20 min on a private stack; exits 1 
 browser-deps: ## Install Debian's chromium and chromium-driver for the dashboard's browser tests (root)
 	@scripts/install_browser.sh || [ "$$CI" != "true" ]
 
+.PHONY: runtime-deps
+runtime-deps: ## Set up the TypeScript and Rust operator runtimes' builds: Debian's librust-*-dev and cargo (root), npm ci
+	@scripts/install_runtime_deps.sh || [ "$$CI" != "true" ]
+
+.PHONY: runtimes
+runtimes: runtime-deps ## Build the TypeScript (dist/) and Rust (bootstrap) operator runtimes
+	@cd libs/lambda-runtime-js && npm run --silent build
+	@cd libs/lambda-runtime-rs && cargo build --offline --bins
+
 .PHONY: test
-test: venv sqs-deps check-packages browser-deps ## Run every test (starts its own Postgres, SQS endpoint and a headless Chromium)
+test: venv sqs-deps check-packages browser-deps runtime-deps ## Run every test (starts its own Postgres, SQS endpoint and a headless Chromium; builds and tests the three operator runtimes)
 	@$(RUN) pytest $(PYTEST_ARGS)
 
 .PHONY: check-packages
@@ -74,11 +84,11 @@ check-packages: $(UV) ## Import each package with only its declared dependencies
 	@$(PYTHON) scripts/check_packages.py $(UV) .cache/package-envs
 
 .PHONY: test-fast
-test-fast: venv sqs-deps browser-deps ## Run the unit and integration tests, not the end-to-end suite
+test-fast: venv sqs-deps browser-deps runtime-deps ## Run the unit and integration tests, not the end-to-end suite
 	@$(RUN) pytest -m "not e2e" $(PYTEST_ARGS)
 
 .PHONY: test-e2e
-test-e2e: venv sqs-deps ## Run the end-to-end suite only (every service as a real process)
+test-e2e: venv sqs-deps runtime-deps ## Run the end-to-end suite only (every service as a real process)
 	@$(RUN) pytest -m e2e $(PYTEST_ARGS)
 
 .PHONY: lint
@@ -139,3 +149,4 @@ images: ## Build every service image with Docker (needs a Docker engine; worker 
 .PHONY: clean
 clean: ## Remove the virtualenvs, caches and local stack state
 	rm -rf $(VENV) $(TOOLS) .run .cache .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf libs/lambda-runtime-js/node_modules libs/lambda-runtime-js/dist libs/lambda-runtime-rs/target

@@ -11,9 +11,10 @@ wrapper (standard library only; no server code, no worker token, no database).
     if __name__ == "__main__":
         raise SystemExit(serve(handle))         # a worker wrapper operator
 
-See `handler` for what an invocation does and `operator` for the operator SDK (which
-`taskplat.worker_wrapper.sdk` re-exports). Importing this package is cheap: the Lambda side
-(`handler`, `dispatcher`, with urllib) is imported on first use of one of its names.
+See `handler` for what an invocation does, `operator` for the operator SDK (which
+`taskplat.worker_wrapper.sdk` re-exports) and `query_service` for reading the task's datasets
+through the Query Service. Importing this package is cheap: the Lambda side (`handler`,
+`dispatcher`, `query_service`, with urllib) is imported on first use of one of its names.
 """
 
 from __future__ import annotations
@@ -39,12 +40,15 @@ from taskplat.lambda_runtime.operator import (
 if TYPE_CHECKING:
     from taskplat.lambda_runtime.dispatcher import Refused, Unreachable
     from taskplat.lambda_runtime.handler import LeaseLost, taskplat_handler
+    from taskplat.lambda_runtime.query_service import QueryError, query
 
 _LAZY = {
     "Refused": "taskplat.lambda_runtime.dispatcher",
     "Unreachable": "taskplat.lambda_runtime.dispatcher",
     "LeaseLost": "taskplat.lambda_runtime.handler",
     "taskplat_handler": "taskplat.lambda_runtime.handler",
+    "QueryError": "taskplat.lambda_runtime.query_service",
+    "query": "taskplat.lambda_runtime.query_service",
 }
 
 
@@ -62,6 +66,7 @@ __all__ = [
     "LeaseLost",
     "OperatorFailure",
     "PermanentFailure",
+    "QueryError",
     "Refused",
     "Result",
     "Task",
@@ -69,6 +74,7 @@ __all__ = [
     "emit_event",
     "emit_events",
     "publish_records",
+    "query",
     "read_task",
     "resolve_event",
     "run_operator",

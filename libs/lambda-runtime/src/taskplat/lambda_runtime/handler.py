@@ -96,6 +96,9 @@ class _Invocation:
         )
         self._stop = threading.Event()
         self.lease_lost = threading.Event()
+        # For `query`: the invocation's capability token (untrusted jobs), never an env variable.
+        token = event.get("capability_token")
+        self.capability_token = str(token) if token else None
 
     def seconds_left(self) -> float:
         """Time left before the earlier of the function's limit and the attempt's deadline."""

@@ -169,6 +169,11 @@ def resolve_event(
     return resolved
 
 
+def current_channel() -> Channel | None:
+    """The running operator's channel (for `query`: the Lambda one holds the capability token)."""
+    return _emitter.get()
+
+
 def _channel(what: str) -> Channel:
     channel = _emitter.get()
     if channel is None:

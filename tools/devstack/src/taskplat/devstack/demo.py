@@ -1,5 +1,7 @@
 """`make demo`: start a private stack, submit echo tasks over HTTP, wait, summarize; then apply a
-three-job DAG, trigger it and show its routing (`demo_pipeline`); stop.
+three-job DAG, trigger it and show its routing (`demo_pipeline`); then, when the TypeScript and
+Rust runtimes are built, the same kind of DAG with one operator per language, on the wrapper and
+as Lambda functions (`demo_polyglot`); stop.
 
 Invariants:
 - The demo runs its own stack in its own directory on free ports, with a fresh database, so it
@@ -22,6 +24,7 @@ import time
 import uuid
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -33,7 +36,15 @@ from tqdm import tqdm
 
 from taskplat.common.db.queries import load_queries
 from taskplat.devstack.demo_pipeline import run_pipeline_demo
+from taskplat.devstack.demo_polyglot import (
+    PolyglotOperators,
+    add_functions,
+    find_operators,
+    run_polyglot_demo,
+    write_operators_file,
+)
 from taskplat.devstack.errors import DevstackError
+from taskplat.devstack.lambda_endpoint import LocalLambda
 from taskplat.devstack.stack import Stack, StackConfig
 
 SUBMIT_THREADS = 8
@@ -179,7 +190,33 @@ def report(summary: Summary) -> str:
 
 
 def run_demo(run_dir: Path, *, tasks: int, workers: int, timeout: float) -> int:
-    config = StackConfig(run_dir=run_dir, workers=workers, dispatcher_port=None, keep_data=False)
+    with ExitStack() as extras:
+        polyglot = find_operators()
+        lam: LocalLambda | None = None
+        env: dict[str, str] = {}
+        if isinstance(polyglot, PolyglotOperators):
+            run_dir.mkdir(parents=True, exist_ok=True)
+            lam = extras.enter_context(LocalLambda(run_dir / "lambda"))
+            operators = write_operators_file(run_dir / "operators.yaml", polyglot)
+            env = {
+                "TASKPLAT_WORKER_OPERATORS_FILE": str(operators),
+                "TASKPLAT_RELAY_LAMBDA_ENDPOINT_URL": lam.url,
+            }
+        return _run_demo(run_dir, tasks, workers, timeout, env, lam, polyglot)
+
+
+def _run_demo(
+    run_dir: Path,
+    tasks: int,
+    workers: int,
+    timeout: float,
+    env: dict[str, str],
+    lam: LocalLambda | None,
+    polyglot: PolyglotOperators | str,
+) -> int:
+    config = StackConfig(
+        run_dir=run_dir, workers=workers, dispatcher_port=None, keep_data=False, env=env
+    )
     stack = Stack(config)
     print(f"starting a private stack in {run_dir} ...", file=sys.stderr, flush=True)
     try:
@@ -204,6 +241,14 @@ def run_demo(run_dir: Path, *, tasks: int, workers: int, timeout: float) -> int:
                 print(f"demo: not every task finished within {timeout:.0f}s", file=sys.stderr)
             pipeline_ok, pipeline_report = run_pipeline_demo(client, timeout=timeout)
             print(pipeline_report, flush=True)
+            if lam is not None and isinstance(polyglot, PolyglotOperators):
+                add_functions(lam, polyglot, info.dispatcher_url)
+                for runtime in ("ecs", "lambda"):
+                    ran, polyglot_report = run_polyglot_demo(client, runtime, timeout=timeout)
+                    print(polyglot_report, flush=True)
+                    pipeline_ok = pipeline_ok and ran
+            else:
+                print(f"polyglot pipeline skipped: {polyglot}", flush=True)
         return 0 if summary.completed == len(submitted) and pipeline_ok else 1
     finally:
         print("stopping the stack ...", file=sys.stderr, flush=True)

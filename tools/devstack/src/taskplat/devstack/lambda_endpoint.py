@@ -13,8 +13,9 @@ Invariants:
     `refuse_next(name, n)` makes the next n invocations answer 429 `TooManyRequestsException`;
   * each function has its own Runtime API (`/2018-06-01/runtime/invocation/next`, `.../response`,
     `.../error`, `/2018-06-01/runtime/init/error`) on its own port, and one process
-    (`python -m awslambdaric <handler>`) that polls it, one invocation at a time, like one
-    sandbox. A process that exits is started again; the invocation it held is recorded
+    (`python -m awslambdaric <handler>`, or the function's own `command`: a Rust `bootstrap`, or
+    `node_runtime_command(...)` for a Node.js handler) that polls it, one invocation at a time,
+    like one sandbox. A process that exits is started again; the invocation it held is recorded
     `crashed` and, as with Lambda's retries off, never delivered again. An invocation still
     running past its deadline (`Lambda-Runtime-Deadline-Ms`) has its process killed, `timed_out`;
   * `on_invoke`, when set, is called with each accepted invocation's request id after it was
@@ -49,6 +50,15 @@ REGION = "us-east-1"
 ACCOUNT = "000000000000"
 
 
+NODE_RUNTIME = Path(__file__).with_name("lambda_node_runtime.mjs")
+
+
+def node_runtime_command(module: str | Path, export: str = "handler") -> list[str]:
+    """The sandbox command of a Node.js function: Lambda's Node runtime loop (test-only
+    stand-in) calling `export` of `module`."""
+    return ["node", str(NODE_RUNTIME), str(module), export]
+
+
 @dataclass(frozen=True)
 class Invocation:
     request_id: str
@@ -66,6 +76,7 @@ class _Function:
     env: dict[str, str]
     timeout_seconds: float
     log_path: Path
+    command: tuple[str, ...] = ()
     events: queue.Queue[str] = field(default_factory=queue.Queue)
     server: ThreadingHTTPServer | None = None
     process: subprocess.Popen[bytes] | None = None
@@ -132,8 +143,10 @@ class LocalLambda:
         env: Mapping[str, str] | None = None,
         timeout_seconds: float = 30.0,
         pythonpath: Sequence[str | Path] = (),
+        command: Sequence[str] = (),
     ) -> None:
-        """Register a function whose sandbox runs `python -m awslambdaric <handler>`."""
+        """Register a function whose sandbox runs `python -m awslambdaric <handler>`, or
+        `command` when given (a custom runtime's `bootstrap`, `node_runtime_command(...)`)."""
         function_env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "PYTHONPATH": os.pathsep.join(str(path) for path in pythonpath),
@@ -144,7 +157,12 @@ class LocalLambda:
             **(env or {}),
         }
         function = _Function(
-            name, handler, function_env, timeout_seconds, self._log_dir / f"lambda-{name}.log"
+            name,
+            handler,
+            function_env,
+            timeout_seconds,
+            self._log_dir / f"lambda-{name}.log",
+            tuple(command),
         )
         function.server = ThreadingHTTPServer(("127.0.0.1", 0), self._runtime_handler(function))
         function.server.daemon_threads = True
@@ -161,7 +179,7 @@ class LocalLambda:
         }
         with function.log_path.open("ab") as log:
             function.process = subprocess.Popen(
-                [sys.executable, "-m", "awslambdaric", function.handler],
+                list(function.command) or [sys.executable, "-m", "awslambdaric", function.handler],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
