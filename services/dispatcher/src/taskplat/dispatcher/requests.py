@@ -41,9 +41,14 @@ def validation_detail(exc: ValidationError, prefix: str) -> list[dict[str, Any]]
     ]
 
 
-async def parse_body(request: Request, model: type[ModelT], max_bytes: int) -> ModelT:
+async def parse_body(
+    request: Request, model: type[ModelT], max_bytes: int, *, optional: bool = False
+) -> ModelT:
+    """The body as `model`; an empty body is the model's defaults when `optional`."""
     body = await read_body(request, max_bytes)
     if not body.strip():
+        if optional:
+            return model()
         raise MalformedJson("request body is empty; a JSON object is required")
     try:
         return model.model_validate_json(body)
