@@ -332,7 +332,7 @@ ROUTES: tuple[RouteSpec, ...] = (
                          409: ("the task is not Dead or Canceled, or is pinned to a dataset "
                                "version that is no longer current (`PinnedVersionNotCurrent`, "
                                "unless `repin`)", ErrorResponse),
-                         **dict([_AUTH_FAIL, _INVALID, _NOT_FOUND])}),
+                         **dict([_AUTH_FAIL, _BAD_JSON, _INVALID, _TOO_LARGE, _NOT_FOUND])}),
     RouteSpec("POST", "/tasks/retry", "retry_tasks",
               "Replay Dead or Canceled tasks named by `ids` or chosen by a filter (Dead unless "
               "`status` says Canceled; at most `limit`, default 100, per call)", "api_key",
