@@ -158,7 +158,7 @@ def test_a_rollback_cancels_exactly_the_tasks_pinned_to_the_version_it_replaces(
     assert versions[v1]["current_since"] > versions[v1]["created_at"]
     assert (versions[v2]["current"], versions[v2]["became_current"]) == (False, "created")
     assert versions[v2]["superseded_at"] is not None
-    assert [each["dataset_version"] for each in view["versions"]][0] == v1  # current first
+    assert view["versions"][0]["dataset_version"] == v1  # current first
     assert status(d, on_v2["task_id"]) == ("Canceled", "VersionSuperseded")
     assert status(d, running_v2["task_id"]) == ("Canceled", "VersionSuperseded")
     refused = heartbeat(d, lease)
