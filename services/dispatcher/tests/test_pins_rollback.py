@@ -222,9 +222,9 @@ def test_a_replay_of_a_task_pinned_to_a_superseded_version_is_refused_unless_it_
     bulk = d.api.post("/tasks/retry", json={"ids": [*listed, plain]})
     assert bulk.status_code == 200, bulk.text
     assert bulk.json()["replayed"] == [plain]
-    assert sorted(
-        (each["task_id"], each["reason"]) for each in bulk.json()["skipped"]
-    ) == sorted((task_id, "PinnedVersionNotCurrent") for task_id in listed)
+    assert sorted((each["task_id"], each["reason"]) for each in bulk.json()["skipped"]) == sorted(
+        (task_id, "PinnedVersionNotCurrent") for task_id in listed
+    )
     by_filter = d.api.post("/tasks/retry", json={"status": "Canceled", "dag": "p"}).json()
     assert by_filter["replayed"] == []
     assert {each["task_id"] for each in by_filter["skipped"]} == set(listed)
