@@ -136,9 +136,7 @@ class Task:
         """The attempt's capability token when its job is untrusted (what it may read and write,
         for the credential broker and the query service): the claim's (a Lambda invocation's
         payload) or `TASKPLAT_CAPABILITY_TOKEN` (an operator the wrapper runs); else None."""
-        value = self.document.get("capability_token") or os.environ.get(
-            "TASKPLAT_CAPABILITY_TOKEN"
-        )
+        value = self.document.get("capability_token") or os.environ.get("TASKPLAT_CAPABILITY_TOKEN")
         return str(value) if value else None
 
     @property
