@@ -4,11 +4,13 @@ by a new version; a rollback cancels exactly the live tasks pinned to the versio
 being current and lists how each version became current; a replay of a task pinned to a version
 that is no longer current is refused (`PinnedVersionNotCurrent`, single and bulk) unless it
 re-pins; untrusted work is refused (422 naming the missing setting) while no capability keys are
-configured."""
+configured; tasks created while a loop rolls the dataset back and forth are pinned to the version
+current when they commit."""
 
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 from uuid import uuid4
 
@@ -267,3 +269,72 @@ def test_untrusted_work_is_refused_without_capability_keys(db_url: str) -> None:
         assert created.status_code == 422 and "TASKPLAT_CAPABILITY_TOKEN_KEYS" in created.text
         run = d.api.post("/dags/u/jobs/udf/runs", json={})
         assert run.status_code == 422 and "TASKPLAT_CAPABILITY_TOKEN_KEYS" in run.text
+
+
+PIN_AUDIT = """
+CREATE TABLE pin_audit (task_id uuid, dataset_version uuid, current_version uuid);
+CREATE FUNCTION pin_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO pin_audit
+    SELECT NEW.task_id, NEW.dataset_version, d.current_version
+    FROM datasets AS d WHERE d.dataset_uuid = NEW.dataset_uuid;
+    RETURN NULL;
+END
+$$;
+CREATE CONSTRAINT TRIGGER pin_audit AFTER INSERT ON task_pins
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION pin_audit();
+"""
+
+
+def test_tasks_created_during_rollbacks_are_pinned_to_the_version_current_at_commit(
+    dispatcher: Dispatcher, db_url: str
+) -> None:
+    """Creates (single and bulk) racing a rollback loop: each pin, checked at its transaction's
+    commit (a deferred trigger of the test), names the version current then."""
+    d = dispatcher
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(PIN_AUDIT)
+    assert d.api.put("/dags/p", json=DAG).status_code == 201
+    blocks = datasets(d)["blocks"]
+    v1 = blocks["current_version"]
+    v2 = new_version(d, blocks)["dataset"]["current_version"]
+    done = threading.Event()
+    errors: list[BaseException] = []
+    entry = {"operator": "emit", "job": JOB, "inputs": [{"dataset_uuid": blocks["dataset_uuid"]}]}
+
+    def roll() -> None:
+        try:
+            for n in range(30):
+                roll_back(d, blocks, v1 if n % 2 == 0 else v2)
+        finally:
+            done.set()
+
+    def create() -> None:
+        while not done.is_set():
+            assert d.api.post("/tasks", json=entry).status_code == 201
+            assert d.api.post("/tasks/batch", json={"tasks": [entry] * 3}).status_code == 201
+
+    def guarded(target: Any) -> threading.Thread:
+        def run() -> None:
+            try:
+                target()
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    threads = [guarded(roll), guarded(create), guarded(create)]
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors and not any(thread.is_alive() for thread in threads)
+    with psycopg.connect(db_url) as conn:
+        audit = conn.execute("SELECT dataset_version, current_version FROM pin_audit").fetchall()
+        live = conn.execute(
+            "SELECT DISTINCT p.dataset_version::text FROM task_pins AS p "
+            "JOIN tasks AS t ON t.task_id = p.task_id WHERE t.status = 'Queued'"
+        ).fetchall()
+    assert {str(row[0]) for row in audit} == {v1, v2}  # the race was run
+    assert [row for row in audit if row[0] != row[1]] == []
+    assert live == [] or live == [(datasets(d)["blocks"]["current_version"],)]
