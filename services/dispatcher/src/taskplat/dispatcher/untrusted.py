@@ -26,7 +26,8 @@ Row = dict[str, Any]
 
 
 def capability_keys_configured(settings: DispatcherSettings) -> bool:
-    return settings.capability_token_key_settings() is not None
+    # The settings' validator checked the keys (and their active kid) once at startup.
+    return bool(settings.capability_token_keys)
 
 
 def untrusted(settings: DispatcherSettings, operator: str, job_trust: str | None) -> bool:
