@@ -338,3 +338,18 @@ def test_tasks_created_during_rollbacks_are_pinned_to_the_version_current_at_com
     assert {str(row[0]) for row in audit} == {v1, v2}  # the race was run
     assert [row for row in audit if row[0] != row[1]] == []
     assert live == [] or live == [(datasets(d)["blocks"]["current_version"],)]
+
+
+def test_a_run_input_naming_no_version_is_pinned_to_the_current_one(
+    dispatcher: Dispatcher, db_url: str
+) -> None:
+    d = dispatcher
+    assert d.api.put("/dags/p", json=DAG).status_code == 201
+    blocks = datasets(d)["blocks"]
+    body = {"inputs": [{"dataset_uuid": blocks["dataset_uuid"], "cursor": 4}]}
+    run = d.api.post("/dags/p/jobs/transform/runs", json=body)
+    assert run.status_code == 201, run.text
+    task = run.json()
+    assert task["inputs"] == [{**body["inputs"][0], "dataset_version": blocks["current_version"]}]
+    assert pins(db_url, task["task_id"]) == [(blocks["dataset_uuid"], blocks["current_version"])]
+    assert new_version(d, blocks)["canceled_tasks"] == 1

@@ -197,10 +197,13 @@ class JobRunRequest(Contract):
 
 
 class EventInput(Contract):
-    """A pinned event a task reads: a dataset version and a position in it."""
+    """An event a run reads: a dataset version and a position in it. The run is pinned to that
+    version; an input naming no version is pinned to the dataset's current one."""
 
     dataset_uuid: UUID
-    dataset_version: UUID
+    dataset_version: UUID | None = Field(
+        None, description="Default: the dataset's current version when the run starts."
+    )
     cursor: Int64 | None = None
     partition_key: PartitionKey | None = None
     start: Int64 | None = None
