@@ -158,8 +158,12 @@ SPECS: dict[str, ServiceSpec] = {
             "taskplat-outbox-relay",
             "taskplat-outbox-relay",
             ("taskplat.outbox_relay.settings:RelaySettings",),
-            # The attempt-token keys sign Lambda attempts' tokens.
-            frozenset({"DATABASE_URL", "TASKPLAT_ATTEMPT_TOKEN_KEYS"}) | LIBPQ_CREDENTIALS,
+            # The attempt-token keys sign Lambda attempts' tokens, the capability keys untrusted
+            # Lambda jobs' capability tokens.
+            frozenset(
+                {"DATABASE_URL", "TASKPLAT_ATTEMPT_TOKEN_KEYS", "TASKPLAT_CAPABILITY_TOKEN_KEYS"}
+            )
+            | LIBPQ_CREDENTIALS,
             uses_sqs=True,
             devstack_module="taskplat.outbox_relay",
             health_port_env="TASKPLAT_RELAY_OPS_PORT",

@@ -5,6 +5,7 @@ restart routes every event once."""
 
 from __future__ import annotations
 
+import json
 import signal
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +18,15 @@ from psycopg.rows import dict_row
 from taskplat.devstack.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
+
+
+def pipeline(dag: str) -> dict[str, Any]:
+    """The three-job pipeline of a DAG, on datasets of its own: another DAG's source emitting the
+    same positions on shared datasets would only make `Duplicate` events."""
+    text = json.dumps(PIPELINE).replace('"blocks"', f'"{dag}_blocks"')
+    document: dict[str, Any] = json.loads(text.replace('"enriched"', f'"{dag}_enriched"'))
+    return document
+
 
 PIPELINE: dict[str, Any] = {
     "jobs": {
@@ -74,7 +84,7 @@ def positions(tasks: list[dict[str, Any]]) -> list[int]:
 
 
 def run_pipeline(stack: E2EStack, dag: str) -> None:
-    assert stack.api.put(f"/dags/{dag}", json=PIPELINE).status_code == 201
+    assert stack.api.put(f"/dags/{dag}", json=pipeline(dag)).status_code == 201
     run = stack.api.post(f"/dags/{dag}/jobs/source/runs", json={})
     assert run.status_code == 201, run.text
 
@@ -86,7 +96,7 @@ def test_events_flow_through_three_jobs_each_started_once(stack: E2EStack) -> No
     report = wait_completed(stack, "flow", "report", 3)
     assert positions(transform) == positions(report) == [1, 2, 3]
     datasets = {d["name"]: d for d in stack.api.get("/datasets").json()["datasets"]}
-    for name in ("blocks", "enriched"):
+    for name in ("flow_blocks", "flow_enriched"):
         events = stack.api.get(f"/datasets/{datasets[name]['dataset_uuid']}/events").json()
         assert len(events["events"]) == 3
         assert all(e["routed"] and len(e["tasks"]) == 1 for e in events["events"]), events

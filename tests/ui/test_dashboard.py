@@ -170,3 +170,29 @@ def test_a_wrong_key_is_refused_and_nothing_is_kept(
     _wait(browser, "#login-error", "refused")
     assert browser.execute_script("return sessionStorage.getItem('taskplat.apiKey')") is None
     assert console.errors(allowed=("/queues - Failed to load resource",)) == []
+
+
+def test_a_dataset_is_rolled_back_from_its_page_after_a_confirmation(
+    browser: webdriver.Chrome, console: Console, dispatcher: Dispatcher, artifacts: Path
+) -> None:
+    d = dispatcher
+    assert d.api.put("/dags/pipe", json=PIPELINE).status_code == 201
+    blocks = next(x for x in d.api.get("/datasets").json()["datasets"] if x["name"] == "blocks")
+    uuid, v1 = blocks["dataset_uuid"], blocks["current_version"]
+    v2 = d.api.post(f"/datasets/{uuid}/versions", json={}).json()["dataset"]["current_version"]
+    _log_in(browser, d)
+    browser.get(f"{d.base_url}/ui/#/dataset/{uuid}")
+    button = _wait(browser, f"#dataset-versions button.rollback[data-version='{v1}']")
+    assert browser.find_elements(By.CSS_SELECTOR, "#dataset-versions button.rollback") == [button]
+    button.click()
+    WebDriverWait(browser, 15).until(ec.alert_is_present()).dismiss()  # nothing happens
+    assert d.api.get(f"/datasets/{uuid}").json()["current_version"] == v2
+    button.click()
+    WebDriverWait(browser, 15).until(ec.alert_is_present()).accept()
+    _wait(browser, f"#dataset-versions button.rollback[data-version='{v2}']")
+    _wait(browser, "#toast", "Rolled back")
+    view = d.api.get(f"/datasets/{uuid}").json()
+    assert view["current_version"] == v1 and view["versions"][0]["became_current"] == "rollback"
+    assert "rollback" in _wait(browser, "#dataset-versions").text
+    browser.save_screenshot(str(artifacts / "dataset-rolled-back.png"))
+    assert console.errors() == []

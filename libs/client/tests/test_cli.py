@@ -22,7 +22,7 @@ from taskplat.devstack.waiting import wait_for
 COMMANDS = [
     [], ["submit"], ["get"], ["list"], ["cancel"], ["retry"], ["watch"], ["dead"],
     ["dead", "list"], ["dead", "replay"], ["dags"], ["dags", "apply"], ["dags", "list"],
-    ["datasets"], ["datasets", "list"],
+    ["datasets"], ["datasets", "list"], ["datasets", "rollback"],
 ]  # fmt: skip
 
 
@@ -180,3 +180,30 @@ def test_dags_apply_and_list_and_datasets_list(dispatcher: Dispatcher, tmp_path:
     assert [dag["dag_name"] for dag in listed["dags"]] == ["pipeline"]
     datasets = taskplat(url, "datasets", "list")
     assert datasets.returncode == 0 and "blocks" in datasets.stdout, datasets.stderr
+
+
+def test_datasets_rollback(dispatcher: Dispatcher) -> None:
+    url = dispatcher.base_url
+    doc = {
+        "jobs": {
+            "source": {"operator": "emit", "outputs": [{"index": 0, "dataset": "blocks"}]},
+            "sink": {"operator": "echo", "inputs": [{"from": {"dataset": "blocks"}}]},
+        }
+    }
+    assert dispatcher.api.put("/dags/r", json=doc).status_code == 201
+    blocks = dispatcher.api.get("/datasets").json()["datasets"][0]
+    uuid, v1 = blocks["dataset_uuid"], blocks["current_version"]
+    assert dispatcher.api.post(f"/datasets/{uuid}/versions", json={}).status_code == 201
+    pinned = dispatcher.api.post("/tasks", json={
+        "operator": "echo", "job": {"dag_name": "r", "name": "sink"},
+        "inputs": [{"dataset_uuid": uuid}]}).json()  # fmt: skip
+
+    human = taskplat(url, "datasets", "rollback", uuid, v1)
+    assert human.returncode == 0, human.stderr
+    assert human.stdout.strip() == f"{uuid} current version {v1} (1 tasks canceled)"
+    assert dispatcher.api.get(f"/tasks/{pinned['task_id']}").json()["status"] == "Canceled"
+    answer = as_json(taskplat(url, "datasets", "rollback", uuid, v1, "--json"))
+    assert answer["canceled_tasks"] == 0 and answer["dataset"]["current_version"] == v1
+    assert answer["dataset"]["versions"][0]["became_current"] == "rollback"
+    assert_one_line_error(taskplat(url, "datasets", "rollback", uuid, str(uuid4())), "422")
+    assert_one_line_error(taskplat(url, "datasets", "rollback", str(uuid4()), v1), "404")

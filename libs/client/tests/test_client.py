@@ -176,3 +176,39 @@ def test_dags_datasets_and_events_come_back_typed(client: Client, dispatcher: Di
     assert run.job is not None and run.job.name == "source" and run.config == {"n": 1}
     assert client.run_job("typed", "source", idempotency_key="r1").task_id == run.task_id
     assert client.task_events(run.task_id).events == []
+
+
+def test_a_rollback_and_a_repinning_replay(client: Client, dispatcher: Dispatcher) -> None:
+    doc = {
+        "jobs": {
+            "source": {"operator": "emit", "outputs": [{"index": 0, "dataset": "blocks"}]},
+            "sink": {"operator": "echo", "inputs": [{"from": {"dataset": "blocks"}}]},
+        }
+    }
+    client.apply_dag("pinned", doc)
+    blocks = client.datasets().datasets[0]
+    v1 = blocks.current_version
+    task = client.submit(
+        "echo", job={"dag_name": "pinned", "name": "sink"},
+        inputs=[{"dataset_uuid": str(blocks.dataset_uuid)}],
+    )  # fmt: skip
+    moved = dispatcher.api.post(f"/datasets/{blocks.dataset_uuid}/versions", json={}).json()
+    assert client.get(task.task_id).cancel_reason == "VersionSuperseded"
+    with pytest.raises(Conflict) as refused:
+        client.retry(task.task_id)
+    assert refused.value.status_code == 409 and "PinnedVersionNotCurrent" in str(refused.value)
+    replayed = client.retry(task.task_id, repin=True)
+    assert replayed.inputs[0]["dataset_version"] == moved["dataset"]["current_version"]
+
+    async def roll_back() -> None:
+        async with AsyncClient(dispatcher.base_url, API_KEY) as aio:
+            answer = await aio.rollback_dataset(blocks.dataset_uuid, v1)
+        assert answer.dataset.current_version == v1 and answer.canceled_tasks == 1
+
+    asyncio.run(roll_back())
+    version = client.dataset(blocks.dataset_uuid).versions[0]
+    assert (version.dataset_version, version.became_current) == (v1, "rollback")
+    again = client.rollback_dataset(blocks.dataset_uuid, v1)
+    assert again.canceled_tasks == 0
+    assert client.retry_many([task.task_id]).skipped[0].reason == "PinnedVersionNotCurrent"
+    assert client.retry_many([task.task_id], repin=True).replayed == [task.task_id]

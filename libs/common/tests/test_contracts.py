@@ -179,7 +179,8 @@ DATASET_SUMMARY = {
     "current_version": U3,
     "created_at": T1,
 }
-DATASET_VERSION = {"dataset_version": U3, "created_at": T1, "superseded_at": T2, "current": True}
+DATASET_VERSION = {"dataset_version": U3, "created_at": T1, "superseded_at": T2,
+                   "current_since": T2, "became_current": "rollback", "current": True}  # fmt: skip
 DATASET_VIEW = {**DATASET_SUMMARY, "latest_cursor": 42, "versions": [DATASET_VERSION]}
 EVENT_VIEW = {
     "event_id": 1,
@@ -343,6 +344,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "DatasetVersionView": DATASET_VERSION,
     "DatasetView": DATASET_VIEW,
     "NewVersionRequest": {},
+    "CurrentVersionRequest": {"dataset_version": U3},
     "NewVersionResponse": {"dataset": DATASET_VIEW, "canceled_tasks": 2},
     "EventView": EVENT_VIEW,
     "EventList": {"events": [EVENT_VIEW], "next_cursor": "ZTE"},
@@ -360,6 +362,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "QueueList": {"queues": [QUEUE_VIEW]},
     "BulkRetryRequest": {"ids": [U1, U2]},
     "BulkRetrySkipped": {"task_id": U1, "reason": "NotReplayable"},
+    "RetryRequest": {"repin": True},
     "BulkRetryResponse": {"replayed": [U1], "skipped": [{"task_id": U2, "reason": "NotFound"}]},
     "StateCount": {"queue": "default", "status": "Queued", "tasks": 3},
     "ThroughputBucket": {"minute": T1, "completed": 10, "dead": 1},

@@ -144,6 +144,7 @@ PUBLIC_ROUTES = (
     ("GET", "/datasets"),
     ("GET", "/datasets/{dataset_uuid}"),
     ("POST", "/datasets/{dataset_uuid}/versions"),
+    ("POST", "/datasets/{dataset_uuid}/current"),
     ("GET", "/datasets/{dataset_uuid}/events"),
     ("GET", "/tasks/{task_id}/events"),
     ("POST", "/tasks/retry"),

@@ -108,6 +108,13 @@ def test_a_changed_schema_is_a_new_version_with_a_new_table(
     rolled = d.api.post(f"/datasets/{uuid}/versions", json={}).json()["dataset"]
     assert rolled["schema_hash"] == second["schema_hash"]
     assert rolled["location"] == f"postgres_table:dataset_{uuid}_v3"
+    # A rollback to the first version names its table (and schema) again; no table is dropped.
+    back = d.api.post(
+        f"/datasets/{uuid}/current", json={"dataset_version": first["current_version"]}
+    ).json()["dataset"]
+    assert back["location"] == f"postgres_table:dataset_{uuid}"
+    assert back["schema_hash"] == first["schema_hash"] and back["schema"] == first["schema"]
+    assert len(_rows(db_url, "dataset_tables", dataset_uuid=uuid)) == 3
 
 
 @pytest.mark.parametrize(

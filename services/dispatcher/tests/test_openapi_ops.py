@@ -165,6 +165,10 @@ def _producers(dispatcher: Dispatcher) -> dict[tuple[str, str, str], list[httpx.
         add(verb, path, 404, d.api.request(verb, f"/tasks/{ghost}/{suffix}"))
         add(verb, path, 409, d.api.request(verb, f"/tasks/{conflict_id}/{suffix}"))
         add(verb, path, 422, d.api.request(verb, f"/tasks/nope/{suffix}"))
+    single_retry = "/tasks/{task_id}/retry"
+    add("POST", single_retry, 400, d.api.post(f"/tasks/{done.task_id}/retry", content=b"[}"))
+    add("POST", single_retry, 413,
+        d.api.post(f"/tasks/{done.task_id}/retry", json={"pad": "x" * BODY_CAP}))  # fmt: skip
 
     claim_path = "/internal/task-claim"
     add("POST", claim_path, 200, claim(d, create_task(d)["task_id"]), claim(d, ghost))
@@ -296,6 +300,17 @@ def _dag_route_responses(d: Dispatcher, add: Callable[..., None]) -> None:
         d.api.post(f"/datasets/{dataset}/versions", json={"pad": "x" * BODY_CAP}),
     )
     add("POST", versions, 422, d.api.post(f"/datasets/{dataset}/versions", json={"bogus": 1}))
+    current = "/datasets/{dataset_uuid}/current"
+    first = d.api.get(f"/datasets/{dataset}").json()["versions"][-1]["dataset_version"]
+    back = {"dataset_version": first}
+    add("POST", current, 200, d.api.post(f"/datasets/{dataset}/current", json=back))
+    add("POST", current, 400, d.api.post(f"/datasets/{dataset}/current", content=b"{"))
+    add("POST", current, 401, anonymous.post(f"/datasets/{dataset}/current", json=back))
+    add("POST", current, 404, d.api.post(f"/datasets/{ghost}/current", json=back))
+    add("POST", current, 413,
+        d.api.post(f"/datasets/{dataset}/current", json={"pad": "x" * BODY_CAP}))  # fmt: skip
+    add("POST", current, 422,
+        d.api.post(f"/datasets/{dataset}/current", json={"dataset_version": ghost}))  # fmt: skip
     add("DELETE", dag, 200, d.api.delete("/dags/p"))
     add("DELETE", dag, 401, anonymous.delete("/dags/p"))
     add("DELETE", dag, 404, d.api.delete("/dags/p"))

@@ -5,8 +5,9 @@ Config: `marker` (a file: one line `<task_id> <attempt>` appended per run that r
 `fail` (fail with OperatorFailure), `permanent` (fail for good with PermanentFailure),
 `fail_attempts` (fail on these attempts), `crash_attempts` (exit the process on these attempts,
 without answering), `seconds` (sleep first), `events` (emitted one by one), `step` (record step
-`first` = this attempt before anything else). Returns `{"attempt": N}` (and `first`, the step's
-standing result, with `step`).
+`first` = this attempt before anything else), `report_capability` (return the capability token
+the operator got). Returns `{"attempt": N}` (and `first`, the step's standing result, with `step`;
+`capability_token` with `report_capability`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ def handle(task: Task) -> dict[str, Any]:
     if config.get("marker"):
         with open(config["marker"], "a", encoding="utf-8") as marker:
             marker.write(f"{task.task_id} {task.attempt}\n")
-    return {"attempt": task.attempt} | ({"first": first} if config.get("step") else {})
+    answer = {"attempt": task.attempt} | ({"first": first} if config.get("step") else {})
+    if config.get("report_capability"):
+        answer["capability_token"] = task.capability_token
+    return answer
 
 
 handler = taskplat_handler(handle)

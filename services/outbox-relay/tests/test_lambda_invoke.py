@@ -10,6 +10,7 @@ signing keys (nothing claimed)."""
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 from collections.abc import Iterator
@@ -28,10 +29,11 @@ from relay_harness import Queues, Rows, make_settings
 
 from taskplat.common.db.notify import INVOKE_CHANNEL
 from taskplat.common.tokens.attempt import attempt_key_ring, verify_attempt_token
+from taskplat.common.tokens.capability import capability_key_ring, verify_capability_token
 from taskplat.common.tokens.keys import TokenKeySettings
 from taskplat.devstack.lambda_endpoint import Invocation, LocalLambda
 from taskplat.devstack.waiting import wait_for
-from taskplat.outbox_relay.invoker import NO_KEYS, Invoker, lambda_client
+from taskplat.outbox_relay.invoker import NO_CAPABILITY_KEYS, NO_KEYS, Invoker, lambda_client
 from taskplat.outbox_relay.relay import Relay
 from taskplat.outbox_relay.settings import RelaySettings
 
@@ -45,14 +47,19 @@ DAG = {
                  "max_attempts": 1},
         "slow": {"operator": "slow", "runtime": "lambda", "timeout_seconds": 4},
         "worker": {"operator": "echo"},
+        "sandboxed": {"operator": "probe", "runtime": "lambda", "timeout_seconds": 30,
+                      "trust": "untrusted", "inputs": [{"from": {"dataset": "probed"}}]},
     }
 }  # fmt: skip
+CAPABILITY_KEYS = {"c1": "capability-signing-key-of-the-tests-0123456789"}
 FINISHED = ("succeeded", "error", "crashed", "timed_out")
 
 
 LAMBDA_OVERRIDES: dict[str, object] = {
     "attempt_token_keys": KEYS,
     "attempt_token_active_kid": "k1",
+    "capability_token_keys": CAPABILITY_KEYS,
+    "capability_token_active_kid": "c1",
     "lambda_function_prefix": "tp-",
     "lambda_grace_seconds": 5,
 }
@@ -65,7 +72,13 @@ def relay_overrides() -> dict[str, object]:
 
 @pytest.fixture
 def d(db_url: str) -> Iterator[Dispatcher]:
-    with serve_dispatcher(db_url, attempt_token_keys=KEYS, attempt_token_active_kid="k1") as d:
+    with serve_dispatcher(
+        db_url,
+        attempt_token_keys=KEYS,
+        attempt_token_active_kid="k1",
+        capability_token_keys=json.dumps(CAPABILITY_KEYS),
+        capability_token_active_kid="c1",
+    ) as d:
         assert d.api.put("/dags/d", json=DAG).status_code == 201
         yield d
 
@@ -376,3 +389,48 @@ def test_without_signing_keys_nothing_is_claimed(
     [row] = outbox(db_url, task_id)
     assert row["sent_at"] is None and row["last_error"] == NO_KEYS
     assert task(d, task_id)["status"] == "Queued" and lam.invocations() == []
+
+
+def test_an_untrusted_job_is_invoked_with_its_capability_token_in_the_payload(
+    d: Dispatcher, invoker: Invoker, lam: LocalLambda, db_url: str
+) -> None:
+    probed = next(x for x in d.api.get("/datasets").json()["datasets"] if x["name"] == "probed")
+    pin = {"dataset_uuid": probed["dataset_uuid"], "cursor": 3,
+           "dataset_version": probed["current_version"]}  # fmt: skip
+    body = {"config": {"report_capability": True}, "inputs": [pin]}
+    untrusted = d.api.post("/dags/d/jobs/sandboxed/runs", json=body).json()["task_id"]
+    trusted = run(d, "probe", report_capability=True)
+    assert invoker.run_once().invoked == 2
+    invocations = {each.payload["task"]["task_id"]: each for each in finished(lam, 2)}
+    payload = invocations[untrusted].payload
+    assert payload["task"]["trust"] == "untrusted"
+    ring = capability_key_ring(
+        TokenKeySettings(keys={"c1": SecretStr(CAPABILITY_KEYS["c1"])}, active_kid="c1")
+    )
+    verified = verify_capability_token(ring, payload["capability_token"], now=d.clock.now())
+    capability = verified.capability
+    assert (str(capability.task_id), capability.attempt) == (untrusted, 1)
+    assert [(str(i.dataset_uuid), str(i.dataset_version), i.cursor) for i in capability.inputs] == [
+        (probed["dataset_uuid"], probed["current_version"], 3)
+    ]
+    # The operator got it from the payload (the function's environment holds none).
+    assert task(d, untrusted)["result"] == {
+        "attempt": 1, "capability_token": payload["capability_token"]}  # fmt: skip
+    assert invocations[trusted].payload["capability_token"] is None
+    assert task(d, trusted)["result"] == {"attempt": 1, "capability_token": None}
+
+
+def test_without_capability_keys_an_untrusted_job_is_not_invoked(
+    d: Dispatcher, lam: LocalLambda, db_url: str, sqs_endpoint_url: str,
+    pool: ConnectionPool[Connection[DictRow]],
+) -> None:  # fmt: skip
+    settings = make_settings(
+        db_url, sqs_endpoint_url, lambda_endpoint_url=lam.url,
+        attempt_token_keys=KEYS, attempt_token_active_kid="k1",
+    )  # fmt: skip
+    task_id = d.api.post("/dags/d/jobs/sandboxed/runs", json={}).json()["task_id"]
+    assert make_invoker(settings, pool, d).run_once().failed == 1
+    [row] = outbox(db_url, task_id)
+    assert row["sent_at"] is None and NO_CAPABILITY_KEYS in row["last_error"]
+    view = task(d, task_id)
+    assert view["status"] == "Queued" and view["attempts"] == [] and lam.invocations() == []

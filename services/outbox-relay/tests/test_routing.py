@@ -1,7 +1,7 @@
 """Routing events to downstream jobs, through the real relay and a real dispatcher: exactly one
-task per (job, dataset, version, position) under duplicate events and two racing relays; events
-of an older version or an unknown dataset create nothing and say why; a failed routing keeps
-nothing and is retried."""
+task per (job, dataset, version, position) under duplicate events and two racing relays; a
+second producer's event at a routed position is kept as `Duplicate`; events of an older version or
+an unknown dataset create nothing and say why; a failed routing keeps nothing and is retried."""
 
 from __future__ import annotations
 
@@ -95,9 +95,16 @@ def test_duplicate_events_start_each_downstream_job_once(
     assert {t["inputs"][0].get("where") for t in audit} == {"n > 1"}
     assert all(t["inputs"][0]["dataset_version"] == dataset["current_version"] for t in transform)
     listed = d.api.get(f"/datasets/{dataset['dataset_uuid']}/events").json()["events"]
-    assert all(each["routed"] and each["reason"] is None for each in listed)
-    created = sorted(len(each["tasks"]) for each in listed)
-    assert created == [0, 2, 2]  # the second producer's event found both jobs started already
+    # Stored for audit, the second producer's event at the same position is not routed.
+    duplicate = [each for each in listed if each["producer"]["task_id"] == second.task_id]
+    assert [(each["routed"], each["reason"], each["tasks"]) for each in duplicate] == [
+        (False, "Duplicate", [])
+    ]
+    routed = [each for each in listed if each["producer"]["task_id"] == first.task_id]
+    assert [(each["routed"], each["reason"], len(each["tasks"])) for each in routed] == [
+        (True, None, 2),
+        (True, None, 2),
+    ]
     # The downstream tasks are Queued with their wake-ups sent by the relay.
     assert {t["status"] for t in transform + audit} == {"Queued"}
 

@@ -106,13 +106,17 @@ class AsyncClient:
     async def cancel(self, task_id: str | UUID) -> TaskView:
         return await self.run(calls.cancel_task(task_id))
 
-    async def retry(self, task_id: str | UUID) -> TaskView:
-        return await self.run(calls.retry_task(task_id))
+    async def retry(self, task_id: str | UUID, *, repin: bool = False) -> TaskView:
+        """Replay a Dead or Canceled task; one pinned to a dataset version that is no longer
+        current is refused (409 PinnedVersionNotCurrent) unless `repin` moves it to the current
+        versions."""
+        return await self.run(calls.retry_task(task_id, repin=repin))
 
     async def retry_many(
         self, ids: list[str | UUID] | None = None, **filters: Any
     ) -> BulkRetryResponse:
-        """`POST /tasks/retry` by ids, or by filter (status, queue, operator, dag, job, limit)."""
+        """`POST /tasks/retry` by ids, or by filter (status, queue, operator, dag, job, limit);
+        `repin=True` re-pins tasks pinned to a dataset version that is no longer current."""
         return await self.run(calls.retry_tasks(ids, **filters))
 
     async def wait(
@@ -165,6 +169,13 @@ class AsyncClient:
 
     async def dataset(self, dataset_uuid: str | UUID) -> models.DatasetView:
         return await self.run(calls.get_dataset(dataset_uuid))
+
+    async def rollback_dataset(
+        self, dataset_uuid: str | UUID, dataset_version: str | UUID
+    ) -> models.NewVersionResponse:
+        """Make an earlier version of a dataset current again; the live tasks pinned to the
+        version it replaces are canceled."""
+        return await self.run(calls.rollback_dataset(dataset_uuid, dataset_version))
 
     async def dataset_events(self, dataset_uuid: str | UUID, **query: Any) -> models.EventList:
         return await self.run(calls.dataset_events(dataset_uuid, **query))

@@ -100,8 +100,9 @@ def cancel_task(task_id: str | UUID) -> Call[models.TaskView]:
     )
 
 
-def retry_task(task_id: str | UUID) -> Call[models.TaskView]:
-    return Call("POST", f"/tasks/{_seg(task_id)}/retry", models.TaskView.model_validate)
+def retry_task(task_id: str | UUID, *, repin: bool = False) -> Call[models.TaskView]:
+    body = {"repin": True} if repin else None
+    return Call("POST", f"/tasks/{_seg(task_id)}/retry", models.TaskView.model_validate, body=body)
 
 
 def retry_tasks(
@@ -154,6 +155,18 @@ def list_datasets() -> Call[models.DatasetList]:
 def get_dataset(dataset_uuid: str | UUID) -> Call[models.DatasetView]:
     return Call(
         "GET", f"/datasets/{_seg(dataset_uuid)}", models.DatasetView.model_validate, idempotent=True
+    )
+
+
+def rollback_dataset(
+    dataset_uuid: str | UUID, dataset_version: str | UUID
+) -> Call[models.NewVersionResponse]:
+    return Call(
+        "POST",
+        f"/datasets/{_seg(dataset_uuid)}/current",
+        models.NewVersionResponse.model_validate,
+        body={"dataset_version": str(dataset_version)},
+        idempotent=True,
     )
 
 

@@ -402,7 +402,7 @@ def dags_list() -> None:
 @main.group()
 @common
 def datasets() -> None:
-    """Datasets: list them."""
+    """Datasets: list them, roll one back."""
 
 
 @datasets.command(name="list")
@@ -414,6 +414,24 @@ def datasets_list() -> None:
     rows = _rows_of(answer, "datasets")
     columns = ["dataset_uuid", "name", "kind", "current_version"]
     _emit(answer, lambda: _generic_table(rows, columns))
+
+
+@datasets.command(name="rollback")
+@click.argument("dataset_uuid")
+@click.argument("dataset_version")
+@common
+def datasets_rollback(dataset_uuid: str, dataset_version: str) -> None:
+    """Make an earlier version of a dataset current again (live tasks pinned to the version it
+    replaces are canceled)."""
+    with _client() as client:
+        answer = client.rollback_dataset(dataset_uuid, dataset_version)
+    _emit(
+        answer,
+        lambda: OUT.print(
+            f"{answer.dataset.dataset_uuid} current version {answer.dataset.current_version} "
+            f"({answer.canceled_tasks} tasks canceled)"
+        ),
+    )
 
 
 def run(argv: list[str] | None = None) -> int:

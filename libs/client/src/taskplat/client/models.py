@@ -217,6 +217,9 @@ class DatasetVersionView(Model):
     dataset_version: UUID
     created_at: datetime
     superseded_at: datetime | None = None
+    # When it last became current, and how: "created" (a new version) or "rollback".
+    current_since: datetime
+    became_current: str
     current: bool
 
 
@@ -240,6 +243,14 @@ class DatasetView(Model):
     schema_hash: str | None = None
     buffer_queue_url: str | None = None
     row_count: int | None = None
+
+
+class NewVersionResponse(Model):
+    """A change of a dataset's current version (a new one, or a rollback): the dataset after it
+    and how many live tasks pinned to the replaced version were canceled."""
+
+    dataset: DatasetView
+    canceled_tasks: int
 
 
 class Producer(Model):
@@ -280,4 +291,5 @@ CHECKED: tuple[type[Model], ...] = (
     QueueView, QueueList, BulkRetrySkipped, BulkRetryResponse, StateCount, ThroughputBucket,
     Stats, ErrorResponse, ResolvedInput, ResolvedOutput, JobView, DagView, DagSummary, DagList,
     DatasetSummary, DatasetList, DatasetVersionView, DatasetView, Producer, EventView, EventList,
+    NewVersionResponse,
 )  # fmt: skip

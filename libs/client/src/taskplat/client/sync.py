@@ -104,11 +104,15 @@ class Client:
     def cancel(self, task_id: str | UUID) -> TaskView:
         return self.run(calls.cancel_task(task_id))
 
-    def retry(self, task_id: str | UUID) -> TaskView:
-        return self.run(calls.retry_task(task_id))
+    def retry(self, task_id: str | UUID, *, repin: bool = False) -> TaskView:
+        """Replay a Dead or Canceled task; one pinned to a dataset version that is no longer
+        current is refused (409 PinnedVersionNotCurrent) unless `repin` moves it to the current
+        versions."""
+        return self.run(calls.retry_task(task_id, repin=repin))
 
     def retry_many(self, ids: list[str | UUID] | None = None, **filters: Any) -> BulkRetryResponse:
-        """`POST /tasks/retry` by ids, or by filter (status, queue, operator, dag, job, limit)."""
+        """`POST /tasks/retry` by ids, or by filter (status, queue, operator, dag, job, limit);
+        `repin=True` re-pins tasks pinned to a dataset version that is no longer current."""
         return self.run(calls.retry_tasks(ids, **filters))
 
     def wait(
@@ -161,6 +165,13 @@ class Client:
 
     def dataset(self, dataset_uuid: str | UUID) -> models.DatasetView:
         return self.run(calls.get_dataset(dataset_uuid))
+
+    def rollback_dataset(
+        self, dataset_uuid: str | UUID, dataset_version: str | UUID
+    ) -> models.NewVersionResponse:
+        """Make an earlier version of a dataset current again; the live tasks pinned to the
+        version it replaces are canceled."""
+        return self.run(calls.rollback_dataset(dataset_uuid, dataset_version))
 
     def dataset_events(self, dataset_uuid: str | UUID, **query: Any) -> models.EventList:
         return self.run(calls.dataset_events(dataset_uuid, **query))

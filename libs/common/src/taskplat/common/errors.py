@@ -55,6 +55,13 @@ class Conflict(TaskplatError):
     code = "conflict"
 
 
+class PinnedVersionNotCurrent(Conflict):
+    """A replay of a task pinned to a dataset version that is no longer current (without
+    `repin`). Its code is the reason name the API documents."""
+
+    code = "PinnedVersionNotCurrent"
+
+
 class Rejected(TaskplatError):
     """A worker call refused by the fencing rules; `reason` is one of the contract's reasons."""
 

@@ -1,9 +1,10 @@
 """`taskplat_handler(operator)`: the Lambda handler of a Taskplat operator.
 
 The event is the claim the outbox relay made on the function's behalf (the `task-claim` answer:
-`task`, `attempt`, `lease_token`, `lease_expires_at`, `attempt_token`). The dispatcher's URL is
+`task`, `attempt`, `lease_token`, `lease_expires_at`, `attempt_token`, and for an untrusted job
+`capability_token`, which the operator reads as `task.capability_token`). The dispatcher's URL is
 the function's `TASKPLAT_DISPATCHER_URL`; the function holds no worker token and no database
-credentials, only the attempt token of the attempt it was invoked for.
+credentials, only the tokens of the attempt it was invoked for.
 
 Invariants:
   * the first call is a heartbeat, and nothing runs before it answered: it waits on the relay's
@@ -83,6 +84,9 @@ class _Invocation:
         self._started = time.monotonic()
         document = dict(event["task"])
         document["lease_token"] = str(event["lease_token"])
+        if event.get("capability_token"):
+            # An untrusted job's token travels in the payload, never in the environment.
+            document["capability_token"] = str(event["capability_token"])
         self.task = Task.from_document(document)
         deadline = _deadline_seconds(self.task.deadline_at)
         self._deadline_left = deadline

@@ -132,6 +132,14 @@ class Task:
         raise OperatorFailure(f"the task's job has no output {index} (outputs: {known})")
 
     @property
+    def capability_token(self) -> str | None:
+        """The attempt's capability token when its job is untrusted (what it may read and write,
+        for the credential broker and the query service): the claim's (a Lambda invocation's
+        payload) or `TASKPLAT_CAPABILITY_TOKEN` (an operator the wrapper runs); else None."""
+        value = self.document.get("capability_token") or os.environ.get("TASKPLAT_CAPABILITY_TOKEN")
+        return str(value) if value else None
+
+    @property
     def traceparent(self) -> str | None:
         """The W3C trace context to continue (parent of the operator's own spans), if traced:
         `traceparent` of the task line (pooled) or `TRACEPARENT` (per-task)."""

@@ -6,6 +6,8 @@ Invariants:
   * An idempotency key already taken (by an earlier task or an earlier item of the same batch)
     creates nothing: its result is the existing task with `created: false`.
   * Unset fields take the operator's defaults, then the global defaults.
+  * A task of a job is pinned to the dataset versions its inputs name (the current one where an
+    entry names none; `pins`); untrusted tasks are refused while no capability keys are set.
   * Creations are recorded only after the transaction committed; the views answered are read
     after it.
 """
@@ -24,6 +26,7 @@ from taskplat.common.clock import Clock
 from taskplat.common.contracts import CreateTaskRequest, TaskView
 from taskplat.common.errors import Conflict, ValidationFailed
 from taskplat.common.telemetry import inject
+from taskplat.dispatcher import pins, untrusted
 from taskplat.dispatcher.operations import QueueRegistry
 from taskplat.dispatcher.recorder import Recorder
 from taskplat.dispatcher.repository import batch
@@ -135,7 +138,14 @@ class BulkCreate:
         params["trace_context"] = Jsonb(trace_context) if trace_context else None
         wanted: list[UUID] = [each["task_id"] for each in values]
         async with self._pool.connection() as conn:
+            await untrusted.check_new_tasks(conn, self._settings, requests, ["body", "tasks"])
             async with conn.transaction():
+                for index, request in enumerate(requests):
+                    loc: list[str | int] = ["body", "tasks", index, "inputs"]
+                    if request.job is not None and pins.dataset_reads(request.inputs, loc):
+                        params["inputs"][index] = Jsonb(
+                            await pins.pin_inputs(conn, request.inputs, loc)
+                        )
                 rows = await batch.insert_tasks(conn, params)
                 inserted = {row["task_id"] for row in rows}
                 queues = sorted({row["queue"] for row in rows if row["status"] == "Queued"})

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from taskplat.common.contracts import (
+    CurrentVersionRequest,
     DagDocument,
     DagList,
     DagView,
@@ -118,6 +119,12 @@ async def new_version(request: Request) -> Response:
     return json_response(await _dags(request).new_version(dataset_uuid), 201)
 
 
+async def make_current(request: Request) -> Response:
+    dataset_uuid = parse_uuid(request.path_params["dataset_uuid"], name="dataset_uuid")
+    body = await parse_body(request, CurrentVersionRequest, settings_of(request).max_body_bytes)
+    return json_response(await _dags(request).make_current(dataset_uuid, body.dataset_version))
+
+
 async def list_events(request: Request) -> Response:
     dataset_uuid = parse_uuid(request.path_params["dataset_uuid"], name="dataset_uuid")
     query = parse_query(request, EventsQuery)
@@ -186,6 +193,13 @@ DAG_ROUTES: tuple[RouteSpec, ...] = (
               "api_key", new_version, path_params=("dataset_uuid",),
               responses={201: ("the dataset at its new version", NewVersionResponse),
                          **dict([_AUTH_FAIL, _INVALID, _TOO_LARGE, _NO_DATASET])}),
+    RouteSpec("POST", "/datasets/{dataset_uuid}/current", "make_dataset_version_current",
+              "Roll back: make an earlier version current again; live tasks pinned to the "
+              "version that stops being current are canceled (VersionSuperseded)",
+              "api_key", make_current, path_params=("dataset_uuid",), body=CurrentVersionRequest,
+              responses={200: ("the dataset at its restored version (the current version "
+                               "again changes nothing)", NewVersionResponse),
+                         **dict([_AUTH_FAIL, _BAD_BODY, _INVALID, _TOO_LARGE, _NO_DATASET])}),
     RouteSpec("GET", "/tasks/{task_id}/events", "list_task_events",
               "The events a task emitted, newest first, with their routing", "api_key",
               list_task_events, path_params=("task_id",), query=TaskEventsQuery,

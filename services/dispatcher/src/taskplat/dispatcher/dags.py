@@ -13,8 +13,11 @@ Invariants:
     defaults), so every service that starts a run of it builds the same task;
   * a schedule's first tick is the first one after the apply; re-applying a DAG never re-runs a
     tick that already ran (the scheduler's runs carry a key per job and tick);
-  * a rollover cancels the live tasks pinned to older versions in the transaction that makes the
-    new version current;
+  * a change of a dataset's current version (a new version, or a rollback to an earlier one)
+    cancels the live tasks pinned to other versions in the transaction that makes it current,
+    under the dataset row's lock (routing and new tasks' pins share-lock it);
+  * a task of a job is pinned to the versions its run's inputs name (`pins`); untrusted jobs are
+    refused at apply and run while no capability keys are configured (`untrusted`);
   * a buffered_postgres dataset's current version always has its table, created in the
     transaction that makes the version (apply or rollover); a changed declared schema on
     re-apply is a new version with a new table, never DDL on the old one.
@@ -54,7 +57,7 @@ from taskplat.common.contracts.dags import FromDataset, FromJob, Producer
 from taskplat.common.cron import next_tick
 from taskplat.common.errors import BadRequest, NotFound, ValidationFailed
 from taskplat.common.telemetry import inject
-from taskplat.dispatcher import dag_rules
+from taskplat.dispatcher import dag_rules, pins, untrusted
 from taskplat.dispatcher.operations import QueueRegistry
 from taskplat.dispatcher.recorder import Recorder
 from taskplat.dispatcher.repository import buffered as buffered_repo
@@ -109,6 +112,14 @@ class DagService:
     async def apply(self, dag_name: str, doc: DagDocument) -> tuple[DagView, bool]:
         """Apply a checked document; (view, created)."""
         await off_loop(dag_rules.check_document, doc)
+        if not untrusted.capability_keys_configured(self._settings):
+            names = [
+                f"job {name}"
+                for name, job in doc.jobs.items()
+                if untrusted.untrusted(self._settings, job.operator, job.trust)
+            ]
+            if names:
+                raise untrusted.refuse(names, ["body", "jobs"])
         await self._registry.require({job.queue for job in doc.jobs.values()}, ["body", "jobs"])
         digest = await off_loop(dag_rules.document_hash, doc)
         now = self._clock.sql_now()
@@ -203,7 +214,7 @@ class DagService:
         version = locked["current_version"]
         if current is not None:
             version = uuid4()
-            canceled = await repo.roll_over_version(conn, dataset_uuid, version, now)
+            canceled = await repo.make_version_current(conn, dataset_uuid, version, "created", now)
         await buffered_repo.create_table(conn, dataset_uuid, version, columns, now)
         return canceled
 
@@ -309,10 +320,10 @@ class DagService:
     ) -> tuple[TaskView, bool]:
         """Start a run of a job by hand; (task, created). A known idempotency key answers the
         existing task."""
-        params = {
+        inputs = [item.model_dump(mode="json", exclude_none=True) for item in request.inputs]
+        params: dict[str, Any] = {
             "dag_name": dag_name,
             "job_name": job_name,
-            "inputs": [item.model_dump(mode="json", exclude_none=True) for item in request.inputs],
             "config": request.config,
             "idempotency_key": request.idempotency_key,
             "now": self._clock.sql_now(),
@@ -322,6 +333,8 @@ class DagService:
             async with conn.transaction():
                 if not await repo.job_exists(conn, dag_name, job_name):
                     raise NotFound(f"job {job_name!r} of DAG {dag_name!r} not found")
+                await untrusted.check_job_run(conn, self._settings, dag_name, job_name, ["path"])
+                params["inputs"] = await pins.pin_inputs(conn, inputs, ["body", "inputs"])
                 task_id = await repo.start_job_run(conn, params)
                 if task_id is not None:
                     await repo.notify_outbox(conn, "")
@@ -377,7 +390,9 @@ class DagService:
                     raise NotFound(f"dataset {dataset_uuid} not found")
                 current = await buffered_repo.current_table(conn, dataset_uuid)
                 version = uuid4()
-                canceled = await repo.roll_over_version(conn, dataset_uuid, version, now)
+                canceled = await repo.make_version_current(
+                    conn, dataset_uuid, version, "created", now
+                )
                 if current is not None:
                     # A buffered dataset's new version gets a new table of the same schema.
                     columns = [Column(c["name"], c["type"]) for c in current["columns"]]
@@ -385,6 +400,32 @@ class DagService:
             view = await self._dataset_view(conn, dataset_uuid)
         for row in canceled:
             self._recorder.task_canceled(row, by="version_rollover")
+        return NewVersionResponse(dataset=view, canceled_tasks=len(canceled))
+
+    async def make_current(self, dataset_uuid: UUID, dataset_version: UUID) -> NewVersionResponse:
+        """Make an earlier version current again (a rollback): the live tasks pinned to the
+        version that stops being current are canceled in the same transaction. The current
+        version again changes nothing."""
+        now = self._clock.sql_now()
+        canceled: list[Row] = []
+        async with self._pool.connection() as conn:
+            async with conn.transaction():
+                locked = await repo.lock_dataset(conn, dataset_uuid)
+                if locked is None:
+                    raise NotFound(f"dataset {dataset_uuid} not found")
+                if not await repo.version_exists(conn, dataset_uuid, dataset_version):
+                    raise ValidationFailed(
+                        f"{dataset_version} is not a version of dataset {dataset_uuid}",
+                        detail=[{"loc": ["body", "dataset_version"], "msg": "unknown version",
+                                 "type": "unknown_version"}],
+                    )  # fmt: skip
+                if locked["current_version"] != dataset_version:
+                    canceled = await repo.make_version_current(
+                        conn, dataset_uuid, dataset_version, "rollback", now
+                    )
+            view = await self._dataset_view(conn, dataset_uuid)
+        for row in canceled:
+            self._recorder.task_canceled(row, by="version_rollback")
         return NewVersionResponse(dataset=view, canceled_tasks=len(canceled))
 
     async def events(

@@ -75,7 +75,7 @@ def _operation(spec: RouteSpec) -> dict[str, Any]:
         operation["parameters"] = parameters
     if spec.body is not None:
         operation["requestBody"] = {
-            "required": True,
+            "required": spec.body_required,
             "content": {media: {"schema": _ref(spec.body)} for media in spec.body_media_types},
         }
     documented = dict(spec.responses)

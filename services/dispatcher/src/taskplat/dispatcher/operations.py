@@ -12,7 +12,10 @@ Invariants:
     its transaction, since their wake-ups were answered `Paused` while it was paused.
   * A bulk replay is one transaction: each task it names or selects that is Dead or Canceled is
     Queued again as a new attempt with a fresh budget, with its outbox row; ids that are unknown
-    or not replayable are listed as skipped. Metrics and log events follow the commit.
+    or not replayable are listed as skipped, and so is every picked task pinned to a dataset
+    version that is no longer current (`PinnedVersionNotCurrent`) unless the request says
+    `repin` (then it is re-pinned to the current versions and replayed). Metrics and log events
+    follow the commit.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from taskplat.common.logging import get_logger
 from taskplat.common.telemetry import inject
 from taskplat.dispatcher.recorder import Recorder
 from taskplat.dispatcher.repository import queues as repo
+from taskplat.dispatcher.repository import tasks as task_repo
 
 Pool = AsyncConnectionPool[AsyncConnection[DictRow]]
 DEFAULT_REPLAY_LIMIT = 100
@@ -151,22 +155,26 @@ class Operations:
         limit = len(ids) if ids is not None else (request.limit or DEFAULT_REPLAY_LIMIT)
         async with self._pool.connection() as conn:
             async with conn.transaction():
+                picked = await repo.pick_replayable(conn, ids=ids, filters=filters, limit=limit)
+                stale = set(await task_repo.replay_pins(conn, picked, repin=request.repin))
                 rows = await repo.replay_tasks(
                     conn,
-                    ids=ids,
-                    filters=filters,
-                    limit=limit,
+                    [task_id for task_id in picked if task_id not in stale],
                     now=self._clock.sql_now(),
                     trace_context=inject(),
                 )
                 if rows:
                     await repo.notify_queues(conn, sorted({row["queue"] for row in rows}))
             replayed = [row["task_id"] for row in rows]
-            skipped: list[BulkRetrySkipped] = []
+            skipped = [
+                BulkRetrySkipped(task_id=task_id, reason="PinnedVersionNotCurrent")
+                for task_id in picked
+                if task_id in stale
+            ]
             if ids is not None:
-                missing = [task_id for task_id in ids if task_id not in set(replayed)]
+                missing = [task_id for task_id in ids if task_id not in set(picked)]
                 existing = await repo.existing_tasks(conn, missing) if missing else set[UUID]()
-                skipped = [
+                skipped += [
                     BulkRetrySkipped(
                         task_id=task_id,
                         reason="NotReplayable" if task_id in existing else "NotFound",

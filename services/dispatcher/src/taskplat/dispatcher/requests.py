@@ -54,7 +54,10 @@ def validation_detail(exc: ValidationError, prefix: str) -> list[dict[str, Any]]
     ]
 
 
-async def parse_body(request: Request, model: type[ModelT], max_bytes: int) -> ModelT:
+async def parse_body(
+    request: Request, model: type[ModelT], max_bytes: int, *, optional: bool = False
+) -> ModelT:
+    """The body as `model`; an empty body is the model's defaults when `optional`."""
     body = await read_body(request, max_bytes)
     limits = document_limits(request)
     if len(body) > INLINE_BODY_BYTES:
@@ -65,6 +68,8 @@ async def parse_body(request: Request, model: type[ModelT], max_bytes: int) -> M
 def validate_body(body: bytes, model: type[ModelT], limits: DocumentLimits) -> ModelT:
     """`body` as `model`, within the document limits."""
     if not body.strip():
+        if optional:
+            return model()
         raise MalformedJson("request body is empty; a JSON object is required")
     check_json(body, limits)
     try:

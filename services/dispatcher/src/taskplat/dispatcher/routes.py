@@ -51,6 +51,7 @@ from taskplat.common.contracts import (
     QueueList,
     QueueView,
     RejectedResponse,
+    RetryRequest,
     Stats,
     StepRequest,
     StepResponse,
@@ -106,6 +107,7 @@ class RouteSpec:
         default_factory=dict
     )
     body_media_types: tuple[str, ...] = ("application/json",)
+    body_required: bool = True
 
 
 def _service(request: Request) -> TaskService:
@@ -198,7 +200,8 @@ async def cancel_task(request: Request) -> Response:
 async def retry_task(request: Request) -> Response:
     task_id = parse_uuid(request.path_params["task_id"], name="task_id")
     _bind(task_id=task_id)
-    return json_response(await _service(request).replay(task_id))
+    body = await parse_body(request, RetryRequest, _settings(request).max_body_bytes, optional=True)
+    return json_response(await _service(request).replay(task_id, repin=body.repin))
 
 
 async def retry_tasks(request: Request) -> Response:
@@ -324,10 +327,12 @@ ROUTES: tuple[RouteSpec, ...] = (
                          **dict([_AUTH_FAIL, _INVALID, _NOT_FOUND])}),
     RouteSpec("POST", "/tasks/{task_id}/retry", "retry_task",
               "Replay a Dead or Canceled task as a new attempt with a fresh budget", "api_key",
-              retry_task, path_params=("task_id",),
+              retry_task, path_params=("task_id",), body=RetryRequest, body_required=False,
               responses={200: ("the task, Queued again", TaskView),
-                         409: ("the task is not Dead or Canceled", ErrorResponse),
-                         **dict([_AUTH_FAIL, _INVALID, _NOT_FOUND])}),
+                         409: ("the task is not Dead or Canceled, or is pinned to a dataset "
+                               "version that is no longer current (`PinnedVersionNotCurrent`, "
+                               "unless `repin`)", ErrorResponse),
+                         **dict([_AUTH_FAIL, _BAD_JSON, _INVALID, _TOO_LARGE, _NOT_FOUND])}),
     RouteSpec("POST", "/tasks/retry", "retry_tasks",
               "Replay Dead or Canceled tasks named by `ids` or chosen by a filter (Dead unless "
               "`status` says Canceled; at most `limit`, default 100, per call)", "api_key",

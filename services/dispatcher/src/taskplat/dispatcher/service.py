@@ -28,6 +28,7 @@ from uuid import UUID
 
 from psycopg import AsyncConnection
 from psycopg.rows import DictRow
+from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from taskplat.common.clock import Clock
@@ -58,8 +59,9 @@ from taskplat.common.contracts import (
     TaskList,
     TaskView,
 )
-from taskplat.common.errors import Conflict, NotFound, ValidationFailed
+from taskplat.common.errors import Conflict, NotFound, PinnedVersionNotCurrent, ValidationFailed
 from taskplat.common.telemetry import inject
+from taskplat.dispatcher import pins, untrusted
 from taskplat.dispatcher.claim_waits import QueuedListener
 from taskplat.dispatcher.claims import Claims
 from taskplat.dispatcher.completions import Completions
@@ -114,9 +116,17 @@ class TaskService:
             "trace_context": repo.wakeup_trace_context(inject()),
             "polled_wakeup_delay_seconds": self._settings.polled_wakeup_delay_seconds,
         }
+        loc: list[str | int] = ["body", "inputs"]
         async with self._pool.connection() as conn:
-            # One statement, committed on return: the task, its wake-up and the NOTIFY.
-            row = await repo.insert_task(conn, params)
+            await untrusted.check_new_tasks(conn, self._settings, [request], ["body"])
+            if request.job is not None and pins.dataset_reads(request.inputs, loc):
+                # The datasets stay share-locked until the task and its pins commit.
+                async with conn.transaction():
+                    params["inputs"] = Jsonb(await pins.pin_inputs(conn, request.inputs, loc))
+                    row = await repo.insert_task(conn, params)
+            else:
+                # One statement, committed on return: the task, its wake-up and the NOTIFY.
+                row = await repo.insert_task(conn, params)
             if row is None:
                 assert request.idempotency_key is not None
                 existing = await repo.find_task_by_idempotency_key(conn, request.idempotency_key)
@@ -177,10 +187,20 @@ class TaskService:
         assert row is not None
         return task_view(row)
 
-    async def replay(self, task_id: UUID) -> TaskView:
+    async def replay(self, task_id: UUID, *, repin: bool = False) -> TaskView:
+        """Replay a Dead or Canceled task; one pinned to a dataset version that is no longer
+        current is refused (PinnedVersionNotCurrent) unless `repin` moves it to the current
+        versions first."""
         now = self._clock.sql_now()
         async with self._pool.connection() as conn:
             async with conn.transaction():
+                if await repo.replay_pins(conn, [task_id], repin=repin):
+                    raise PinnedVersionNotCurrent(
+                        f"task {task_id} is pinned to a dataset version that is no longer "
+                        'current; replay it with "repin": true to move it to the current '
+                        "versions",
+                        detail={"reason": "PinnedVersionNotCurrent"},
+                    )
                 row = await repo.replay_task(conn, task_id, now)
                 if row is None:
                     fence = await repo.read_fence(conn, task_id)

@@ -38,6 +38,10 @@ Invariants:
     with `skipped` and nothing is invoked; every transition into Queued writes a new row;
   * without attempt-token keys nothing is claimed nor invoked: rows are pushed back with that
     error, visible on the row and in `taskplat.lambda.invocations{outcome="failed"}`;
+  * an attempt of an untrusted job (`trust: untrusted`) carries its capability token in the
+    invocation payload (never in the function's environment), issued like the dispatcher's claim
+    issues it; without capability keys its claim is rolled back and the row pushed back with that
+    error, so an untrusted job never runs without its token;
   * every performed row counts once in `taskplat.lambda.invocations{outcome}` (`invoked`,
     `failed`, `skipped`), after its transaction committed; rows that left the outbox also count in
     `taskplat.outbox.relayed{kind}` (and skipped ones in `taskplat.outbox.skipped{kind}`);
@@ -74,6 +78,12 @@ from taskplat.common.logging import get_logger
 from taskplat.common.loops import LoopHealth, run_loop
 from taskplat.common.telemetry import Telemetry
 from taskplat.common.tokens.attempt import attempt_key_ring, issue_attempt_token
+from taskplat.common.tokens.capability import (
+    StorageLayout,
+    build_capability,
+    capability_key_ring,
+    issue_capability_token,
+)
 from taskplat.common.tokens.keys import KeyRing
 from taskplat.outbox_relay import outbox
 from taskplat.outbox_relay.metrics import RelayMetrics
@@ -93,6 +103,11 @@ MAX_ERROR_CHARS = 2000
 NO_KEYS = (
     "attempt token keys are not configured (TASKPLAT_ATTEMPT_TOKEN_KEYS and "
     "TASKPLAT_ATTEMPT_TOKEN_ACTIVE_KID): a Lambda attempt needs a signed attempt token"
+)
+NO_CAPABILITY_KEYS = (
+    "capability token keys are not configured (TASKPLAT_CAPABILITY_TOKEN_KEYS and "
+    "TASKPLAT_CAPABILITY_TOKEN_ACTIVE_KID): an untrusted job never runs without its capability "
+    "token"
 )
 _CLAIM_TASK_FIELDS = tuple(ClaimTask.model_fields)
 
@@ -114,9 +129,12 @@ def function_name(settings: RelaySettings, operator: str) -> str:
     return f"{settings.lambda_function_prefix}{operator}"
 
 
-def invocation_payload(row: dict[str, Any], attempt_token: str) -> bytes:
+def invocation_payload(
+    row: dict[str, Any], attempt_token: str, capability_token: str | None = None
+) -> bytes:
     """The event the function receives: the claim as `task-claim` answers it (the `task-fetch`
-    task, the attempt, its lease token and expiry) plus the attempt token."""
+    task, the attempt, its lease token and expiry) plus the attempt token, and for an untrusted
+    job its capability token."""
     task = {field: row[field] for field in _CLAIM_TASK_FIELDS if field in row}
     claimed = ClaimedResponse(
         attempt=row["attempt"],
@@ -124,6 +142,7 @@ def invocation_payload(row: dict[str, Any], attempt_token: str) -> bytes:
         lease_expires_at=row["lease_expires_at"],
         task=ClaimTask.model_validate(task),
         attempt_token=attempt_token,
+        capability_token=capability_token,
         trace_context=row.get("trace_context"),
     )
     return claimed.model_dump_json().encode()
@@ -167,6 +186,11 @@ class Invoker:
         self._rand_lock = threading.Lock()
         keys = settings.attempt_token_key_settings()
         self._ring: KeyRing | None = attempt_key_ring(keys) if keys is not None else None
+        capability_keys = settings.capability_token_key_settings()
+        self._capability_ring: KeyRing | None = (
+            capability_key_ring(capability_keys) if capability_keys is not None else None
+        )
+        self._layout = StorageLayout(settings.data_bucket)
         self._grace = timedelta(seconds=settings.lambda_grace_seconds)
         self.health = LoopHealth()
         self._telemetry = telemetry
@@ -277,19 +301,21 @@ class Invoker:
         assert self._ring is not None
         lease_end: datetime = claimed["lease_expires_at"]
         deadline: datetime | None = claimed["deadline_at"]
+        expires_at = max(deadline or lease_end, lease_end) + self._grace
         token = issue_attempt_token(
             self._ring,
             claimed["task_id"],
             claimed["attempt"],
             now=claimed["started_at"],
-            expires_at=max(deadline or lease_end, lease_end) + self._grace,
+            expires_at=expires_at,
         )
+        capability_token = self._capability_token(claimed, expires_at)
         name = function_name(self._settings, claimed["operator"])
         try:
             answer = self._client.invoke(
                 FunctionName=name,
                 InvocationType="Event",
-                Payload=invocation_payload(claimed, token),
+                Payload=invocation_payload(claimed, token, capability_token),
             )
         except ClientError as exc:
             error = exc.response.get("Error", {})
@@ -301,6 +327,24 @@ class Invoker:
         status = answer.get("StatusCode")
         if status != 202:
             raise InvokeFailed(f"invoke {name}: Lambda answered {status}, not 202 (accepted)")
+
+    def _capability_token(self, claimed: dict[str, Any], expires_at: datetime) -> str | None:
+        """An untrusted job's capability token (as the dispatcher's claim issues it); never an
+        invocation of an untrusted job without one."""
+        if claimed.get("trust") != "untrusted":
+            return None
+        if self._capability_ring is None:
+            raise InvokeFailed(NO_CAPABILITY_KEYS)
+        capability = build_capability(
+            claimed["task_id"],
+            claimed["attempt"],
+            claimed.get("inputs") or [],
+            claimed.get("outputs") or [],
+            layout=self._layout,
+        )
+        return issue_capability_token(
+            self._capability_ring, capability, now=claimed["started_at"], expires_at=expires_at
+        )
 
     def _count(self, outcome: str) -> None:
         if self._invocations is not None:

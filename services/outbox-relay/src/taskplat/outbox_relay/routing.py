@@ -10,7 +10,11 @@ Invariants:
     (job, dataset, version, position) ever (the `event_routes` key), so duplicate events, repeated
     rows and racing replicas create nothing twice;
   * only events of their dataset's current version are routed (the dataset rows are share-locked
-    first, so a rollover cannot interleave); the others are marked with their reason.
+    first, so a change of the current version, new or rollback, cannot interleave); the others are
+    marked with their reason;
+  * a position of a dataset version (cursor, partition or range) is routed once, for the first
+    event routed there (`event_positions`); a later event at that position, from any producer,
+    is marked `Duplicate` and creates nothing.
 """
 
 from __future__ import annotations

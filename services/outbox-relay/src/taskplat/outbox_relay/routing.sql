@@ -6,8 +6,9 @@
 -- coalesce(%(now)s::timestamptz, now()).
 
 -- name: lock_event_datasets
--- Share-lock the datasets of the events (a version rollover locks the row for update), so the
--- current version read by route_events stays current until this transaction ends.
+-- Share-lock the datasets of the events (a change of the current version, new or rollback, locks
+-- the row for update), so the current version read by route_events, a later statement of this
+-- transaction, is the latest committed one and stays current until this transaction ends.
 SELECT d.dataset_uuid
 FROM datasets AS d
 WHERE d.dataset_uuid = ANY (ARRAY(
@@ -17,13 +18,16 @@ ORDER BY d.dataset_uuid
 FOR SHARE
 
 -- name: route_events
--- Decide each unrouted event: an unknown dataset or an older version creates nothing; an event of
--- the current version gets one route key per consuming job, written only when no event at the same
--- position was routed to that job before (ON CONFLICT DO NOTHING: exactly one task per job, dataset,
--- version and position). Marks every event routed. Returns one row per new route (with the job's
--- input for the task), plus one row with NULL job per event that created nothing.
+-- Decide each unrouted event: an unknown dataset or a version that is not current creates
+-- nothing; an event of the current version claims its position (event_positions: the first event
+-- routed at a dataset version's position, from any producer) or, when another event holds it, is
+-- a Duplicate and creates nothing. An event that claimed its position gets one route key per
+-- consuming job, written only when no event at the same position was routed to that job before
+-- (ON CONFLICT DO NOTHING: exactly one task per job, dataset, version and position). Marks every
+-- event routed. Returns one row per new route (with the job's input for the task), plus one row
+-- with NULL job per event that created nothing.
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
-ev AS MATERIALIZED (
+locked AS MATERIALIZED (
     SELECT e.event_id, e.dataset_uuid, e.dataset_version, e."cursor", e.partition_key,
            e.range_start, e.range_end, e.event_key, e.created_at,
            CASE WHEN d.dataset_uuid IS NULL THEN 'UnknownDataset'
@@ -34,6 +38,24 @@ ev AS MATERIALIZED (
     WHERE e.event_id = ANY (%(event_ids)s::bigint[])
       AND e.routed_at IS NULL
     FOR UPDATE OF e
+),
+positions AS (
+    INSERT INTO event_positions (dataset_uuid, dataset_version, event_key, event_id)
+    SELECT l.dataset_uuid, l.dataset_version, l.event_key, l.event_id
+    FROM locked AS l
+    WHERE l.reason IS NULL
+    ORDER BY l.event_id
+    ON CONFLICT DO NOTHING
+    RETURNING event_id
+),
+ev AS MATERIALIZED (
+    SELECT l.event_id, l.dataset_uuid, l.dataset_version, l."cursor", l.partition_key,
+           l.range_start, l.range_end, l.event_key, l.created_at,
+           CASE WHEN l.reason IS NOT NULL THEN l.reason
+                WHEN NOT EXISTS (SELECT 1 FROM positions AS p WHERE p.event_id = l.event_id)
+                    THEN 'Duplicate'
+           END AS reason
+    FROM locked AS l
 ),
 targets AS (
     SELECT DISTINCT ON (ev.event_id, i.dag_name, i.job_name)

@@ -6,7 +6,10 @@ than `batch_size` outbox row locks. `/metrics` and `/healthz` are served only wh
 `TASKPLAT_RELAY_OPS_PORT` is set; traces are exported only with `OTEL_EXPORTER_OTLP_ENDPOINT`.
 Lambda invocations (`invoke_lambda` rows) sign attempt tokens with the dispatcher's keys
 (`TASKPLAT_ATTEMPT_TOKEN_KEYS`, `TASKPLAT_ATTEMPT_TOKEN_ACTIVE_KID`); without them such rows are
-never invoked and carry that error (`attempt_token_key_settings` is None).
+never invoked and carry that error (`attempt_token_key_settings` is None). An untrusted Lambda
+job's invocation also carries its capability token, signed with the dispatcher's capability keys
+(`TASKPLAT_CAPABILITY_TOKEN_KEYS`, `TASKPLAT_CAPABILITY_TOKEN_ACTIVE_KID`, `TASKPLAT_DATA_BUCKET`);
+without them such a job is never invoked either.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pydantic_settings import SettingsConfigDict
 from taskplat.common.ops_server import OpsSettings
 from taskplat.common.settings import (
     AttemptTokenSettings,
+    CapabilityTokenSettings,
     DatabaseSettings,
     ServiceSettings,
     SqsSettings,
@@ -36,6 +40,7 @@ class RelaySettings(
     TelemetrySettings,
     OpsSettings,
     AttemptTokenSettings,
+    CapabilityTokenSettings,
 ):
     model_config = SettingsConfigDict(
         env_prefix="TASKPLAT_RELAY_",
@@ -160,6 +165,15 @@ class RelaySettings(
         "(retried with backoff; the unanswered invocation can change nothing).",
     )
 
+    def capability_token_key_settings(self) -> TokenKeySettings | None:
+        """The keys that sign untrusted Lambda attempts' capability tokens (the dispatcher's);
+        None when unset: untrusted Lambda jobs are then never invoked."""
+        return key_settings(
+            self.capability_token_keys,
+            self.capability_token_active_kid,
+            what="capability token keys",
+        )
+
     def attempt_token_key_settings(self) -> TokenKeySettings | None:
         """The keys that sign Lambda attempts' tokens (the dispatcher's); None when unset."""
         return key_settings(
@@ -171,4 +185,5 @@ class RelaySettings(
         if self.retry_max_seconds < self.retry_base_seconds:
             raise ValueError("retry_max_seconds must be >= retry_base_seconds")
         self.attempt_token_key_settings()
+        self.capability_token_key_settings()
         return self

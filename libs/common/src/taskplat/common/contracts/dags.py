@@ -31,7 +31,7 @@ Name = Annotated[str, Field(min_length=1, max_length=100, pattern=NAME_PATTERN)]
 DatasetKind = Literal["external", "postgres", "buffered_postgres", "s3"]
 Runtime = Literal["ecs", "lambda"]
 Trust = Literal["trusted", "untrusted"]
-RouteReason = Literal["Pending", "NotCurrentVersion", "UnknownDataset"]
+RouteReason = Literal["Pending", "NotCurrentVersion", "UnknownDataset", "Duplicate"]
 WhereClause = Annotated[str, Field(min_length=1, max_length=4096, pattern=NO_NUL)]
 Location = Annotated[str, Field(min_length=1, max_length=2048, pattern=NO_NUL)]
 CronExpression = Annotated[str, Field(min_length=1, max_length=200, pattern=NO_NUL)]
@@ -197,10 +197,13 @@ class JobRunRequest(Contract):
 
 
 class EventInput(Contract):
-    """A pinned event a task reads: a dataset version and a position in it."""
+    """An event a run reads: a dataset version and a position in it. The run is pinned to that
+    version; an input naming no version is pinned to the dataset's current one."""
 
     dataset_uuid: UUID
-    dataset_version: UUID
+    dataset_version: UUID | None = Field(
+        None, description="Default: the dataset's current version when the run starts."
+    )
     cursor: Int64 | None = None
     partition_key: PartitionKey | None = None
     start: Int64 | None = None
@@ -211,7 +214,14 @@ class EventInput(Contract):
 class DatasetVersionView(Contract):
     dataset_version: UUID
     created_at: AwareDatetime
-    superseded_at: AwareDatetime | None
+    superseded_at: AwareDatetime | None = Field(
+        description="When this version last stopped being current; null while it is current."
+    )
+    current_since: AwareDatetime = Field(description="When this version last became current.")
+    became_current: Literal["created", "rollback"] = Field(
+        description="How it last became current: `created` as a new version, `rollback` when it "
+        "was made current again by `POST /datasets/{dataset_uuid}/current`."
+    )
     current: bool
 
 
@@ -272,8 +282,16 @@ class NewVersionRequest(Contract):
 class NewVersionResponse(Contract):
     dataset: DatasetView
     canceled_tasks: int = Field(
-        description="Tasks pinned to an older version that the rollover canceled."
+        description="Live tasks pinned to the version that stopped being current, canceled "
+        "(`VersionSuperseded`)."
     )
+
+
+class CurrentVersionRequest(Contract):
+    """`POST /datasets/{dataset_uuid}/current`: make an earlier version current again (a
+    rollback)."""
+
+    dataset_version: UUID = Field(description="A version of this dataset (never deleted).")
 
 
 class Producer(Contract):
@@ -292,8 +310,10 @@ class EventView(Contract):
     producer: Producer
     routed: bool
     reason: RouteReason | None = Field(
-        description="Why the event created nothing: not routed yet (Pending), an older version "
-        "(NotCurrentVersion), or a dataset the platform does not know (UnknownDataset)."
+        description="Why the event created nothing: not routed yet (Pending), a version that "
+        "was not current when it was routed (NotCurrentVersion), a dataset the platform does not "
+        "know (UnknownDataset), or a position of its dataset version already routed for another "
+        "event, from any producer (Duplicate)."
     )
     tasks: list[UUID] = Field(description="The tasks this event created.")
     created_at: AwareDatetime

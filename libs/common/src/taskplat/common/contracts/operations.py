@@ -1,7 +1,8 @@
 """Contracts of the operators' routes: the queue registry (`/queues`), bulk replay
 (`POST /tasks/retry`) and the dashboard's figures (`GET /stats`).
 
-Invariants: a bulk replay names either task ids or a filter, never both; a filter replays only
+Invariants: a bulk replay names either task ids or a filter, never both; a task pinned to a
+dataset version that is no longer current is replayed only with `repin`; a filter replays only
 `Dead` or `Canceled` tasks and at most `limit` (1-1000) of them per call; ages are seconds, never
 negative; throughput buckets are whole minutes of the last hour, oldest first.
 """
@@ -36,6 +37,12 @@ class QueueList(Contract):
     queues: list[QueueView]
 
 
+REPIN_DESCRIPTION = (
+    "A task pinned to a dataset version that is no longer current is not replayed "
+    "(`PinnedVersionNotCurrent`) unless this is true: it is then re-pinned to the current "
+    "versions (each input's `dataset_version` becomes its dataset's current one) and replayed."
+)
+
 _BULK_FILTERS = ("status", "queue", "operator", "dag", "job", "limit")
 
 
@@ -58,6 +65,7 @@ class BulkRetryRequest(Contract):
     dag: ShortText | None = None
     job: ShortText | None = None
     limit: Annotated[int, Field(ge=1, le=MAX_REPLAY)] | None = None
+    repin: bool = Field(False, description=REPIN_DESCRIPTION)
 
     @model_validator(mode="after")
     def _ids_or_filter(self) -> BulkRetryRequest:
@@ -69,9 +77,15 @@ class BulkRetryRequest(Contract):
         return self
 
 
+class RetryRequest(Contract):
+    """`POST /tasks/{task_id}/retry` (the body is optional)."""
+
+    repin: bool = Field(False, description=REPIN_DESCRIPTION)
+
+
 class BulkRetrySkipped(Contract):
     task_id: UUID
-    reason: Literal["NotFound", "NotReplayable"]
+    reason: Literal["NotFound", "NotReplayable", "PinnedVersionNotCurrent"]
 
 
 class BulkRetryResponse(Contract):

@@ -154,7 +154,10 @@ class TaskList(Contract):
 
 
 class ErrorResponse(Contract):
-    error: str = Field(description="Stable snake_case error code.")
+    error: str = Field(
+        description="Stable error code: snake_case, or a reason name the route documents "
+        "(`PinnedVersionNotCurrent`)."
+    )
     message: str
     detail: Any = None
 

@@ -105,7 +105,8 @@ FROM tasks AS t
 WHERE t.task_id = ANY(%(task_ids)s::uuid[])
 
 -- name: insert_tasks
--- A bulk create: every task of the batch (its idempotency key already taken: skipped), and the
+-- A bulk create: every task of the batch (its idempotency key already taken: skipped), the pins
+-- of each inserted task of a job (to the versions its inputs name, resolved by the caller), and the
 -- `enqueue_task` outbox row of each inserted task that is Queued, in one statement; held, due
 -- %(polled_wakeup_delay_seconds)s later, for a queue whose workers wait on the dispatcher
 -- (`insert_task` in tasks.sql says why).
@@ -142,7 +143,13 @@ inserted AS (
                   idempotency_key, position)
     ORDER BY i.position
     ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING task_id, status, queue, operator, attempt
+    RETURNING task_id, status, queue, operator, attempt, job, inputs
+),
+pins AS (
+    INSERT INTO task_pins (dataset_uuid, dataset_version, task_id)
+    SELECT p.dataset_uuid, p.dataset_version, i.task_id
+    FROM inserted AS i,
+         taskplat_input_pins(CASE WHEN i.job IS NOT NULL THEN i.inputs END) AS p
 ),
 outboxed AS (
     INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at,
@@ -159,7 +166,7 @@ outboxed AS (
           AND %(polled_wakeup_delay_seconds)s::double precision > 0
     WHERE i.status = 'Queued'
 )
-SELECT * FROM inserted
+SELECT task_id, status, queue, operator, attempt FROM inserted
 
 -- name: notify_queues
 -- The relay, and the claims waiting on the dispatcher for these queues' tasks (they hear it too).

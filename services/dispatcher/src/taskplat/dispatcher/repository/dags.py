@@ -1,8 +1,9 @@
 """DAG, job and dataset rows (`dags.sql`).
 
 Invariants: functions take the caller's connection and never commit; `apply` callers hold
-`lock_dag` for the whole replacement, and a rollover caller holds `lock_dataset`. A dataset is
-found or created by name, so two DAGs naming the same dataset share it.
+`lock_dag` for the whole replacement, and a caller changing a dataset's current version holds
+`lock_dataset`. A dataset is found or created by name, so two DAGs naming the same dataset share
+it.
 """
 
 from __future__ import annotations
@@ -173,15 +174,38 @@ async def lock_dataset(conn: Conn, dataset_uuid: UUID) -> Row | None:
     return await _one(conn, "lock_dataset", {"dataset_uuid": dataset_uuid})
 
 
-async def roll_over_version(
-    conn: Conn, dataset_uuid: UUID, dataset_version: UUID, now: datetime | None
+async def make_version_current(
+    conn: Conn, dataset_uuid: UUID, dataset_version: UUID, how: str, now: datetime | None
 ) -> list[Row]:
-    """Make `dataset_version` current; the tasks canceled as pinned to an older version."""
+    """Make `dataset_version` current, a new one (`how="created"`) or an earlier one again
+    (`how="rollback"`); the live tasks canceled as pinned to another version."""
     return await _all(
         conn,
-        "roll_over_version",
-        {"dataset_uuid": dataset_uuid, "dataset_version": dataset_version, "now": now},
+        "make_version_current",
+        {"dataset_uuid": dataset_uuid, "dataset_version": dataset_version, "how": how, "now": now},
     )
+
+
+async def version_exists(conn: Conn, dataset_uuid: UUID, dataset_version: UUID) -> bool:
+    params = {"dataset_uuid": dataset_uuid, "dataset_version": dataset_version}
+    return await _one(conn, "version_of_dataset", params) is not None
+
+
+async def lock_pinned_datasets(
+    conn: Conn, dataset_uuids: list[UUID], dataset_versions: list[UUID]
+) -> dict[UUID, Row]:
+    """Share-lock the named datasets: {dataset_uuid: {current_version, named_versions}}."""
+    rows = await _all(
+        conn,
+        "lock_pinned_datasets",
+        {"dataset_uuids": dataset_uuids, "dataset_versions": dataset_versions},
+    )
+    return {row["dataset_uuid"]: row for row in rows}
+
+
+async def job_trust(conn: Conn, dag_name: str, job_name: str) -> Row | None:
+    """The job's {operator, trust}; None when no such job is applied."""
+    return await _one(conn, "job_trust", {"dag_name": dag_name, "job_name": job_name})
 
 
 async def list_events(conn: Conn, params: dict[str, Any]) -> list[Row]:

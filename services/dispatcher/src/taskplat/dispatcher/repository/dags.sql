@@ -35,8 +35,9 @@ created AS (
     RETURNING dataset_uuid, current_version, created_at
 ),
 first_version AS (
-    INSERT INTO dataset_versions (dataset_uuid, dataset_version, created_at)
-    SELECT dataset_uuid, current_version, created_at FROM created
+    INSERT INTO dataset_versions (dataset_uuid, dataset_version, created_at, current_since,
+                                  became_current)
+    SELECT dataset_uuid, current_version, created_at, created_at, 'created' FROM created
 )
 SELECT dataset_uuid FROM created
 
@@ -121,7 +122,7 @@ FROM datasets AS d
 WHERE d.dataset_uuid = %(dataset_uuid)s
 
 -- name: dataset_versions
-SELECT v.dataset_version, v.created_at, v.superseded_at,
+SELECT v.dataset_version, v.created_at, v.superseded_at, v.current_since, v.became_current,
        v.dataset_version = d.current_version AS current
 FROM dataset_versions AS v
 JOIN datasets AS d ON d.dataset_uuid = v.dataset_uuid
@@ -132,50 +133,33 @@ ORDER BY v.dataset_version = d.current_version DESC, v.created_at DESC,
 -- name: lock_dataset
 SELECT dataset_uuid, current_version FROM datasets WHERE dataset_uuid = %(dataset_uuid)s FOR UPDATE
 
--- name: roll_over_version
--- A new current version; every live task pinned to another version of the dataset is canceled
--- (VersionSuperseded) in the same statement. A Running holder learns it on its next heartbeat.
-WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
-superseded AS (
-    UPDATE dataset_versions AS v
-    SET superseded_at = n.now
-    FROM n
-    WHERE v.dataset_uuid = %(dataset_uuid)s AND v.superseded_at IS NULL
-),
-added AS (
-    INSERT INTO dataset_versions (dataset_uuid, dataset_version, created_at)
-    SELECT %(dataset_uuid)s, %(dataset_version)s, n.now FROM n
-),
-moved AS (
-    UPDATE datasets AS d
-    SET current_version = %(dataset_version)s, updated_at = n.now
-    FROM n
-    WHERE d.dataset_uuid = %(dataset_uuid)s
-),
-canceled AS (
-    UPDATE tasks AS t
-    SET status = 'Canceled',
-        cancel_reason = 'VersionSuperseded',
-        attempt_outcome = CASE WHEN t.status = 'Running' THEN 'Canceled' ELSE t.attempt_outcome END,
-        next_retry_at = NULL,
-        lease_expires_at = NULL,
-        finished_at = n.now,
-        updated_at = n.now
-    FROM n
-    WHERE t.task_id = ANY (ARRAY(
-              SELECT p.task_id FROM task_pins AS p
-              WHERE p.dataset_uuid = %(dataset_uuid)s
-                AND p.dataset_version <> %(dataset_version)s))
-      AND t.status IN ('Scheduled', 'Queued', 'Failed', 'Running')
-    RETURNING t.task_id, t.attempt, t.queue, t.operator, t.worker_id
-),
-closed AS (
-    UPDATE task_attempts AS a
-    SET outcome = 'Canceled', finished_at = n.now
-    FROM canceled AS c, n
-    WHERE a.task_id = c.task_id AND a.attempt = c.attempt AND a.outcome IS NULL
-)
-SELECT task_id, attempt, queue, operator, worker_id FROM canceled
+-- name: make_version_current
+-- A new current version (%(how)s = 'created') or an earlier one again ('rollback'); every live task
+-- pinned to another version of the dataset is canceled (VersionSuperseded) in the same statement
+-- and returned. A Running holder learns it on its next heartbeat. The caller holds lock_dataset.
+SELECT task_id, attempt, queue, operator, worker_id
+FROM taskplat_make_version_current(%(dataset_uuid)s, %(dataset_version)s, %(how)s,
+                                   coalesce(%(now)s::timestamptz, now()))
+
+-- name: version_of_dataset
+SELECT dataset_version FROM dataset_versions
+WHERE dataset_uuid = %(dataset_uuid)s AND dataset_version = %(dataset_version)s
+
+-- name: lock_pinned_datasets
+-- Share-lock the datasets a new task's inputs name (a version change locks the row for update),
+-- so the current versions read here stay current until the task and its pins commit; and every
+-- version of them the inputs name.
+SELECT d.dataset_uuid, d.current_version,
+       ARRAY(SELECT v.dataset_version FROM dataset_versions AS v
+             WHERE v.dataset_uuid = d.dataset_uuid
+               AND v.dataset_version = ANY (%(dataset_versions)s::uuid[])) AS named_versions
+FROM datasets AS d
+WHERE d.dataset_uuid = ANY (%(dataset_uuids)s::uuid[])
+ORDER BY d.dataset_uuid
+FOR SHARE
+
+-- name: job_trust
+SELECT operator, trust FROM jobs WHERE dag_name = %(dag_name)s AND name = %(job_name)s
 
 -- name: list_events
 SELECT e.event_id, e.dataset_uuid, e.dataset_version, e."cursor", e.partition_key,

@@ -66,15 +66,10 @@ async def queue_exists(conn: Conn, name: str) -> bool:
     return bool(await _all(conn, "queue_exists", {"name": name}))
 
 
-async def replay_tasks(
-    conn: Conn,
-    *,
-    ids: Sequence[UUID] | None,
-    filters: dict[str, Any],
-    limit: int,
-    now: datetime | None,
-    trace_context: dict[str, str] | None,
-) -> list[Row]:
+async def pick_replayable(
+    conn: Conn, *, ids: Sequence[UUID] | None, filters: dict[str, Any], limit: int
+) -> list[UUID]:
+    """Lock the Dead or Canceled tasks named by `ids`, or chosen by `filters`, up to `limit`."""
     params = {
         "ids": list(ids) if ids is not None else None,
         "status": None,
@@ -84,6 +79,20 @@ async def replay_tasks(
         "job": None,
         **filters,
         "limit": limit,
+    }
+    return [row["task_id"] for row in await _all(conn, "pick_replayable", params)]
+
+
+async def replay_tasks(
+    conn: Conn,
+    ids: Sequence[UUID],
+    *,
+    now: datetime | None,
+    trace_context: dict[str, str] | None,
+) -> list[Row]:
+    """Replay the picked tasks `ids` (locked by `pick_replayable`), each with its wake-up."""
+    params = {
+        "ids": list(ids),
         "now": now,
         "trace_context": Jsonb(trace_context) if trace_context else None,
     }

@@ -3,8 +3,9 @@
 -- Pause and resume are guarded single-row updates of `queues`. A resume re-announces the queue's
 -- Queued tasks (their wake-ups were answered NotClaimed `Paused` and deleted meanwhile) in the same
 -- transaction, at most %(limit)s of them; the scheduler's re-publication covers any beyond. A
--- bulk replay is one statement: the rows it takes are locked (SKIP LOCKED) as Dead or Canceled,
--- replayed as a new attempt with a fresh budget, and get their enqueue_task outbox rows.
+-- bulk replay is one transaction: the rows it picks are locked (SKIP LOCKED) as Dead or Canceled,
+-- their pins checked (taskplat_replay_pins), and the others replayed as a new attempt with a
+-- fresh budget, with their enqueue_task outbox rows.
 
 -- name: register_queues
 INSERT INTO queues (name, created_at, updated_at)
@@ -90,22 +91,29 @@ WHERE name = %(name)s
 -- name: queue_exists
 SELECT name, paused FROM queues WHERE name = %(name)s
 
+-- name: pick_replayable
+-- The Dead or Canceled tasks named by ids, or chosen by a filter (newest finished first), locked.
+SELECT t.task_id
+FROM tasks AS t
+WHERE t.status IN ('Dead', 'Canceled')
+  AND (%(ids)s::uuid[] IS NULL OR t.task_id = ANY(%(ids)s::uuid[]))
+  AND (%(status)s::text IS NULL OR t.status = %(status)s::text)
+  AND (%(queue)s::text IS NULL OR t.queue = %(queue)s::text)
+  AND (%(operator)s::text IS NULL OR t.operator = %(operator)s::text)
+  AND (%(dag)s::text IS NULL OR t.job ->> 'dag_name' = %(dag)s::text)
+  AND (%(job)s::text IS NULL OR t.job ->> 'name' = %(job)s::text)
+ORDER BY t.finished_at DESC NULLS LAST, t.task_id
+LIMIT %(limit)s
+FOR UPDATE OF t SKIP LOCKED
+
 -- name: replay_tasks
--- Replay Dead or Canceled tasks named by ids, or chosen by a filter (newest finished first).
+-- Replay the picked tasks (locked by pick_replayable in this transaction, pins checked).
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 picked AS MATERIALIZED (
     SELECT t.task_id
     FROM tasks AS t
     WHERE t.status IN ('Dead', 'Canceled')
-      AND (%(ids)s::uuid[] IS NULL OR t.task_id = ANY(%(ids)s::uuid[]))
-      AND (%(status)s::text IS NULL OR t.status = %(status)s::text)
-      AND (%(queue)s::text IS NULL OR t.queue = %(queue)s::text)
-      AND (%(operator)s::text IS NULL OR t.operator = %(operator)s::text)
-      AND (%(dag)s::text IS NULL OR t.job ->> 'dag_name' = %(dag)s::text)
-      AND (%(job)s::text IS NULL OR t.job ->> 'name' = %(job)s::text)
-    ORDER BY t.finished_at DESC NULLS LAST, t.task_id
-    LIMIT %(limit)s
-    FOR UPDATE OF t SKIP LOCKED
+      AND t.task_id = ANY(%(ids)s::uuid[])
 ),
 replayed AS (
     UPDATE tasks AS t
@@ -123,6 +131,7 @@ replayed AS (
         expires_at = NULL,
         attempt_outcome = NULL,
         dead_reason = NULL,
+        cancel_reason = NULL,
         result = NULL,
         queued_at = n.now,
         updated_at = n.now

@@ -237,6 +237,13 @@ async def cancel_task(conn: Conn, task_id: UUID, now: datetime | None) -> Row | 
     return await _one(conn, "cancel_task", {"task_id": task_id, "now": now})
 
 
+async def replay_pins(conn: Conn, task_ids: Sequence[UUID], *, repin: bool) -> list[UUID]:
+    """Lock the Dead or Canceled tasks among `task_ids` and the datasets they are pinned to; the
+    ones pinned to a version that is no longer current (none with `repin`: re-pinned)."""
+    cursor = await conn.execute(Q["replay_pins"], {"task_ids": list(task_ids), "repin": repin})
+    return [row["task_id"] for row in await cursor.fetchall()]
+
+
 async def replay_task(conn: Conn, task_id: UUID, now: datetime | None) -> Row | None:
     return await _one(conn, "replay_task", {"task_id": task_id, "now": now})
 

@@ -6,7 +6,8 @@
 -- a fake now.
 
 -- name: insert_task
--- One statement, committed on return in autocommit: the task, and for a Queued one its
+-- One statement, committed on return in autocommit: the task, its pins (a task of a job), and
+-- for a Queued one its
 -- `enqueue_task` outbox row and a NOTIFY (delivered on commit). No row: the idempotency key
 -- already exists and nothing was written. While the queue's workers wait on the dispatcher for
 -- its tasks (`queues.polled_until` ahead, migration 0016), the wake-up is written held, due
@@ -32,7 +33,14 @@ inserted AS (
         n.now, n.now, %(trace_context)s
     FROM n
     ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING task_id, status, queue, operator, attempt
+    RETURNING task_id, status, queue, operator, attempt, job, inputs
+),
+-- A task of a job is pinned to the dataset versions its inputs name (the caller resolved them).
+pins AS (
+    INSERT INTO task_pins (dataset_uuid, dataset_version, task_id)
+    SELECT p.dataset_uuid, p.dataset_version, i.task_id
+    FROM inserted AS i,
+         taskplat_input_pins(CASE WHEN i.job IS NOT NULL THEN i.inputs END) AS p
 ),
 polled AS (
     SELECT true AS polled
@@ -368,6 +376,11 @@ closed AS (
     WHERE a.task_id = c.task_id AND a.attempt = c.attempt AND a.outcome IS NULL
 )
 SELECT task_id, attempt, queue, operator, worker_id FROM canceled
+
+-- name: replay_pins
+-- The pin check of a replay (migration 0017): the tasks among %(task_ids)s pinned to a dataset
+-- version that is no longer current, locked; with %(repin)s they are re-pinned and none returned.
+SELECT taskplat_replay_pins(%(task_ids)s::uuid[], %(repin)s) AS task_id
 
 -- name: replay_task
 -- A replay: a new attempt with a fresh attempt budget, Queued at once.

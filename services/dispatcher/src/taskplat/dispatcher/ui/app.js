@@ -414,13 +414,28 @@ async function datasetView(uuid) {
       ["Location", dataset.location], ["Current version", dataset.dataset_version || dataset.current_version],
       ["Latest cursor", dataset.latest_cursor]].flatMap(([k, v]) =>
       [h("dt", {}, k), h("dd", { class: "mono" }, v ?? "—")])),
-    h("h2", {}, "Versions"), table(["Version", "Created"], versions.map((v) =>
-      typeof v === "string" ? [v, ""] : [v.dataset_version || "", when(v.created_at)]), "—"),
+    h("h2", {}, "Versions"), h("div", { id: "dataset-versions" }, table(
+      ["Version", "Created", "Current since", "Became current", "Superseded", ""],
+      versions.map((v) => [h("span", { class: "mono" }, v.dataset_version),
+        when(v.created_at), v.current ? when(v.current_since) : "—", v.became_current || "",
+        when(v.superseded_at),
+        v.current ? status("Current") : h("button", { class: "danger rollback",
+          dataset: { version: v.dataset_version },
+          onclick: () => rollBack(dataset, v.dataset_version) }, "Roll back")]), "—")),
     h("h2", {}, "Events"), table(["Cursor / partition", "Version", "Producer", "Routed", "Tasks"],
       listOf(events, "events").map((e) => [e.cursor ?? e.partition_key ?? "",
         h("span", { class: "mono" }, e.dataset_version), e.producer ? taskLink(e.producer.task_id) : "",
         e.routed ? "yes" : `no${e.reason ? ` (${e.reason})` : ""}`,
         h("span", {}, (e.tasks || []).map((id) => taskLink(id)))]), "No events yet."));
+}
+
+async function rollBack(dataset, version) {
+  if (!confirm(`Make version ${version} of ${dataset.name || dataset.dataset_uuid} current again? ` +
+               "Live tasks pinned to the current version will be canceled.")) return;
+  const answer = await api("POST", `/datasets/${encodeURIComponent(dataset.dataset_uuid)}/current`,
+    { dataset_version: version });
+  toast(`Rolled back: ${answer.canceled_tasks} task(s) canceled`);
+  route();
 }
 
 // ---- routing -------------------------------------------------------------------------------
