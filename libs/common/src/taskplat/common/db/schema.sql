@@ -149,6 +149,21 @@ CREATE FUNCTION public.taskplat_ended_status(t public.tasks, ended text, retryab
 $$;
 
 --
+-- Name: taskplat_input_pins(jsonb); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_input_pins(p_inputs jsonb) RETURNS TABLE(dataset_uuid uuid, dataset_version uuid)
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT DISTINCT (i ->> 'dataset_uuid')::uuid, (i ->> 'dataset_version')::uuid
+    FROM jsonb_array_elements(CASE WHEN jsonb_typeof(p_inputs) = 'array' THEN p_inputs
+                                   ELSE '[]'::jsonb END) AS i
+    WHERE jsonb_typeof(i) = 'object'
+      AND jsonb_typeof(i -> 'dataset_uuid') = 'string'
+      AND jsonb_typeof(i -> 'dataset_version') = 'string'
+$$;
+
+--
 -- Name: taskplat_job_outputs(jsonb); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -223,6 +238,125 @@ BEGIN
         END IF;
     END IF;
     RETURN NULL;
+END
+$$;
+
+--
+-- Name: taskplat_make_version_current(uuid, uuid, text, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_make_version_current(p_dataset_uuid uuid, p_version uuid, p_how text, p_now timestamp with time zone) RETURNS TABLE(task_id uuid, attempt integer, queue text, operator text, worker_id text)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+BEGIN
+    UPDATE dataset_versions AS v
+    SET superseded_at = p_now
+    WHERE v.dataset_uuid = p_dataset_uuid AND v.superseded_at IS NULL
+      AND v.dataset_version <> p_version;
+    IF p_how = 'created' THEN
+        INSERT INTO dataset_versions (dataset_uuid, dataset_version, created_at, current_since,
+                                      became_current)
+        VALUES (p_dataset_uuid, p_version, p_now, p_now, 'created');
+    ELSE
+        UPDATE dataset_versions AS v
+        SET superseded_at = NULL, current_since = p_now, became_current = 'rollback'
+        WHERE v.dataset_uuid = p_dataset_uuid AND v.dataset_version = p_version;
+        UPDATE datasets AS d
+        SET location = 'postgres_table:' || t.table_name
+        FROM dataset_tables AS t
+        WHERE d.dataset_uuid = p_dataset_uuid
+          AND t.dataset_uuid = p_dataset_uuid AND t.dataset_version = p_version;
+    END IF;
+    UPDATE datasets AS d
+    SET current_version = p_version, updated_at = p_now
+    WHERE d.dataset_uuid = p_dataset_uuid;
+    RETURN QUERY
+    WITH canceled AS (
+        UPDATE tasks AS t
+        SET status = 'Canceled',
+            cancel_reason = 'VersionSuperseded',
+            attempt_outcome = CASE WHEN t.status = 'Running' THEN 'Canceled'
+                                   ELSE t.attempt_outcome END,
+            next_retry_at = NULL,
+            lease_expires_at = NULL,
+            finished_at = p_now,
+            updated_at = p_now
+        WHERE t.task_id = ANY (ARRAY(
+                  SELECT p.task_id FROM task_pins AS p
+                  WHERE p.dataset_uuid = p_dataset_uuid AND p.dataset_version <> p_version))
+          AND t.status IN ('Scheduled', 'Queued', 'Failed', 'Running')
+        RETURNING t.task_id, t.attempt, t.queue, t.operator, t.worker_id
+    ),
+    closed AS (
+        UPDATE task_attempts AS a
+        SET outcome = 'Canceled', finished_at = p_now
+        FROM canceled AS c
+        WHERE a.task_id = c.task_id AND a.attempt = c.attempt AND a.outcome IS NULL
+    )
+    SELECT c.task_id, c.attempt, c.queue, c.operator, c.worker_id FROM canceled AS c;
+END
+$$;
+
+--
+-- Name: taskplat_repinned_inputs(jsonb); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_repinned_inputs(p_inputs jsonb) RETURNS jsonb
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT coalesce(jsonb_agg(
+               CASE WHEN d.dataset_uuid IS NULL THEN x.e
+                    ELSE jsonb_set(x.e, '{dataset_version}', to_jsonb(d.current_version::text))
+               END ORDER BY x.ord), '[]'::jsonb)
+    FROM jsonb_array_elements(CASE WHEN jsonb_typeof(p_inputs) = 'array' THEN p_inputs
+                                   ELSE '[]'::jsonb END) WITH ORDINALITY AS x(e, ord)
+    LEFT JOIN datasets AS d
+           ON jsonb_typeof(x.e) = 'object'
+          AND jsonb_typeof(x.e -> 'dataset_version') = 'string'
+          AND d.dataset_uuid::text = lower(x.e ->> 'dataset_uuid')
+$$;
+
+--
+-- Name: taskplat_replay_pins(uuid[], boolean); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_replay_pins(p_task_ids uuid[], p_repin boolean) RETURNS SETOF uuid
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    stale uuid[];
+BEGIN
+    PERFORM 1 FROM tasks AS t
+    WHERE t.task_id = ANY (p_task_ids) AND t.status IN ('Dead', 'Canceled')
+    ORDER BY t.task_id
+    FOR UPDATE;
+    PERFORM 1 FROM datasets AS d
+    WHERE d.dataset_uuid IN (SELECT p.dataset_uuid FROM task_pins AS p
+                             WHERE p.task_id = ANY (p_task_ids))
+    ORDER BY d.dataset_uuid
+    FOR SHARE;
+    stale := ARRAY(
+        SELECT DISTINCT p.task_id
+        FROM task_pins AS p
+        JOIN tasks AS t ON t.task_id = p.task_id
+        JOIN datasets AS d ON d.dataset_uuid = p.dataset_uuid
+        WHERE p.task_id = ANY (p_task_ids)
+          AND t.status IN ('Dead', 'Canceled')
+          AND p.dataset_version <> d.current_version);
+    IF NOT p_repin THEN
+        RETURN QUERY SELECT unnest(stale);
+        RETURN;
+    END IF;
+    UPDATE tasks AS t SET inputs = taskplat_repinned_inputs(t.inputs)
+    WHERE t.task_id = ANY (stale);
+    DELETE FROM task_pins AS p WHERE p.task_id = ANY (stale);
+    INSERT INTO task_pins (dataset_uuid, dataset_version, task_id)
+    SELECT i.dataset_uuid, i.dataset_version, t.task_id
+    FROM tasks AS t, taskplat_input_pins(t.inputs) AS i
+    WHERE t.task_id = ANY (stale)
+    ON CONFLICT DO NOTHING;
+    RETURN;
 END
 $$;
 
@@ -340,9 +474,8 @@ BEGIN
         RETURN NULL;
     END IF;
     INSERT INTO task_pins (dataset_uuid, dataset_version, task_id)
-    SELECT DISTINCT (i ->> 'dataset_uuid')::uuid, (i ->> 'dataset_version')::uuid, new_id
-    FROM jsonb_array_elements(coalesce(p_inputs, '[]'::jsonb)) AS i
-    WHERE i ? 'dataset_uuid' AND i ? 'dataset_version';
+    SELECT i.dataset_uuid, i.dataset_version, new_id
+    FROM taskplat_input_pins(coalesce(p_inputs, '[]'::jsonb)) AS i;
     INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at)
     VALUES ('enqueue_task', new_id, j.queue, jsonb_build_object('task_id', new_id::text),
             p_trace_context, p_now, p_now);
@@ -416,7 +549,10 @@ CREATE TABLE public.dataset_versions (
     dataset_uuid uuid NOT NULL,
     dataset_version uuid NOT NULL,
     created_at timestamp with time zone NOT NULL,
-    superseded_at timestamp with time zone
+    superseded_at timestamp with time zone,
+    current_since timestamp with time zone NOT NULL,
+    became_current text NOT NULL,
+    CONSTRAINT dataset_versions_became_current_check CHECK ((became_current = ANY (ARRAY['created'::text, 'rollback'::text])))
 );
 
 --
@@ -432,6 +568,17 @@ CREATE TABLE public.datasets (
     created_at timestamp with time zone NOT NULL,
     updated_at timestamp with time zone NOT NULL,
     CONSTRAINT datasets_kind_check CHECK ((kind = ANY (ARRAY['external'::text, 'postgres'::text, 'buffered_postgres'::text, 's3'::text])))
+);
+
+--
+-- Name: event_positions; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.event_positions (
+    dataset_uuid uuid NOT NULL,
+    dataset_version uuid NOT NULL,
+    event_key text NOT NULL,
+    event_id bigint NOT NULL
 );
 
 --
@@ -674,7 +821,7 @@ CASE
 END) STORED,
     route_reason text,
     CONSTRAINT task_events_has_position CHECK (((partition_key IS NOT NULL) OR (range_start IS NOT NULL) OR (cursor IS NOT NULL))),
-    CONSTRAINT task_events_route_reason_check CHECK ((route_reason = ANY (ARRAY['NotCurrentVersion'::text, 'UnknownDataset'::text])))
+    CONSTRAINT task_events_route_reason_check CHECK ((route_reason = ANY (ARRAY['NotCurrentVersion'::text, 'UnknownDataset'::text, 'Duplicate'::text])))
 );
 
 --
@@ -767,6 +914,13 @@ ALTER TABLE ONLY public.datasets
 
 ALTER TABLE ONLY public.datasets
     ADD CONSTRAINT datasets_pkey PRIMARY KEY (dataset_uuid);
+
+--
+-- Name: event_positions event_positions_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.event_positions
+    ADD CONSTRAINT event_positions_pkey PRIMARY KEY (dataset_uuid, dataset_version, event_key);
 
 --
 -- Name: event_routes event_routes_pkey; Type: CONSTRAINT; Schema: public; Owner: -
