@@ -139,6 +139,10 @@ class QueryService:
         self._answers = telemetry.counter(
             "taskplat_query_requests", description="POST /query answers by outcome"
         )
+        self._engines = telemetry.counter(
+            "taskplat_query_engines_opened",
+            description="DuckDB connections opened (one per query that passed the guard)",
+        )
         self._duration = telemetry.histogram(
             "taskplat_query_duration_seconds", description="Run time of admitted queries"
         )
@@ -219,6 +223,7 @@ class QueryService:
             body.max_rows if body.max_rows is not None else self._settings.max_rows,
             self._settings.max_rows,
         )
+        self._engines.add(1)
         conn = engine.prepare(used, sources, self._limits)
         try:
             return engine.run(conn, checked.sql, body.params, self._limits, max_rows, body.format)

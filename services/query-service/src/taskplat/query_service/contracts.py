@@ -8,15 +8,24 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
-from taskplat.common.contracts.base import NO_NUL, Contract
+from taskplat.common.contracts.base import Contract
 
-Param = Annotated[str, Field(max_length=65_536, pattern=NO_NUL)] | int | float | bool | None
+
+def _no_nul(text: str) -> str:
+    if "\x00" in text:
+        raise ValueError("text must not contain NUL (\\u0000) characters")
+    return text
+
+
+# Text without NUL (checked by a validator, not a pattern: the document stays cheap to fuzz).
+Text = Annotated[str, AfterValidator(_no_nul)]
+Param = Annotated[Text, Field(max_length=65_536)] | int | float | bool | None
 
 
 class QueryRequest(Contract):
-    sql: Annotated[str, Field(min_length=1, max_length=100_000, pattern=NO_NUL)]
+    sql: Annotated[Text, Field(min_length=1, max_length=100_000)]
     params: Annotated[list[Param], Field(max_length=1000)] | None = None
     max_rows: Annotated[int, Field(ge=0, le=10_000_000)] | None = Field(
         None, description="Most rows wanted; capped by the service's own limit."
