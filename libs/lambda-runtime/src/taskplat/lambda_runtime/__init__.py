@@ -39,12 +39,17 @@ from taskplat.lambda_runtime.operator import (
 if TYPE_CHECKING:
     from taskplat.lambda_runtime.dispatcher import Refused, Unreachable
     from taskplat.lambda_runtime.handler import LeaseLost, taskplat_handler
+    from taskplat.lambda_runtime.query_client import QueryError, QueryResult, query, query_bytes
 
 _LAZY = {
     "Refused": "taskplat.lambda_runtime.dispatcher",
     "Unreachable": "taskplat.lambda_runtime.dispatcher",
     "LeaseLost": "taskplat.lambda_runtime.handler",
     "taskplat_handler": "taskplat.lambda_runtime.handler",
+    "QueryError": "taskplat.lambda_runtime.query_client",
+    "QueryResult": "taskplat.lambda_runtime.query_client",
+    "query": "taskplat.lambda_runtime.query_client",
+    "query_bytes": "taskplat.lambda_runtime.query_client",
 }
 
 
@@ -62,6 +67,8 @@ __all__ = [
     "LeaseLost",
     "OperatorFailure",
     "PermanentFailure",
+    "QueryError",
+    "QueryResult",
     "Refused",
     "Result",
     "Task",
@@ -69,6 +76,8 @@ __all__ = [
     "emit_event",
     "emit_events",
     "publish_records",
+    "query",
+    "query_bytes",
     "read_task",
     "resolve_event",
     "run_operator",
