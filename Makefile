@@ -45,7 +45,7 @@ up: venv sqs-deps ## Start the platform: Postgres, SQS, every service and TASKPL
 	@$(RUN) python -m taskplat.devstack up
 
 .PHONY: demo
-demo: venv sqs-deps ## Private stack: 1,000 echo tasks and a three-job pipeline, summaries, stop
+demo: venv sqs-deps ## Private stack: 1,000 echo tasks, a three-job pipeline, an untrusted join; summaries, stop
 	@$(RUN) python -m taskplat.devstack demo
 
 .PHONY: bench

@@ -33,8 +33,10 @@ from tqdm import tqdm
 
 from taskplat.common.db.queries import load_queries
 from taskplat.devstack.demo_pipeline import run_pipeline_demo
+from taskplat.devstack.demo_query import operators_file, run_query_demo
 from taskplat.devstack.errors import DevstackError
 from taskplat.devstack.stack import Stack, StackConfig
+from taskplat.devstack.stack.services import WORKER_GROUP
 
 SUBMIT_THREADS = 8
 SUBMIT_RETRIES = 3
@@ -179,7 +181,16 @@ def report(summary: Summary) -> str:
 
 
 def run_demo(run_dir: Path, *, tasks: int, workers: int, timeout: float) -> int:
-    config = StackConfig(run_dir=run_dir, workers=workers, dispatcher_port=None, keep_data=False)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    operators = operators_file(run_dir)
+    config = StackConfig(
+        run_dir=run_dir,
+        workers=workers,
+        dispatcher_port=None,
+        keep_data=False,
+        data_services=True,  # the untrusted join reads through the query service
+        service_env={WORKER_GROUP: {"TASKPLAT_WORKER_OPERATORS_FILE": str(operators)}},
+    )
     stack = Stack(config)
     print(f"starting a private stack in {run_dir} ...", file=sys.stderr, flush=True)
     try:
@@ -204,7 +215,9 @@ def run_demo(run_dir: Path, *, tasks: int, workers: int, timeout: float) -> int:
                 print(f"demo: not every task finished within {timeout:.0f}s", file=sys.stderr)
             pipeline_ok, pipeline_report = run_pipeline_demo(client, timeout=timeout)
             print(pipeline_report, flush=True)
-        return 0 if summary.completed == len(submitted) and pipeline_ok else 1
+            query_ok, query_report = run_query_demo(client, timeout=timeout)
+            print(query_report, flush=True)
+        return 0 if summary.completed == len(submitted) and pipeline_ok and query_ok else 1
     finally:
         print("stopping the stack ...", file=sys.stderr, flush=True)
         stack.stop()
