@@ -146,7 +146,6 @@ def prepare(
         inputs = list({id(v): v for v in views.values()}.values())
         needs_pg = any(v.table_name for v in inputs)
         prefixes = sorted({v.s3_prefix for v in inputs if v.s3_prefix})
-        conn.execute("LOAD parquet")
         if needs_pg:
             conn.execute("LOAD postgres_scanner")
             conn.execute(
@@ -154,6 +153,7 @@ def prepare(
                 "(TYPE postgres, READ_ONLY)"
             )
         if prefixes:
+            conn.execute("LOAD parquet")
             conn.execute("LOAD httpfs")
             if sources.s3 is not None:
                 _s3_secret(conn, sources, prefixes)
@@ -214,23 +214,19 @@ def run(
                 {"name": n, "type": str(t)}
                 for n, t in zip(relation.columns, relation.types, strict=True)
             ]
-            rows, truncated = _rows(relation, max_rows, limits.max_bytes)
-            count = len(rows)
-            elapsed = (time.monotonic() - started) * 1000
             if fmt == "csv":
+                rows, truncated = _rows(relation, max_rows, limits.max_bytes)
+                count = len(rows)
                 body, media = _csv(columns, rows), "text/csv; charset=utf-8"
             else:
-                body = json.dumps(
-                    {
-                        "columns": columns,
-                        "rows": rows,
-                        "row_count": count,
-                        "truncated": truncated,
-                        "elapsed_ms": round(elapsed, 3),
-                    },
+                text, count, truncated = _json_rows(relation, max_rows, limits.max_bytes)
+                elapsed = (time.monotonic() - started) * 1000
+                head = json.dumps({"columns": columns}, separators=(",", ":"))[:-1]
+                tail = json.dumps(
+                    {"row_count": count, "truncated": truncated, "elapsed_ms": round(elapsed, 3)},
                     separators=(",", ":"),
-                    default=_jsonable,
-                ).encode()
+                )[1:]
+                body = f'{head},"rows":[{text}],{tail}'.encode()
                 media = "application/json"
     except duckdb.InterruptException:
         raise QueryTimeout(f"the query ran past {limits.timeout_seconds:g} s") from None
@@ -247,21 +243,51 @@ def run(
     return Answer(body, media, count, truncated, round(elapsed_ms, 3))
 
 
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), default=_jsonable)
+
+
+def _json_rows(
+    relation: duckdb.DuckDBPyRelation, max_rows: int, max_bytes: int
+) -> tuple[str, int, bool]:
+    """The rows as the inside of a JSON array, serialized once per chunk: (text, rows,
+    truncated). A chunk that would pass a limit is cut row by row."""
+    parts: list[str] = []
+    count = size = 0
+    while True:
+        chunk = relation.fetchmany(min(CHUNK_ROWS, max_rows + 1 - count))
+        if not chunk:
+            return ",".join(parts), count, False
+        text = _dumps(chunk)[1:-1]
+        if count + len(chunk) <= max_rows and size + len(text) + 1 <= max_bytes:
+            if text:
+                parts.append(text)
+            count += len(chunk)
+            size += len(text) + 1
+            continue
+        for raw in chunk:
+            row = _dumps(raw)
+            if count >= max_rows or size + len(row) + 1 > max_bytes:
+                return ",".join(parts), count, True
+            parts.append(row)
+            count += 1
+            size += len(row) + 1
+
+
 def _rows(
     relation: duckdb.DuckDBPyRelation, max_rows: int, max_bytes: int
-) -> tuple[list[list[Any]], bool]:
-    rows: list[list[Any]] = []
+) -> tuple[list[tuple[Any, ...]], bool]:
+    rows: list[tuple[Any, ...]] = []
     size = 0
     while True:
         chunk = relation.fetchmany(min(CHUNK_ROWS, max_rows + 1 - len(rows)))
         if not chunk:
             return rows, False
         for raw in chunk:
-            row = [_plain(value) for value in raw]
-            size += len(json.dumps(row, default=_jsonable)) + 1
+            size += sum(len(_csv_value(v)) + 1 for v in raw)
             if len(rows) >= max_rows or size > max_bytes:
                 return rows, True
-            rows.append(row)
+            rows.append(raw)
 
 
 def _arrow(
@@ -288,23 +314,19 @@ def _arrow(
     return sink.getvalue(), count, truncated
 
 
-def _plain(value: Any) -> Any:
+def _jsonable(value: Any) -> Any:
     if isinstance(value, Decimal):
         return float(value)
-    return value
-
-
-def _jsonable(value: Any) -> Any:
     if isinstance(value, datetime | date | dtime):
         return value.isoformat()
-    if isinstance(value, UUID | Decimal):
+    if isinstance(value, UUID):
         return str(value)
     if isinstance(value, bytes | bytearray | memoryview):
         return base64.b64encode(bytes(value)).decode()
     return str(value)
 
 
-def _csv(columns: list[dict[str, str]], rows: list[list[Any]]) -> bytes:
+def _csv(columns: list[dict[str, str]], rows: list[tuple[Any, ...]]) -> bytes:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow([c["name"] for c in columns])
@@ -316,8 +338,8 @@ def _csv(columns: list[dict[str, str]], rows: list[list[Any]]) -> bytes:
 def _csv_value(value: Any) -> str:
     if value is None:
         return ""
-    if isinstance(value, list | dict):
-        return json.dumps(value, default=_jsonable)
+    if isinstance(value, list | dict | tuple):
+        return _dumps(value)
     if isinstance(value, bool | int | float | str):
         return str(value)
     return str(_jsonable(value))
