@@ -65,6 +65,15 @@ def test_views_are_named_by_uuid_too_and_params_bind(
     assert answer.json()["rows"] == [[1]]
 
 
+def test_values_json_cannot_hold_answer_null(
+    service: httpx.Client, inputs: tuple[Dataset, Dataset]
+) -> None:
+    query = "SELECT 'nan'::DOUBLE AS n, 'inf'::DOUBLE AS i, [1.5, 'nan'::DOUBLE] AS l FROM prices"
+    answer = ask(service, mint(inputs), query + " LIMIT 1")
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["rows"] == [[None, None, [1.5, None]]]
+
+
 def test_csv_and_arrow_answers(service: httpx.Client, inputs: tuple[Dataset, Dataset]) -> None:
     token = mint(inputs)
     as_csv = ask(service, token, JOIN, format="csv")

@@ -21,6 +21,7 @@ import csv
 import importlib.util
 import io
 import json
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -244,7 +245,20 @@ def run(
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), default=_jsonable)
+    try:
+        return json.dumps(value, separators=(",", ":"), default=_jsonable, allow_nan=False)
+    except ValueError:  # NaN or an infinity: JSON has no such number, they answer null
+        return json.dumps(_finite(value), separators=(",", ":"), default=_jsonable)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    return value
 
 
 def _json_rows(
