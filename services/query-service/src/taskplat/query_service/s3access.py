@@ -59,7 +59,10 @@ def read_policy(prefixes: list[str], expires_at: int) -> dict[str, Any]:
                 "Effect": "Allow",
                 "Action": ["s3:ListBucket"],
                 "Resource": [f"arn:aws:s3:::{bucket}"],
-                "Condition": {**in_time, "StringLike": {"s3:prefix": [f"{k}*" for k in keys]}},
+                "Condition": {
+                    **in_time,
+                    "StringLike": {"s3:prefix": [f"{k}*" for k in sorted(keys)]},
+                },
             }
         )
     return {"Version": "2012-10-17", "Statement": statements}
