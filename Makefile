@@ -46,7 +46,7 @@ up: venv sqs-deps ## Start the platform: Postgres, SQS, every service and TASKPL
 	@$(RUN) python -m taskplat.devstack up
 
 .PHONY: demo
-demo: venv sqs-deps ## Private stack: 1,000 echo tasks, a three-job pipeline, the same in three languages (wrapper and Lambda), stop
+demo: venv sqs-deps ## Private stack: 1,000 echo tasks, a three-job pipeline, the same in three languages (wrapper and Lambda), an untrusted join; stop
 	@$(MAKE) --no-print-directory runtimes || echo "demo: the TypeScript/Rust runtimes did not build: the three-language pipeline is skipped" >&2
 	@$(RUN) python -m taskplat.devstack demo
 
@@ -123,7 +123,7 @@ migrate-status: venv ## List applied and pending migrations of DATABASE_URL
 dispatcher: venv ## Run the dispatcher against DATABASE_URL (see README for its settings)
 	@$(RUN) python -m taskplat.dispatcher
 
-SERVICES := dispatcher outbox-relay scheduler reaper sink worker-wrapper credential-broker
+SERVICES := dispatcher outbox-relay scheduler reaper sink worker-wrapper credential-broker query-service
 IMAGE_TAG ?= dev
 # Every Python service but the worker wrapper builds from one Dockerfile (services/<dir>/Dockerfile
 # is a symlink to it), named by these build arguments; the worker base image has its own.
@@ -134,6 +134,7 @@ IMAGE_ARGS_scheduler := SERVICE=scheduler LISTEN_PREFIX=TASKPLAT_SCHEDULER_OPS P
 IMAGE_ARGS_reaper := SERVICE=reaper LISTEN_PREFIX=TASKPLAT_REAPER_OPS PORT=9464
 IMAGE_ARGS_sink := SERVICE=sink LISTEN_PREFIX=TASKPLAT_SINK_OPS PORT=9464
 IMAGE_ARGS_credential-broker := SERVICE=credential-broker LISTEN_PREFIX=TASKPLAT_BROKER PORT=8090
+IMAGE_ARGS_query-service := SERVICE=query-service LISTEN_PREFIX=TASKPLAT_QUERY PORT=8092
 
 .PHONY: images
 images: ## Build every service image with Docker (needs a Docker engine; worker -> taskplat-worker-base)

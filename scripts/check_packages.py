@@ -23,6 +23,7 @@ PACKAGES = {
         "taskplat.credential_broker",
         (),
     ),
+    "taskplat-query-service": ("services/query-service/src", "taskplat.query_service", ()),
     "taskplat-outbox-relay": ("services/outbox-relay/src", "taskplat.outbox_relay", ()),
     "taskplat-scheduler": ("services/scheduler/src", "taskplat.scheduler", ()),
     "taskplat-reaper": ("services/reaper/src", "taskplat.reaper", ()),

@@ -45,6 +45,7 @@ SECRET_NAMES = frozenset(
         "TASKPLAT_API_KEYS",
         "TASKPLAT_CAPABILITY_TOKEN_KEYS",
         "TASKPLAT_ATTEMPT_TOKEN_KEYS",
+        "TASKPLAT_QUERY_DATABASE_URL",
     }
 )
 # Read by libpq when the URL names no user or password: the database role's rotated credentials,
@@ -146,7 +147,7 @@ SPECS: dict[str, ServiceSpec] = {
             "taskplat-dispatcher",
             "taskplat-dispatcher",
             ("taskplat.dispatcher.settings:DispatcherSettings",),
-            SECRET_NAMES | LIBPQ_CREDENTIALS,
+            (SECRET_NAMES - {"TASKPLAT_QUERY_DATABASE_URL"}) | LIBPQ_CREDENTIALS,
             devstack_module="taskplat.dispatcher",
             health_port_env="TASKPLAT_DISPATCHER_PORT",
             build_args=python_service_args("dispatcher", "TASKPLAT_DISPATCHER", 8080),
@@ -215,9 +216,22 @@ SPECS: dict[str, ServiceSpec] = {
             ("taskplat.credential_broker.settings:BrokerSettings",),
             frozenset({"TASKPLAT_CAPABILITY_TOKEN_KEYS"}),
             uses_sqs=True,  # boto3 (STS) with LocalStack's dummy credentials under compose
-            devstack_module=None,  # not part of `make up` yet
+            devstack_module="taskplat.credential_broker",
             health_port_env="TASKPLAT_BROKER_PORT",
             build_args=python_service_args("credential-broker", "TASKPLAT_BROKER", 8090),
+        ),
+        ServiceSpec(
+            "query-service",
+            "query-service",
+            "taskplat-query-service",
+            "taskplat-query-service",
+            "taskplat-query-service",
+            ("taskplat.query_service.settings:QuerySettings",),
+            frozenset({"TASKPLAT_CAPABILITY_TOKEN_KEYS", "TASKPLAT_QUERY_DATABASE_URL"}),
+            uses_sqs=True,  # boto3 (STS, S3) with LocalStack's dummy credentials under compose
+            devstack_module="taskplat.query_service",
+            health_port_env="TASKPLAT_QUERY_PORT",
+            build_args=python_service_args("query-service", "TASKPLAT_QUERY", 8092),
         ),
         ServiceSpec(
             "worker",

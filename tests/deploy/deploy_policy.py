@@ -41,7 +41,10 @@ STAR_RESOURCE_ACTIONS = frozenset(
 )
 # Roles a principal other than ECS tasks of this account may assume: logical id -> the role
 # resource that may assume it.
-ROLE_TRUSTS_ROLE = {"DataAccessRole": "CredentialBrokerTaskRole"}
+ROLE_TRUSTS_ROLE = {
+    "DataAccessRole": "CredentialBrokerTaskRole",
+    "QueryReadRole": "QueryServiceTaskRole",
+}
 SECRET_LIKE = re.compile(r"(TOKEN|PASSWORD|SECRET|API_KEYS?|DATABASE_URL|CREDENTIALS?)$")
 TLS_POLICY = re.compile(r"^ELBSecurityPolicy-TLS13-1-[23]-")
 # Alarms that drive scaling rather than people.
@@ -116,7 +119,8 @@ def _function_roles(template: Template) -> set[str]:
 
 def roles_trust_only_their_tasks(name: str, template: Template) -> Iterator[Finding]:
     """A role trusts ECS tasks of this account, or, for a function's execution role, Lambda in
-    this account; the data role trusts the credential broker's role only."""
+    this account; the data role trusts the credential broker's role only, the query read role the
+    query service's role only."""
     function_roles = _function_roles(template)
     for logical_id, role in deploy_model.resources_of_type(template, "AWS::IAM::Role").items():
         for statement in _statements(role["Properties"]["AssumeRolePolicyDocument"]):

@@ -27,6 +27,7 @@ SAMPLE_SECRETS = {
     "PGPASSWORD": "p" * 32,
     "TASKPLAT_CAPABILITY_TOKEN_KEYS": '{"k1": "' + "c" * 32 + '"}',
     "TASKPLAT_ATTEMPT_TOKEN_KEYS": '{"k1": "' + "t" * 32 + '"}',
+    "TASKPLAT_QUERY_DATABASE_URL": "postgresql://taskplat_query_app:q@db.example.internal/taskplat",
 }
 SAMPLE_PSEUDO = {"AWS::Region": "eu-west-1"}
 EXPORTING_TEMPLATE = {"PlatformStackName": "platform.yaml", "QueueStackName": "task-queue.yaml"}
@@ -53,7 +54,9 @@ def test_command_is_the_services_entry_point(name: str, ecs_containers: list[Con
         # The local stack runs `python -m <module>`: the same function must be behind both.
         assert target == f"{spec.devstack_module}.__main__:main", target
         devstack = importlib.import_module("taskplat.devstack.stack.stack")
-        assert spec.devstack_module in {*devstack.SERVICES.values(), devstack.WORKER_MODULE}
+        data = importlib.import_module("taskplat.devstack.stack.data_services")
+        run_by_make_up = {*devstack.SERVICES.values(), *data.DATA_SERVICES.values()}
+        assert spec.devstack_module in {*run_by_make_up, devstack.WORKER_MODULE}
     assert "EntryPoint" not in container.definition, f"{name}: the image's entry point must stay"
 
 
@@ -225,6 +228,8 @@ EXPECTED_TASK_ACTIONS = {
     },
     # Its sts:AssumeRole is a policy of its own (CredentialBrokerAssumePolicy).
     "credential-broker": TELEMETRY_ACTIONS,
+    # Its sts:AssumeRole is a policy of its own too (QueryServiceAssumePolicy).
+    "query-service": TELEMETRY_ACTIONS,
     "worker": TELEMETRY_ACTIONS
     | {
         "sqs:ReceiveMessage",

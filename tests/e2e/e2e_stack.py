@@ -263,6 +263,7 @@ def e2e_stack(
     queues: tuple[str, ...] = ("default",),
     worker_queues: tuple[str, ...] = ("default",),
     env: Mapping[str, str] | None = None,
+    data_services: bool = False,
 ) -> Iterator[E2EStack]:
     """Run a stack with the test settings (plus `env`) for the duration of the block."""
     number = next(_numbers)
@@ -284,6 +285,7 @@ def e2e_stack(
         env={**TEST_ENV, **(env or {})},
         restart_backoff_seconds=0.2,
         restart_backoff_max_seconds=2.0,
+        data_services=data_services,
     )
     stack = Stack(config)
     client = sqs_client(sqs_endpoint_url)

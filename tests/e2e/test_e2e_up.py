@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -131,6 +132,41 @@ def run_dir(tmp_path: Path) -> Iterator[Path]:
     PrivatePostgres(directory / "postgres").stop(remove_data=True)  # relocated data too
 
 
+def _data_services_answer(values: dict[str, str]) -> None:
+    """The broker and the query service of `up` verify the dispatcher's capability tokens."""
+    import uuid
+    from datetime import UTC, datetime, timedelta
+
+    from taskplat.common.settings import CapabilityTokenSettings
+    from taskplat.common.tokens.capability import (
+        StorageLayout,
+        build_capability,
+        capability_key_ring,
+        issue_capability_token,
+    )
+    from taskplat.common.tokens.keys import key_settings
+    from taskplat.devstack.stack.data_services import DATA_BUCKET, capability_env
+
+    fragment = CapabilityTokenSettings(**capability_env(values["TASKPLAT_WORKER_TOKEN"]))
+    keys = key_settings(
+        fragment.capability_token_keys, fragment.capability_token_active_kid, what="keys"
+    )
+    assert keys is not None
+    capability = build_capability(uuid.uuid4(), 1, [], [], layout=StorageLayout(DATA_BUCKET))
+    now = datetime.now(UTC)
+    token = issue_capability_token(
+        capability_key_ring(keys), capability, now=now, expires_at=now + timedelta(minutes=5)
+    )
+    headers = {"Authorization": f"Bearer {token}"}
+    answer = httpx.post(
+        f"{values['TASKPLAT_QUERY_URL']}/query", headers=headers, json={"sql": "SELECT 42"}
+    )
+    assert answer.status_code == 200 and answer.json()["rows"] == [[42]], answer.text
+    credentials = httpx.post(f"{values['TASKPLAT_CREDENTIALS_URL']}/credentials", headers=headers)
+    assert credentials.status_code == 200, credentials.text
+    assert credentials.json()["write_prefixes"] == [capability.scratch_prefix]
+
+
 def test_up_runs_the_platform_and_survives_a_crash_of_its_supervisor(run_dir: Path) -> None:
     port = free_port()
     env_file = run_dir / "stack.env"
@@ -145,7 +181,10 @@ def test_up_runs_the_platform_and_survives_a_crash_of_its_supervisor(run_dir: Pa
             "TASKPLAT_WORKER_TOKEN",
             "DATABASE_URL",
             "SQS_ENDPOINT_URL",
+            "TASKPLAT_CREDENTIALS_URL",
+            "TASKPLAT_QUERY_URL",
         }
+        _data_services_answer(values)
         assert env_file.stat().st_mode & 0o777 == 0o600
         assert (run_dir / "secrets.env").stat().st_mode & 0o777 == 0o600
         task = _echo_completes(values, {"hello": "world"})
@@ -153,13 +192,17 @@ def test_up_runs_the_platform_and_survives_a_crash_of_its_supervisor(run_dir: Pa
         # A new user drives the stack with `taskplat` and the values of stack.env alone.
         assert _cli_submit_waits(values, {"via": "cli"})["result"] == {"via": "cli"}
         wait_for(
-            lambda: "dispatcher |" in first.output() and "worker-1" in first.output(),
+            lambda: (
+                re.search(r"^dispatcher +\|", first.output(), re.M) is not None
+                and "worker-1" in first.output()
+            ),
             timeout=10,
             what="prefixed service output",
         )
         assert f"DISPATCHER_URL=http://127.0.0.1:{port}" in first.output()
         children = _descendants(first.process.pid)
-        assert len(children) >= 7  # postgres, sqs, dispatcher, relay, scheduler, reaper, worker
+        # postgres, sqs, dispatcher, relay, scheduler, reaper, sink, broker, query service, worker
+        assert len(children) >= 9
     finally:
         first.process.kill()  # a crash: no clean-up code of the supervisor runs
         first.process.wait(timeout=10)

@@ -54,7 +54,8 @@ def handle(task: Task) -> dict[str, Any]:
         payload["steps"] = {name: step(name, lambda: attempt) for name in config["steps"]}
     if "query" in config:
         asked = config["query"]
-        payload["query"] = query(asked["sql"], asked.get("params"), max_rows=asked.get("max_rows"))
+        answer = query(asked["sql"], asked.get("params"), max_rows=asked.get("max_rows"))
+        payload["query"] = answer.as_dict()
     if "records" in config:
         records = config["records"]
         payload["published"] = publish_records(records["output"], records["records"])

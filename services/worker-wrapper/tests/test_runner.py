@@ -209,6 +209,17 @@ def test_environment_is_the_allow_list_only() -> None:
     assert SECRET not in repr(env)
 
 
+def test_the_platform_urls_reach_every_operator_without_an_allow_list() -> None:
+    environ = {**ENVIRON, "TASKPLAT_QUERY_URL": "http://query:8092"}
+    runner = PerTaskRunner("test", spec("env"), LIMITS, environ)
+    outcome = run(lambda: run_one(runner, task()))
+    assert isinstance(outcome, Succeeded) and outcome.payload is not None
+    env = outcome.payload["env"]
+    assert env["TASKPLAT_QUERY_URL"] == "http://query:8092"
+    assert "TASKPLAT_CREDENTIALS_URL" not in env and "ALLOWED_VAR" not in env
+    assert SECRET not in repr(env)
+
+
 def test_allow_list_cannot_name_the_worker_token() -> None:
     with pytest.raises(ValueError, match="never passed to an operator"):
         spec("env", env=("TASKPLAT_WORKER_TOKEN",))

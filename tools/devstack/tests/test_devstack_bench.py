@@ -114,7 +114,7 @@ def test_the_operators_answer_each_task_line_with_their_own_timestamps() -> None
 
 
 @pytest.mark.e2e
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(330)  # W6 adds the broker and the query service to the stack
 def test_a_quick_bench_writes_every_figure(tmp_path: Path) -> None:
     results = tmp_path / "results"
     argv = [
@@ -141,11 +141,13 @@ def test_a_quick_bench_writes_every_figure(tmp_path: Path) -> None:
         "2000",
         "--w5-records",
         "1000",
+        "--w6-queries",
+        "5",
         # One stack for everything: its lease TTL is W3's; short polls for a quick stop.
         "--variant",
         f"smoke={LEASE_TTL}=3,TASKPLAT_WORKER_WAIT_TIME_SECONDS=1",
     ]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=220, check=False)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads((results / "latest.json").read_text())
     assert record["missing_figures"] == []
@@ -157,6 +159,7 @@ def test_a_quick_bench_writes_every_figure(tmp_path: Path) -> None:
     assert figures["W4"]["exactly_once"] is True
     assert figures["W5"]["exactly_once"] is True
     assert figures["W5"]["records_per_second"] > 0
+    assert figures["W6"]["queries_per_second"] > 0 and figures["W6"]["cpu_ms_per_query"] > 0
     assert figures["W2"]["p50_ms"] > 0
     assert figures["W2"]["cpu_seconds"]["dispatcher"] > 0
     assert figures["W2"]["unloaded"]["p50_ms"] > 0

@@ -202,6 +202,8 @@ def test_workers_get_no_signing_keys_nor_database(tmp_path: Path) -> None:
         "TASKPLAT_API_KEYS": "k",
         "TASKPLAT_ATTEMPT_TOKEN_KEYS": '{"devstack": "secret"}',
         "TASKPLAT_ATTEMPT_TOKEN_ACTIVE_KID": "devstack",
+        "TASKPLAT_CAPABILITY_TOKEN_KEYS": '{"devstack-capability": "secret"}',
+        "TASKPLAT_CAPABILITY_TOKEN_ACTIVE_KID": "devstack-capability",
         "TASKPLAT_WORKER_TOKEN": "t",
     }
     env = worker_spec("worker-1", "default", shared, {}, cwd=tmp_path).env

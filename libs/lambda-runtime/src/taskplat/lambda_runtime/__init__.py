@@ -12,9 +12,9 @@ wrapper (standard library only; no server code, no worker token, no database).
         raise SystemExit(serve(handle))         # a worker wrapper operator
 
 See `handler` for what an invocation does, `operator` for the operator SDK (which
-`taskplat.worker_wrapper.sdk` re-exports) and `query_service` for reading the task's datasets
+`taskplat.worker_wrapper.sdk` re-exports) and `query_client` for reading the task's datasets
 through the Query Service. Importing this package is cheap: the Lambda side (`handler`,
-`dispatcher`, `query_service`, with urllib) is imported on first use of one of its names.
+`dispatcher`, `query_client`, with urllib) is imported on first use of one of its names.
 """
 
 from __future__ import annotations
@@ -40,15 +40,17 @@ from taskplat.lambda_runtime.operator import (
 if TYPE_CHECKING:
     from taskplat.lambda_runtime.dispatcher import Refused, Unreachable
     from taskplat.lambda_runtime.handler import LeaseLost, taskplat_handler
-    from taskplat.lambda_runtime.query_service import QueryError, query
+    from taskplat.lambda_runtime.query_client import QueryError, QueryResult, query, query_bytes
 
 _LAZY = {
     "Refused": "taskplat.lambda_runtime.dispatcher",
     "Unreachable": "taskplat.lambda_runtime.dispatcher",
     "LeaseLost": "taskplat.lambda_runtime.handler",
     "taskplat_handler": "taskplat.lambda_runtime.handler",
-    "QueryError": "taskplat.lambda_runtime.query_service",
-    "query": "taskplat.lambda_runtime.query_service",
+    "QueryError": "taskplat.lambda_runtime.query_client",
+    "QueryResult": "taskplat.lambda_runtime.query_client",
+    "query": "taskplat.lambda_runtime.query_client",
+    "query_bytes": "taskplat.lambda_runtime.query_client",
 }
 
 
@@ -67,6 +69,7 @@ __all__ = [
     "OperatorFailure",
     "PermanentFailure",
     "QueryError",
+    "QueryResult",
     "Refused",
     "Result",
     "Task",
@@ -75,6 +78,7 @@ __all__ = [
     "emit_events",
     "publish_records",
     "query",
+    "query_bytes",
     "read_task",
     "resolve_event",
     "run_operator",

@@ -40,6 +40,7 @@ from typing import Any, Protocol
 
 from taskplat.lambda_runtime.dispatcher import AttemptApi, Refused, Unreachable
 from taskplat.lambda_runtime.operator import Handler, OperatorFailure, Task, run_operator
+from taskplat.lambda_runtime.query_client import invocation_token
 
 URL_ENV = "TASKPLAT_DISPATCHER_URL"
 MARGIN_ENV = "TASKPLAT_LAMBDA_MARGIN_SECONDS"
@@ -234,6 +235,12 @@ def taskplat_handler(
         margin = margin_seconds
         if margin is None:
             margin = float(os.environ.get(MARGIN_ENV) or DEFAULT_MARGIN_SECONDS)
-        return _Invocation(event, context, operator, url=url, margin_seconds=margin).run()
+        # The attempt's capability token (untrusted jobs), for `query` in the operator's context.
+        capability = event.get("capability_token")
+        reset = invocation_token.set(str(capability) if capability else None)
+        try:
+            return _Invocation(event, context, operator, url=url, margin_seconds=margin).run()
+        finally:
+            invocation_token.reset(reset)
 
     return handler

@@ -59,6 +59,8 @@ async def parse_body(
 ) -> ModelT:
     """The body as `model`; an empty body is the model's defaults when `optional`."""
     body = await read_body(request, max_bytes)
+    if optional and not body.strip():
+        return model()
     limits = document_limits(request)
     if len(body) > INLINE_BODY_BYTES:
         return await off_loop(validate_body, body, model, limits)
@@ -68,8 +70,6 @@ async def parse_body(
 def validate_body(body: bytes, model: type[ModelT], limits: DocumentLimits) -> ModelT:
     """`body` as `model`, within the document limits."""
     if not body.strip():
-        if optional:
-            return model()
         raise MalformedJson("request body is empty; a JSON object is required")
     check_json(body, limits)
     try:

@@ -46,6 +46,10 @@ TASK_ENV_VARS = frozenset(
     }
 )
 _FORBIDDEN_PREFIX = "TASKPLAT_WORKER_"
+# The platform's service URLs an operator calls with its capability token (the query service, the
+# credential broker): passed through from the wrapper's environment to every operator, no
+# allow-list needed (they are addresses, not secrets).
+PLATFORM_URL_VARS = ("TASKPLAT_QUERY_URL", "TASKPLAT_CREDENTIALS_URL")
 
 
 class OperatorsFileError(ConfigurationError):

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from taskplat.worker_wrapper.isolation import OperatorIdentity
 from taskplat.worker_wrapper.observability import WrapperTelemetry
-from taskplat.worker_wrapper.operators import OperatorSpec
+from taskplat.worker_wrapper.operators import PLATFORM_URL_VARS, OperatorSpec
 
 _PR_SET_PDEATHSIG = 1
 _SYS_CLOSE_RANGE = 436  # the same number on every Linux architecture
@@ -130,8 +130,10 @@ def operator_env(
     source: Mapping[str, str],
     task_vars: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The allow-listed variables present in `source`, plus the wrapper's `TASKPLAT_*` ones."""
+    """The allow-listed variables present in `source`, the platform's service URLs
+    (`PLATFORM_URL_VARS`, not secrets), plus the wrapper's `TASKPLAT_*` ones."""
     env = {key: source[key] for key in spec.env if key in source}
+    env.update({key: source[key] for key in PLATFORM_URL_VARS if key in source})
     env["TASKPLAT_OPERATOR"] = name
     env["TASKPLAT_OPERATOR_MODE"] = spec.mode
     env.update(task_vars or {})

@@ -231,6 +231,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         "w4_rows": args.w4_rows,
         "in_flight": args.in_flight,
         "w5_records": args.w5_records,
+        "w6_queries": args.w6_queries,
+        "w6_rows": args.w6_rows,
     }
     config = make_config(
         run_dir=_usable_dir(args.dir),
@@ -401,7 +403,7 @@ def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "<results>/latest.json and latest.md. Each figure is the median of --runs runs.",
     )
     bench.add_argument("--runs", type=_positive, help="runs per workload (3; --quick: 1)")
-    bench.add_argument("--only", help="workloads to run, e.g. W1,W2 (default: W1,W2,W3,W4,W5)")
+    bench.add_argument("--only", help="workloads to run, e.g. W1,W2 (default: W1,W2,W3,W4,W5,W6)")
     bench.add_argument(
         "--variant",
         action="append",
@@ -436,6 +438,8 @@ def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     sizes.add_argument("--w4-rows", type=_positive, help="W4 finished tasks prefilled (1000000)")
     sizes.add_argument("--in-flight", type=_positive, help="W1/W4 requests in flight (32)")
     sizes.add_argument("--w5-records", type=_positive, help="W5 records through the sinks (100000)")
+    sizes.add_argument("--w6-queries", type=_positive, help="W6 queries per run (200)")
+    sizes.add_argument("--w6-rows", type=_positive, help="W6 rows each query scans (10000)")
     bench.set_defaults(func=_cmd_bench)
 
 

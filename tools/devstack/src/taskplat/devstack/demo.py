@@ -43,9 +43,11 @@ from taskplat.devstack.demo_polyglot import (
     run_polyglot_demo,
     write_operators_file,
 )
+from taskplat.devstack.demo_query import operators_file, run_query_demo
 from taskplat.devstack.errors import DevstackError
 from taskplat.devstack.lambda_endpoint import LocalLambda
 from taskplat.devstack.stack import Stack, StackConfig
+from taskplat.devstack.stack.services import WORKER_GROUP
 
 SUBMIT_THREADS = 8
 SUBMIT_RETRIES = 3
@@ -190,19 +192,17 @@ def report(summary: Summary) -> str:
 
 
 def run_demo(run_dir: Path, *, tasks: int, workers: int, timeout: float) -> int:
+    run_dir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as extras:
+        operators = operators_file(run_dir)
         polyglot = find_operators()
         lam: LocalLambda | None = None
         env: dict[str, str] = {}
         if isinstance(polyglot, PolyglotOperators):
-            run_dir.mkdir(parents=True, exist_ok=True)
             lam = extras.enter_context(LocalLambda(run_dir / "lambda"))
-            operators = write_operators_file(run_dir / "operators.yaml", polyglot)
-            env = {
-                "TASKPLAT_WORKER_OPERATORS_FILE": str(operators),
-                "TASKPLAT_RELAY_LAMBDA_ENDPOINT_URL": lam.url,
-            }
-        return _run_demo(run_dir, tasks, workers, timeout, env, lam, polyglot)
+            write_operators_file(operators, polyglot)
+            env = {"TASKPLAT_RELAY_LAMBDA_ENDPOINT_URL": lam.url}
+        return _run_demo(run_dir, tasks, workers, timeout, env, operators, lam, polyglot)
 
 
 def _run_demo(
@@ -211,11 +211,18 @@ def _run_demo(
     workers: int,
     timeout: float,
     env: dict[str, str],
+    operators: Path,
     lam: LocalLambda | None,
     polyglot: PolyglotOperators | str,
 ) -> int:
     config = StackConfig(
-        run_dir=run_dir, workers=workers, dispatcher_port=None, keep_data=False, env=env
+        run_dir=run_dir,
+        workers=workers,
+        dispatcher_port=None,
+        keep_data=False,
+        data_services=True,  # the untrusted join reads through the query service
+        env=env,
+        service_env={WORKER_GROUP: {"TASKPLAT_WORKER_OPERATORS_FILE": str(operators)}},
     )
     stack = Stack(config)
     print(f"starting a private stack in {run_dir} ...", file=sys.stderr, flush=True)
@@ -249,7 +256,9 @@ def _run_demo(
                     pipeline_ok = pipeline_ok and ran
             else:
                 print(f"polyglot pipeline skipped: {polyglot}", flush=True)
-        return 0 if summary.completed == len(submitted) and pipeline_ok else 1
+            query_ok, query_report = run_query_demo(client, timeout=timeout)
+            print(query_report, flush=True)
+        return 0 if summary.completed == len(submitted) and pipeline_ok and query_ok else 1
     finally:
         print("stopping the stack ...", file=sys.stderr, flush=True)
         stack.stop()

@@ -57,11 +57,12 @@ def find_operators(repo: Path = REPO) -> PolyglotOperators | str:
 
 
 def write_operators_file(path: Path, operators: PolyglotOperators) -> Path:
-    """The wrapper's default operators plus the three example operators."""
+    """The operators of `path` (when it exists, else the wrapper's defaults) plus the three
+    example operators."""
     spec = importlib.util.find_spec("taskplat.worker_wrapper")
     assert spec is not None and spec.origin is not None, "the worker wrapper is not installed"
-    default = Path(spec.origin).with_name("operators.yaml")
-    document = yaml.safe_load(default.read_text(encoding="utf-8"))
+    base = path if path.exists() else Path(spec.origin).with_name("operators.yaml")
+    document = yaml.safe_load(base.read_text(encoding="utf-8"))
     document["operators"].update(
         {
             "rt-js": {"command": [operators.node, str(operators.js_operator)], "mode": "per-task"},

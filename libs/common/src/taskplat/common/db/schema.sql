@@ -40,6 +40,9 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'taskplat_sink') THEN
         EXECUTE format('GRANT SELECT, INSERT ON %I TO taskplat_sink', p_table);
     END IF;
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'taskplat_query') THEN
+        EXECUTE format('GRANT SELECT ON %I TO taskplat_query', p_table);
+    END IF;
 END
 $_$;
 
@@ -296,6 +299,30 @@ BEGIN
     )
     SELECT c.task_id, c.attempt, c.queue, c.operator, c.worker_id FROM canceled AS c;
 END
+$$;
+
+--
+-- Name: taskplat_query_inputs(uuid[], uuid[]); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_query_inputs(p_datasets uuid[], p_versions uuid[]) RETURNS TABLE(dataset_uuid uuid, dataset_version uuid, name text, kind text, table_name text)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO '$user', 'public'
+    AS $$
+    SELECT d.dataset_uuid, v.dataset_version, d.name, d.kind,
+           CASE d.kind
+               WHEN 'buffered_postgres' THEN t.table_name
+               WHEN 'postgres' THEN CASE WHEN d.location LIKE 'postgres_table:%'
+                   THEN replace(replace(substr(d.location, length('postgres_table:') + 1),
+                        '{dataset_uuid}', d.dataset_uuid::text),
+                        '{dataset_version}', v.dataset_version::text) END
+           END
+    FROM unnest(p_datasets, p_versions) AS p(dataset_uuid, dataset_version)
+    JOIN datasets AS d ON d.dataset_uuid = p.dataset_uuid
+    JOIN dataset_versions AS v
+      ON v.dataset_uuid = p.dataset_uuid AND v.dataset_version = p.dataset_version
+    LEFT JOIN dataset_tables AS t
+      ON t.dataset_uuid = v.dataset_uuid AND t.dataset_version = v.dataset_version
 $$;
 
 --

@@ -20,7 +20,7 @@ from types import MappingProxyType
 
 from taskplat.devstack.errors import DevstackError
 
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6")
 LEASE_TTL = "TASKPLAT_DISPATCHER_LEASE_TTL_SECONDS"
 CONCURRENCY = "TASKPLAT_WORKER_CONCURRENCY"
 DEFAULT_CONCURRENCY = 8
@@ -67,6 +67,9 @@ class Sizes:
     w5_records: int = 100_000  # W5: records published to a buffered dataset
     w5_batch: int = 100  # records per SQS message
     w5_duplicates: float = 0.1  # share of records repeating a key sent before
+    w6_rows: int = 10_000  # W6: rows of the buffered dataset each query scans
+    w6_queries: int = 200  # W6: queries per run (each with a token of its own)
+    w6_clients: int = 4  # W6: queries in flight
 
 
 QUICK_SIZES = Sizes(
@@ -76,6 +79,7 @@ QUICK_SIZES = Sizes(
     w3_lease_ttls=(5.0,),
     w4_rows=20_000,
     w5_records=10_000,
+    w6_queries=40,
 )
 
 

@@ -73,8 +73,17 @@ CALLS_HISTOGRAM_COUNT = "taskplat_http_server_duration_seconds_count"
 class BenchStack:
     """A started bench stack (use as a context manager)."""
 
-    def __init__(self, directory: Path, env: Mapping[str, str], *, workers: int, say: Say) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        env: Mapping[str, str],
+        *,
+        workers: int,
+        say: Say,
+        data_services: bool = False,
+    ) -> None:
         self.directory = directory.absolute()
+        self.data_services = data_services  # the broker and the query service too (W6)
         self.env = dict(env)
         self.workers = workers
         self.say = say
@@ -115,6 +124,7 @@ class BenchStack:
             fsync=True,
             inherit_environment=False,
             env=env,
+            data_services=self.data_services,
         )
         self.say(f"starting a stack in {self.directory} ...")
         started = time.monotonic()

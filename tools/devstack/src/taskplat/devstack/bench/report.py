@@ -142,6 +142,14 @@ def figure_rows(
             Row("W5 publish-to-routed p99", ("W5", "p99_publish_to_routed_ms"), "ms", digits=0),
             Row("W5 every record written exactly once", ("W5", "exactly_once"), "", "yes"),
         ]  # fmt: skip
+    if "W6" in workloads:
+        rows += [
+            Row("W6 queries per second (10,000-row scan)", ("W6", "queries_per_second"),
+                "queries/s", digits=1),
+            Row("W6 query p50", ("W6", "p50_ms"), "ms", digits=0),
+            Row("W6 query p99", ("W6", "p99_ms"), "ms", digits=0),
+            Row("W6 query-service CPU per query", ("W6", "cpu_ms_per_query"), "ms", digits=0),
+        ]  # fmt: skip
     if "W1" in workloads:
         names = [*SERVICES, *(f"worker-{i}" for i in range(1, workers + 1))]
         for name in names:

@@ -30,6 +30,7 @@ from taskplat.devstack.bench.buffered import measure_buffered
 from taskplat.devstack.bench.config import LEASE_TTL, BenchConfig, Variant
 from taskplat.devstack.bench.floor import measure_floor
 from taskplat.devstack.bench.harness import BenchStack
+from taskplat.devstack.bench.query import measure_query
 from taskplat.devstack.bench.recovery import measure_recovery
 from taskplat.devstack.bench.report import (
     ONE_WRAPPER,
@@ -85,12 +86,18 @@ class _VariantRun:
         ttls = config.sizes.w3_lease_ttls if "W3" in config.workloads else ()
         own_ttls = [ttl for ttl in ttls if ttl != main_ttl]
         needs_main = (
-            any(w in config.workloads for w in ("W1", "W2", "W4", "W5")) or main_ttl in ttls
+            any(w in config.workloads for w in ("W1", "W2", "W4", "W5", "W6")) or main_ttl in ttls
         )
         base = config.run_dir / variant.name
         if needs_main:
             try:
-                with BenchStack(base / "main", env, workers=config.workers, say=say) as bs:
+                with BenchStack(
+                    base / "main",
+                    env,
+                    workers=config.workers,
+                    say=say,
+                    data_services="W6" in config.workloads,
+                ) as bs:
                     self._describe(bs)
                     self._on_main(bs, main_ttl in ttls)
             except _FAILURES as exc:
@@ -152,6 +159,8 @@ class _VariantRun:
             self.attempt("W4", lambda: self._w4(bs, batch_path))
         if "W5" in config.workloads:
             self.attempt("W5", lambda: self._w5(bs))
+        if "W6" in config.workloads:
+            self.attempt("W6", lambda: self._w6(bs))
         if w3_here:
             self._w3_on(bs)
 
@@ -221,6 +230,22 @@ class _VariantRun:
                 f"{'yes' if figures['exactly_once'] else 'NO'}"
             )
 
+    def _w6(self, bs: BenchStack) -> None:
+        runs = self.runs.setdefault("W6", [])
+        self.setup["W6"] = (
+            f"SELECT * of a {self.config.sizes.w6_rows}-row buffered dataset through POST /query, "
+            f"{self.config.sizes.w6_clients} in flight, a capability token per query"
+        )
+        for number in range(1, self.config.runs + 1):
+            label = self.label("W6", number)
+            figures = measure_query(bs, self.config.sizes, label)
+            runs.append(figures)
+            say(
+                f"{label}: {figures['queries_per_second']:.1f} queries/s, p50 "
+                f"{figures['p50_ms']:.0f} ms, p99 {figures['p99_ms']:.0f} ms, "
+                f"{figures['cpu_ms_per_query']:.0f} ms of query-service CPU per query"
+            )
+
     def _w3_on(self, bs: BenchStack) -> None:
         self.attempt(f"W3 lease {bs.lease_ttl:g}s", lambda: self._w3(bs))
 
@@ -249,7 +274,7 @@ class _VariantRun:
 
     def _result(self) -> Record:
         figures: dict[str, Any] = {}
-        for workload in ("W1", "W2", "W4", "W5"):
+        for workload in ("W1", "W2", "W4", "W5", "W6"):
             if self.runs.get(workload):
                 figures[workload] = combine(self.runs[workload])
         if self.runs.get("W3"):

@@ -77,6 +77,9 @@ class StackConfig:
     max_receive_count: int = 5
     keep_data: bool = True
     fsync: bool = False
+    # Run the credential broker and the query service too (with capability keys, the data bucket
+    # and the query service's read-only database user): `make up` and `make demo` do.
+    data_services: bool = False
     inherit_environment: bool = True
     env: Mapping[str, str] = field(default_factory=dict)
     service_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
@@ -150,7 +153,8 @@ def from_environment(
 ) -> StackConfig:
     """The config of `make up`: arguments first, then `TASKPLAT_WORKERS`, `TASKPLAT_QUEUES`,
     `TASKPLAT_DISPATCHER_PORT`, `DATABASE_URL`, `SQS_ENDPOINT_URL`, `AWS_REGION`,
-    `TASKPLAT_SQS_QUEUE_PREFIX`, `TASKPLAT_DEAD_LETTER_QUEUE`, `TASKPLAT_SQS_SERVER`."""
+    `TASKPLAT_SQS_QUEUE_PREFIX`, `TASKPLAT_DEAD_LETTER_QUEUE`, `TASKPLAT_SQS_SERVER`,
+    `TASKPLAT_DATA_SERVICES` (`0`: no credential broker nor query service)."""
     if workers is None:
         workers = _int_env("TASKPLAT_WORKERS", DEFAULT_WORKERS, minimum=0, maximum=64)
     port = _int_env("TASKPLAT_DISPATCHER_PORT", DEFAULT_DISPATCHER_PORT, minimum=1, maximum=65535)
@@ -170,5 +174,6 @@ def from_environment(
         or "us-east-1",
         queue_prefix=os.environ.get("TASKPLAT_SQS_QUEUE_PREFIX") or "taskplat-",
         dead_letter_queue=os.environ.get("TASKPLAT_DEAD_LETTER_QUEUE") or "taskplat-dead-letters",
+        data_services=os.environ.get("TASKPLAT_DATA_SERVICES", "1").strip() != "0",
         echo=echo,
     )

@@ -38,6 +38,7 @@ from taskplat.devstack.ports import free_port
 from taskplat.devstack.postgres import PrivatePostgres
 from taskplat.devstack.procs import read_tail
 from taskplat.devstack.sqs import LocalSqs, sqs_client
+from taskplat.devstack.stack import data_services
 from taskplat.devstack.stack.config import StackConfig
 from taskplat.devstack.stack.echo import LogEcho
 from taskplat.devstack.stack.secrets import env_file_text, load_or_create_secrets, write_private
@@ -72,9 +73,12 @@ class StackInfo:
     database_url: str
     sqs_endpoint_url: str
     env_file: Path
+    # The data services (when the config runs them): the credential broker and the query service.
+    credentials_url: str | None = None
+    query_url: str | None = None
 
     def as_env(self) -> dict[str, str]:
-        return {
+        env = {
             "DISPATCHER_URL": self.dispatcher_url,
             "TASKPLAT_URL": self.dispatcher_url,  # the `taskplat` command's setting
             "TASKPLAT_API_KEY": self.api_key,
@@ -82,6 +86,11 @@ class StackInfo:
             "DATABASE_URL": self.database_url,
             "SQS_ENDPOINT_URL": self.sqs_endpoint_url,
         }
+        if self.credentials_url is not None:
+            env["TASKPLAT_CREDENTIALS_URL"] = self.credentials_url
+        if self.query_url is not None:
+            env["TASKPLAT_QUERY_URL"] = self.query_url
+        return env
 
 
 class Stack:
@@ -97,6 +106,7 @@ class Stack:
         self._env: dict[str, str] = {}
         self._worker_count = 0
         self.ops_urls: dict[str, str] = {}
+        self._data_urls: dict[str, str] = {}
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -158,6 +168,8 @@ class Stack:
         modules = list(SERVICES.values())
         if config.workers > 0:
             modules.append(WORKER_MODULE)
+        if config.data_services:
+            modules.extend(data_services.DATA_SERVICES.values())
         require_installed(modules)
         secrets = load_or_create_secrets(config.run_dir / "secrets.env")
         port = config.dispatcher_port or free_port()
@@ -179,6 +191,7 @@ class Stack:
             secrets.api_key,
             secrets.worker_token,
         )
+        data_envs = self._data_envs(database_url, sqs_endpoint_url, secrets.worker_token)
         if config.echo is not None:
             self._echo = LogEcho(config.echo)
             self._echo.start()
@@ -189,15 +202,21 @@ class Stack:
             on_spawn=self._echo.follow if self._echo is not None else None,
         )
         self._supervisor.start()
-        self.ops_urls = {"dispatcher": dispatcher_url}
+        self.ops_urls = {"dispatcher": dispatcher_url, **self._data_urls}
         for name, module in SERVICES.items():
             overrides = self._with_ops_port(name, name, dict(self.config.service_env.get(name, {})))
             spec = service_spec(name, module, self._env, overrides, cwd=config.run_dir)
+            self._supervisor.add(spec)
+        for name, env in data_envs.items():
+            module = data_services.DATA_SERVICES[name]
+            spec = service_spec(name, module, env, {}, cwd=config.run_dir)
             self._supervisor.add(spec)
         for queue in config.served_queues:
             for _ in range(config.workers):
                 self.add_worker(queue)
         self._wait_ready(dispatcher_url)
+        for name in data_envs:
+            self._wait_healthy(name, self.ops_urls[name])
         info = StackInfo(
             dispatcher_url=dispatcher_url,
             api_key=secrets.api_key,
@@ -205,6 +224,8 @@ class Stack:
             database_url=database_url,
             sqs_endpoint_url=sqs_endpoint_url,
             env_file=config.run_dir / "stack.env",
+            credentials_url=self.ops_urls.get("credential-broker"),
+            query_url=self.ops_urls.get("query-service"),
         )
         write_private(
             info.env_file,
@@ -306,6 +327,46 @@ class Stack:
         )
         env.update(config.env)
         return env
+
+    def _data_envs(
+        self, database_url: str, endpoint_url: str, worker_token: str
+    ) -> dict[str, dict[str, str]]:
+        """When the config runs the data services: capability keys for the dispatcher, the
+        services' URLs for the workers (`self._env`), and each data service's own environment."""
+        if not self.config.data_services:
+            return {}
+        query_database_url = data_services.create_query_user(database_url, worker_token)
+        data_services.create_bucket(endpoint_url, self.config.aws_region)
+        broker_port, query_port = free_port(), free_port()
+        self._data_urls = {
+            "credential-broker": f"http://127.0.0.1:{broker_port}",
+            "query-service": f"http://127.0.0.1:{query_port}",
+        }
+        self._env.update(data_services.capability_env(worker_token))
+        self._env["TASKPLAT_CREDENTIALS_URL"] = self._data_urls["credential-broker"]
+        self._env["TASKPLAT_QUERY_URL"] = self._data_urls["query-service"]
+        return data_services.service_envs(
+            self._env,
+            endpoint_url=endpoint_url,
+            broker_port=broker_port,
+            query_port=query_port,
+            query_database_url=query_database_url,
+        )
+
+    def _wait_healthy(self, name: str, url: str) -> None:
+        supervisor = self._require_supervisor()
+
+        def healthy() -> bool:
+            try:
+                return httpx.get(f"{url}/healthz", timeout=2.0).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        try:
+            wait_for(healthy, timeout=self.config.ready_timeout_seconds, what=f"{name} /healthz")
+        except TimeoutError as exc:
+            tail = read_tail(supervisor.log_path(name))
+            raise DevstackError(f"{name} did not become healthy: {exc}\n{tail}") from exc
 
     @property
     def env(self) -> dict[str, str]:

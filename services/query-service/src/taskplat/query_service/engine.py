@@ -1,0 +1,359 @@
+"""One query on its own DuckDB: views of the token's inputs, then locked down, then the statement.
+
+Invariants:
+  * Every query gets a fresh in-memory DuckDB: nothing of one token's query is seen by another's.
+  * Extensions (`parquet`, `httpfs`, `postgres_scanner`) load only from the `duckdb_ext`
+    packages' folder; autoinstall, autoload and community extensions are off, so nothing is ever
+    downloaded.
+  * Postgres is attached `READ_ONLY` with the service's read-only role; S3 is read with credentials
+    limited to the token's input prefixes (a secret scoped to those prefixes).
+  * Only after the views exist: `allowed_directories` is the token's S3 input prefixes,
+    `enable_external_access` is false and the configuration is locked, so even a statement the
+    guard let through could open no other file, URL, database or extension.
+  * A run past `timeout` is interrupted (`QueryTimeout`); rows are read in chunks and the answer
+    stops at `max_rows` rows or `max_bytes` bytes, with `truncated` set.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import importlib.util
+import io
+import json
+import math
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import date, datetime
+from datetime import time as dtime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+from uuid import UUID
+
+import duckdb
+import pyarrow as pa
+
+from taskplat.common.errors import TaskplatError, ValidationFailed
+from taskplat.query_service.inputs import InputView
+from taskplat.query_service.s3access import S3Credentials
+
+Format = Literal["json", "csv", "arrow"]
+PG_CATALOG = "taskplat_pg"
+CHUNK_ROWS = 1024
+
+
+class QueryTimeout(TaskplatError):
+    code = "query_timeout"
+
+
+class QueryFailed(ValidationFailed):
+    """The statement passed the guard but DuckDB refused or failed it (a bad column, a cast...)."""
+
+    code = "query_failed"
+
+
+class InputUnreadable(TaskplatError):
+    code = "input_unreadable"
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_rows: int
+    max_bytes: int
+    timeout_seconds: float
+    memory_limit: str
+    threads: int
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Where the views read from: the read-only Postgres DSN and the S3 access of this token."""
+
+    postgres_dsn: str
+    s3_endpoint_url: str | None
+    region: str
+    s3: S3Credentials | None
+
+
+@dataclass(frozen=True)
+class Answer:
+    body: bytes
+    media_type: str
+    row_count: int
+    truncated: bool
+    elapsed_ms: float
+
+
+def extension_directory() -> str:
+    """The `duckdb_ext` packages' extensions folder (`duckdb_ext/extensions/v<ver>/<platform>`)."""
+    spec = importlib.util.find_spec("duckdb_ext")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the duckdb-ext-* packages are not installed")
+    return str(Path(next(iter(spec.submodule_search_locations))) / "extensions")
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _connect(limits: Limits) -> duckdb.DuckDBPyConnection:
+    return duckdb.connect(
+        ":memory:",
+        config={
+            "extension_directory": extension_directory(),
+            "autoinstall_known_extensions": False,
+            "autoload_known_extensions": False,
+            "allow_community_extensions": False,
+            "memory_limit": limits.memory_limit,
+            "threads": limits.threads,
+        },
+    )
+
+
+def _s3_secret(conn: duckdb.DuckDBPyConnection, sources: Sources, prefixes: list[str]) -> None:
+    assert sources.s3 is not None
+    options = [
+        "TYPE s3",
+        f"KEY_ID {_literal(sources.s3.access_key_id)}",
+        f"SECRET {_literal(sources.s3.secret_access_key)}",
+        f"SESSION_TOKEN {_literal(sources.s3.session_token)}",
+        f"REGION {_literal(sources.region)}",
+        f"SCOPE ({', '.join(_literal(p) for p in prefixes)})",
+    ]
+    if sources.s3_endpoint_url:
+        endpoint = urlsplit(sources.s3_endpoint_url)
+        options += [
+            f"ENDPOINT {_literal(endpoint.netloc)}",
+            "URL_STYLE 'path'",
+            f"USE_SSL {'true' if endpoint.scheme == 'https' else 'false'}",
+        ]
+    conn.execute(f"CREATE SECRET taskplat_inputs ({', '.join(options)})")
+
+
+def prepare(
+    views: dict[str, InputView], sources: Sources, limits: Limits
+) -> duckdb.DuckDBPyConnection:
+    """A DuckDB holding exactly `views` (name -> input), locked down."""
+    conn = _connect(limits)
+    try:
+        inputs = list({id(v): v for v in views.values()}.values())
+        needs_pg = any(v.table_name for v in inputs)
+        prefixes = sorted({v.s3_prefix for v in inputs if v.s3_prefix})
+        if needs_pg:
+            conn.execute("LOAD postgres_scanner")
+            conn.execute(
+                f"ATTACH {_literal(sources.postgres_dsn)} AS {PG_CATALOG} "
+                "(TYPE postgres, READ_ONLY)"
+            )
+        if prefixes:
+            conn.execute("LOAD parquet")
+            conn.execute("LOAD httpfs")
+            if sources.s3 is not None:
+                _s3_secret(conn, sources, prefixes)
+        for name, view in views.items():
+            _create_view(conn, name, view)
+        conn.execute(f"SET allowed_directories = [{', '.join(map(_literal, prefixes))}]")
+        conn.execute("SET enable_external_access = false")
+        conn.execute("SET lock_configuration = true")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _create_view(conn: duckdb.DuckDBPyConnection, name: str, view: InputView) -> None:
+    if view.table_name:
+        source = f"{PG_CATALOG}.public.{_quote(view.table_name)}"
+    else:
+        assert view.s3_prefix is not None
+        source = f"read_parquet({_literal(view.s3_prefix + '**/*.parquet')})"
+    try:
+        conn.execute(f"CREATE VIEW {_quote(name)} AS SELECT * FROM {source}")
+    except duckdb.Error as exc:
+        first = str(exc).strip().splitlines()[0][:300]
+        raise InputUnreadable(
+            f"input {view.name} ({view.dataset_uuid}) cannot be read: {first}"
+        ) from None
+
+
+def run(
+    conn: duckdb.DuckDBPyConnection,
+    sql: str,
+    params: Sequence[Any] | None,
+    limits: Limits,
+    max_rows: int,
+    fmt: Format,
+) -> Answer:
+    """Run `sql` on a prepared connection; `QueryTimeout` past the limit (interrupted)."""
+    started = time.monotonic()
+    fired = threading.Event()
+
+    def interrupt() -> None:
+        fired.set()
+        conn.interrupt()
+
+    timer = threading.Timer(limits.timeout_seconds, interrupt)
+    timer.daemon = True
+    timer.start()
+    try:
+        relation = conn.sql(sql, params=list(params) if params else None)
+        if relation is None:
+            raise QueryFailed("the statement returned no rows")
+        if fmt == "arrow":
+            body, count, truncated = _arrow(relation, max_rows, limits.max_bytes)
+            media = "application/vnd.apache.arrow.stream"
+        else:
+            columns = [
+                {"name": n, "type": str(t)}
+                for n, t in zip(relation.columns, relation.types, strict=True)
+            ]
+            if fmt == "csv":
+                rows, truncated = _rows(relation, max_rows, limits.max_bytes)
+                count = len(rows)
+                body, media = _csv(columns, rows), "text/csv; charset=utf-8"
+            else:
+                text, count, truncated = _json_rows(relation, max_rows, limits.max_bytes)
+                elapsed = (time.monotonic() - started) * 1000
+                head = json.dumps({"columns": columns}, separators=(",", ":"))[:-1]
+                tail = json.dumps(
+                    {"row_count": count, "truncated": truncated, "elapsed_ms": round(elapsed, 3)},
+                    separators=(",", ":"),
+                )[1:]
+                body = f'{head},"rows":[{text}],{tail}'.encode()
+                media = "application/json"
+    except duckdb.InterruptException:
+        raise QueryTimeout(f"the query ran past {limits.timeout_seconds:g} s") from None
+    except duckdb.Error as exc:
+        if fired.is_set():
+            raise QueryTimeout(f"the query ran past {limits.timeout_seconds:g} s") from None
+        first = str(exc).strip().splitlines()[0][:500]
+        raise QueryFailed(f"the query failed: {first}") from None
+    finally:
+        timer.cancel()
+    if fired.is_set():
+        raise QueryTimeout(f"the query ran past {limits.timeout_seconds:g} s")
+    elapsed_ms = (time.monotonic() - started) * 1000
+    return Answer(body, media, count, truncated, round(elapsed_ms, 3))
+
+
+def _dumps(value: Any) -> str:
+    try:
+        return json.dumps(value, separators=(",", ":"), default=_jsonable, allow_nan=False)
+    except ValueError:  # NaN or an infinity: JSON has no such number, they answer null
+        return json.dumps(_finite(value), separators=(",", ":"), default=_jsonable)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    return value
+
+
+def _json_rows(
+    relation: duckdb.DuckDBPyRelation, max_rows: int, max_bytes: int
+) -> tuple[str, int, bool]:
+    """The rows as the inside of a JSON array, serialized once per chunk: (text, rows,
+    truncated). A chunk that would pass a limit is cut row by row."""
+    parts: list[str] = []
+    count = size = 0
+    while True:
+        chunk = relation.fetchmany(min(CHUNK_ROWS, max_rows + 1 - count))
+        if not chunk:
+            return ",".join(parts), count, False
+        text = _dumps(chunk)[1:-1]
+        if count + len(chunk) <= max_rows and size + len(text) + 1 <= max_bytes:
+            if text:
+                parts.append(text)
+            count += len(chunk)
+            size += len(text) + 1
+            continue
+        for raw in chunk:
+            row = _dumps(raw)
+            if count >= max_rows or size + len(row) + 1 > max_bytes:
+                return ",".join(parts), count, True
+            parts.append(row)
+            count += 1
+            size += len(row) + 1
+
+
+def _rows(
+    relation: duckdb.DuckDBPyRelation, max_rows: int, max_bytes: int
+) -> tuple[list[tuple[Any, ...]], bool]:
+    rows: list[tuple[Any, ...]] = []
+    size = 0
+    while True:
+        chunk = relation.fetchmany(min(CHUNK_ROWS, max_rows + 1 - len(rows)))
+        if not chunk:
+            return rows, False
+        for raw in chunk:
+            size += sum(len(_csv_value(v)) + 1 for v in raw)
+            if len(rows) >= max_rows or size > max_bytes:
+                return rows, True
+            rows.append(raw)
+
+
+def _arrow(
+    relation: duckdb.DuckDBPyRelation, max_rows: int, max_bytes: int
+) -> tuple[bytes, int, bool]:
+    reader = relation.fetch_record_batch(CHUNK_ROWS)
+    sink = io.BytesIO()
+    count, size, truncated = 0, 0, False
+    with pa.ipc.new_stream(sink, reader.schema) as writer:
+        for batch in reader:
+            room = max_rows - count
+            if batch.num_rows > room or size + batch.nbytes > max_bytes:
+                truncated = True
+                keep = min(room, batch.num_rows)
+                while keep > 0 and size + batch.slice(0, keep).nbytes > max_bytes:
+                    keep //= 2
+                if keep > 0:
+                    writer.write_batch(batch.slice(0, keep))
+                    count += keep
+                break
+            writer.write_batch(batch)
+            count += batch.num_rows
+            size += batch.nbytes
+    return sink.getvalue(), count, truncated
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, datetime | date | dtime):
+        return value.isoformat()
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(value)).decode()
+    return str(value)
+
+
+def _csv(columns: list[dict[str, str]], rows: list[tuple[Any, ...]]) -> bytes:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([c["name"] for c in columns])
+    for row in rows:
+        writer.writerow([_csv_value(v) for v in row])
+    return out.getvalue().encode()
+
+
+def _csv_value(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, list | dict | tuple):
+        return _dumps(value)
+    if isinstance(value, bool | int | float | str):
+        return str(value)
+    return str(_jsonable(value))

@@ -1,0 +1,224 @@
+"""A query service for tests: the real app on a real uvicorn in a thread, reading a private
+migrated Postgres through a login user that is only a member of `taskplat_query`, and LocalStack's
+STS and S3; helpers that create datasets as the platform stores them and mint capability tokens
+as the dispatcher issues them.
+
+Invariant: every AWS client here uses LocalStack's endpoint and its dummy credentials, never a
+developer's ~/.aws.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import tempfile
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import boto3
+import duckdb
+import httpx
+import psycopg
+import uvicorn
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+from psycopg.types.json import Jsonb
+from pydantic import SecretStr
+
+from taskplat.common.buffered import full_schema, schema_hash
+from taskplat.common.clock import Clock
+from taskplat.common.tokens.capability import (
+    StorageLayout,
+    build_capability,
+    capability_key_ring,
+    issue_capability_token,
+)
+from taskplat.common.tokens.keys import TokenKeySettings
+from taskplat.devstack.ports import free_port
+from taskplat.devstack.waiting import wait_for
+from taskplat.query_service.app import create_app
+from taskplat.query_service.settings import QuerySettings
+
+KEY = "capability-key-query-0123456789abcdef"
+BUCKET = "lake"
+REGION = "us-east-1"
+ROLE_ARN = "arn:aws:iam::000000000000:role/taskplat-query-data"
+ORG = UUID("00000000-0000-0000-0000-0000000000a1")
+
+
+def aws(service: str, endpoint: str) -> Any:
+    return boto3.session.Session().client(
+        service,
+        endpoint_url=endpoint,
+        region_name=REGION,
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+    )
+
+
+@contextmanager
+def query_user(db_url: str) -> Iterator[str]:
+    """A login user of `db_url`'s cluster that is only a member of `taskplat_query`."""
+    user = f"query_test_{secrets.token_hex(4)}"
+    password = secrets.token_hex(8)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE taskplat_query").format(
+                sql.Identifier(user), sql.Literal(password)
+            )
+        )
+    try:
+        yield make_conninfo(db_url, user=user, password=password)
+    finally:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(user)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(user)))
+
+
+@dataclass(frozen=True)
+class Dataset:
+    dataset_uuid: UUID
+    dataset_version: UUID
+    name: str
+    kind: str
+    table: str | None = None
+
+    def pin(self) -> dict[str, Any]:
+        return {
+            "dataset_uuid": str(self.dataset_uuid),
+            "dataset_version": str(self.dataset_version),
+            "cursor": 1,
+        }
+
+    @property
+    def prefix_key(self) -> str:
+        return f"dataset/{self.dataset_uuid}/version/{self.dataset_version}/"
+
+
+def _catalog(conn: psycopg.Connection[Any], name: str, kind: str, location: str) -> Dataset:
+    dataset, version = uuid.uuid4(), uuid.uuid4()
+    now = datetime.now(UTC)
+    conn.execute(
+        "INSERT INTO datasets (dataset_uuid, name, kind, location, current_version, created_at,"
+        " updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+        (dataset, name, kind, location, version, now, now),
+    )
+    conn.execute(
+        "INSERT INTO dataset_versions (dataset_uuid, dataset_version, created_at) "
+        "VALUES (%s, %s, %s)",
+        (dataset, version, now),
+    )
+    return Dataset(dataset, version, name, kind)
+
+
+def buffered_dataset(
+    db_url: str, name: str, columns: list[dict[str, str]], rows: Sequence[dict[str, Any]]
+) -> Dataset:
+    """A buffered dataset as the dispatcher creates it (its table through the platform's function)
+    holding `rows` as the sink writes them."""
+    full = full_schema([(c["name"], c["type"]) for c in columns])
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        made = _catalog(conn, name, "buffered_postgres", "postgres_table:dataset_{dataset_uuid}")
+        table = f"dataset_{made.dataset_uuid}"
+        spec = [{"name": c.name, "type": c.type} for c in full]
+        conn.execute("SELECT taskplat_create_dataset_table(%s, %s)", (table, Jsonb(spec)))
+        conn.execute(
+            "INSERT INTO dataset_tables (dataset_uuid, dataset_version, ordinal, table_name,"
+            " columns, schema_hash, created_at) VALUES (%s, %s, 1, %s, %s, %s, now())",
+            (made.dataset_uuid, made.dataset_version, table, Jsonb(spec), schema_hash(full)),
+        )
+        for index, row in enumerate(rows):
+            values = {"org_id": ORG, "dedupe_key": f"k{index}", **row}
+            conn.execute(
+                sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
+                    sql.Identifier(table),
+                    sql.SQL(", ").join(map(sql.Identifier, values)),
+                    sql.SQL(", ").join(sql.Placeholder() * len(values)),
+                ),
+                list(values.values()),
+            )
+    return Dataset(made.dataset_uuid, made.dataset_version, name, made.kind, table)
+
+
+def s3_dataset(db_url: str, endpoint: str, name: str, select: str) -> Dataset:
+    """An S3 dataset whose pinned version holds the rows of `select` as one Parquet object."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        made = _catalog(
+            conn, name, "s3", f"s3://{BUCKET}/dataset/{{dataset_uuid}}/version/{{dataset_version}}/"
+        )
+    put_parquet(endpoint, made.prefix_key + "part-0.parquet", select)
+    return made
+
+
+def put_parquet(endpoint: str, key: str, select: str) -> None:
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "part.parquet"
+        duckdb.connect().execute(f"COPY ({select}) TO '{path}' (FORMAT parquet)")
+        aws("s3", endpoint).put_object(Bucket=BUCKET, Key=key, Body=path.read_bytes())
+
+
+def mint(
+    datasets: Sequence[Dataset],
+    *,
+    now: datetime | None = None,
+    life: timedelta = timedelta(hours=1),
+    task_id: UUID | None = None,
+    key: str = KEY,
+) -> str:
+    """A capability token pinning `datasets`, as the dispatcher issues it at claim time."""
+    ring = capability_key_ring(TokenKeySettings(keys={"q1": SecretStr(key)}, active_kid="q1"))
+    capability = build_capability(
+        task_id or uuid.uuid4(),
+        1,
+        [d.pin() for d in datasets],
+        [],
+        layout=StorageLayout(BUCKET),
+    )
+    issued = now or datetime.now(UTC)
+    return issue_capability_token(ring, capability, now=issued, expires_at=issued + life)
+
+
+def settings(database_url: str, endpoint: str, **overrides: Any) -> QuerySettings:
+    values: dict[str, Any] = {
+        "database_url": database_url,
+        "role_arn": ROLE_ARN,
+        "sts_endpoint_url": endpoint,
+        "s3_endpoint_url": endpoint,
+        "capability_token_keys": json.dumps({"q1": KEY}),
+        "capability_token_active_kid": "q1",
+        "data_bucket": BUCKET,
+    }
+    values.update(overrides)
+    return QuerySettings(**values)
+
+
+@contextmanager
+def served(config: QuerySettings, clock: Clock | None = None) -> Iterator[httpx.Client]:
+    """The query service app on a real uvicorn server in a thread; a client of it."""
+    port = free_port()
+    app = create_app(config, sts=aws("sts", config.sts_endpoint_url or ""), clock=clock)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False)
+    )
+    thread = threading.Thread(target=server.run, name="query-service", daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, timeout=15, what="the query service to start")
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+            yield client
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+
+
+def ask(client: httpx.Client, token: str, query: str, **body: Any) -> httpx.Response:
+    return client.post(
+        "/query", headers={"Authorization": f"Bearer {token}"}, json={"sql": query, **body}
+    )
