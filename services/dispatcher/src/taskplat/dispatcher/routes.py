@@ -58,10 +58,15 @@ from taskplat.common.contracts import (
     TaskStatus,
     TaskView,
 )
+from taskplat.common.contracts.access import Scope, WorkerReport
 from taskplat.common.contracts.base import Contract, OperatorName, QueueName
-from taskplat.common.errors import Rejected, Unauthorized
+from taskplat.common.errors import Forbidden, Rejected, Unauthorized
 from taskplat.common.logging import get_logger
-from taskplat.dispatcher.auth import authorize, check_attempt_scope
+from taskplat.dispatcher import audit
+from taskplat.dispatcher.access import Identity, KeyStore
+from taskplat.dispatcher.access_service import AccessService
+from taskplat.dispatcher.audit import AuditCall
+from taskplat.dispatcher.auth import authorize, bearer_token, check_attempt_scope
 from taskplat.dispatcher.errors import json_response
 from taskplat.dispatcher.operations import Operations
 from taskplat.dispatcher.recorder import Recorder
@@ -74,6 +79,9 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 Handler = Callable[[Request], Awaitable[Response]]
 # `attempt`: the worker token, or the attempt token of the very (task_id, attempt) the body names.
 Auth = Literal["api_key", "worker_token", "attempt", "none"]
+AUDITED_SCOPES: frozenset[Scope | None] = frozenset({"operate", "admin"})
+# Every answer to an API key names the key's scopes (the dashboard hides what it may not do).
+SCOPES_HEADER = "X-Taskplat-Scopes"
 
 
 class ListTasksQuery(Contract):
@@ -140,10 +148,9 @@ bind_log_fields = _bind
 
 
 def _authorize(request: Request, auth: Auth) -> None:
+    """The worker-token and attempt-token checks (API keys: `_identify`)."""
     settings = _settings(request)
-    if auth == "api_key":
-        authorize(request, settings.api_keys, what="API key", attempts=_service(request).tokens)
-    elif auth in ("worker_token", "attempt"):
+    if auth in ("worker_token", "attempt"):
         scope = authorize(
             request,
             [settings.worker_token],
@@ -152,6 +159,27 @@ def _authorize(request: Request, auth: Auth) -> None:
             attempt_scoped=auth == "attempt",
         )
         request.state.attempt_scope = scope
+
+
+async def _identify(request: Request, scope: Scope) -> Identity:
+    """The key of a public call (401 without a valid one), which must hold `scope` (403)."""
+    token = bearer_token(request)
+    keys: KeyStore = request.app.state.keys
+    identity = await keys.identify(token) if token is not None else None
+    if identity is None:
+        if token is not None and token.count(".") == 2:
+            # A valid attempt token is a real credential, just not one for this call (403).
+            authorize(request, [], what="API key", attempts=_service(request).tokens)
+        raise Unauthorized("a valid API key is required as 'Authorization: Bearer <API key>'")
+    if not identity.allows(scope):
+        get_logger().info("request_forbidden", key=identity.name, missing_scope=scope)
+        raise Forbidden(
+            f"this call needs the {scope!r} scope; key {identity.name!r} has "
+            f"{', '.join(sorted(identity.scopes))}",
+            detail={"missing_scope": scope, "key": identity.name},
+        )
+    request.state.identity = identity
+    return identity
 
 
 async def _body(request: Request, model: type[ModelT]) -> ModelT:
@@ -227,6 +255,15 @@ async def stats(request: Request) -> Response:
 # ---- internal ----------------------------------------------------------------------------
 
 
+async def _report_worker(request: Request, report: WorkerReport | None) -> None:
+    """Store a wrapper's report of itself; only the worker token may report (an operator's
+    attempt token may not speak for the wrapper)."""
+    if report is None or getattr(request.state, "attempt_scope", None) is not None:
+        return
+    access: AccessService = request.app.state.access
+    await access.report(report)
+
+
 async def task_claim(request: Request) -> Response:
     body = await _body(request, ClaimRequest)
     _bind(task_id=body.task_id, worker_id=body.worker_id)
@@ -242,6 +279,7 @@ async def task_claim_batch(request: Request) -> Response:
 async def task_claim_next(request: Request) -> Response:
     body = await _body(request, ClaimNextRequest)
     _bind(worker_id=body.worker_id)
+    await _report_worker(request, body.worker)
     if body.wait_seconds <= 0:
         return json_response(await _service(request).claim_next(body))
     # The body is read: the next ASGI message is the client's disconnect.
@@ -262,6 +300,7 @@ async def task_fetch(request: Request) -> Response:
 async def heartbeat(request: Request) -> Response:
     body = await _body(request, HeartbeatRequest)
     _bind(task_id=body.task_id, attempt=body.attempt)
+    await _report_worker(request, body.worker)
     return json_response(await _service(request).heartbeat(body))
 
 
@@ -393,20 +432,38 @@ ROUTES: tuple[RouteSpec, ...] = (
 )  # fmt: skip
 
 
-def guarded(spec: RouteSpec) -> Handler:
-    """Wrap a handler with its authentication check (before any body is read)."""
+def guarded(spec: RouteSpec, scope: Scope | None = None) -> Handler:
+    """Wrap a handler with its authentication check (before any body is read): the worker or
+    attempt token, or an API key holding `scope`. An `operate` or `admin` call is audited."""
 
     async def endpoint(request: Request) -> Response:
+        identity: Identity | None = None
         try:
-            _authorize(request, spec.auth)
+            if spec.auth == "api_key":
+                identity = await _identify(request, scope or "admin")
+            else:
+                _authorize(request, spec.auth)
         except Unauthorized:
             get_logger().info("request_unauthorized", method=spec.method, route=spec.path)
             raise
+        call: AuditCall | None = None
+        if identity is not None and scope in AUDITED_SCOPES:
+            target = "/".join(str(value) for value in request.path_params.values()) or None
+            call = AuditCall(identity.name, spec.name, target)
+        token = audit.begin(call) if call is not None else None
         try:
-            return await spec.handler(request)
+            response = await spec.handler(request)
         except Rejected as exc:
             _recorder(request).worker_call_rejected(spec.path, exc.reason)
             raise
+        finally:
+            if token is not None:
+                audit.end(token)
+        if call is not None and call.recorded == 0 and response.status_code < 400:
+            get_logger().error("audit_missing", action=spec.name)
+        if identity is not None:
+            response.headers[SCOPES_HEADER] = ",".join(identity.effective_scopes())
+        return response
 
     endpoint.__name__ = spec.name
     return endpoint

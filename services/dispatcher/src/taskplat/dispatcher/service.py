@@ -60,6 +60,7 @@ from taskplat.common.contracts import (
 )
 from taskplat.common.errors import Conflict, NotFound, ValidationFailed
 from taskplat.common.telemetry import inject
+from taskplat.dispatcher import audit
 from taskplat.dispatcher.claim_waits import QueuedListener
 from taskplat.dispatcher.claims import Claims
 from taskplat.dispatcher.completions import Completions
@@ -171,6 +172,9 @@ class TaskService:
                         raise NotFound(f"task {task_id} not found")
                     if fence["status"] != "Canceled":
                         raise Conflict(f"task is {fence['status']} and can no longer be canceled")
+                await audit.record(
+                    conn, "canceled" if canceled is not None else "already canceled", now=now
+                )
             if canceled is not None:
                 self._recorder.task_canceled(canceled)
             row = await repo.get_task(conn, task_id)
@@ -192,6 +196,7 @@ class TaskService:
                 await repo.enqueue_wakeup(
                     conn, task_id=task_id, queue=row["queue"], now=now, trace_context=inject()
                 )
+                await audit.record(conn, "replayed", now=now)
             self._recorder.task_replayed(row)
             view = await repo.get_task(conn, task_id)
         assert view is not None

@@ -5,6 +5,18 @@ zone, UUIDs are parsed as UUIDs. The JSON schema of each model is snapshot-teste
 change shows in review.
 """
 
+from taskplat.common.contracts.access import (
+    AuditEntry,
+    AuditList,
+    KeyCreated,
+    KeyCreateRequest,
+    KeyList,
+    KeyView,
+    RevokedKey,
+    WorkerList,
+    WorkerReport,
+    WorkerView,
+)
 from taskplat.common.contracts.base import Contract
 from taskplat.common.contracts.broker import CredentialsRequest, CredentialsResponse
 from taskplat.common.contracts.dags import (
@@ -96,6 +108,8 @@ from taskplat.common.contracts.public import (
 __all__ = [
     "AttemptOutcome",
     "AttemptView",
+    "AuditEntry",
+    "AuditList",
     "BulkRetryRequest",
     "BulkRetryResponse",
     "BulkRetrySkipped",
@@ -149,6 +163,10 @@ __all__ = [
     "JobRunRequest",
     "JobSpec",
     "JobView",
+    "KeyCreateRequest",
+    "KeyCreated",
+    "KeyList",
+    "KeyView",
     "NewVersionRequest",
     "NewVersionResponse",
     "NotClaimedItem",
@@ -166,6 +184,7 @@ __all__ = [
     "RejectedResponse",
     "ResolvedInput",
     "ResolvedOutput",
+    "RevokedKey",
     "StateCount",
     "Stats",
     "StepRequest",
@@ -175,4 +194,7 @@ __all__ = [
     "TaskView",
     "ThroughputBucket",
     "WakeUpMessage",
+    "WorkerList",
+    "WorkerReport",
+    "WorkerView",
 ]
