@@ -122,7 +122,11 @@ def create_app(
     app.state.access = AccessService(pool, clock, settings, keys, registry, operations)
     app.state.dags = DagService(pool, clock, settings, recorder, registry)
     app.state.gauges = StateGauges(
-        telemetry, pool, clock, cache_seconds=settings.metrics_cache_seconds
+        telemetry,
+        pool,
+        clock,
+        cache_seconds=settings.metrics_cache_seconds,
+        worker_lost_seconds=settings.worker_lost_seconds,
     )
     app.state.openapi = build_openapi()
     return app
