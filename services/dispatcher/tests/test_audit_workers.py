@@ -68,7 +68,8 @@ def test_an_audit_row_that_cannot_be_written_undoes_the_call(
             "$$ BEGIN RAISE EXCEPTION 'audit refused'; END $$"
         )
         conn.execute(
-            "CREATE TRIGGER refuse BEFORE INSERT ON audit_log FOR EACH ROW EXECUTE FUNCTION refuse()"
+            "CREATE TRIGGER refuse BEFORE INSERT ON audit_log "
+            "FOR EACH ROW EXECUTE FUNCTION refuse()"
         )
     # uvicorn closes the connection after a 500: one connection per call.
     for path in (f"/tasks/{task_id}/cancel", "/queues/default/pause"):
