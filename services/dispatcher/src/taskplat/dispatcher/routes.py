@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Literal, TypeVar
 
 import structlog
-from pydantic import BaseModel, Field
+from pydantic import AwareDatetime, BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -90,6 +90,11 @@ class ListTasksQuery(Contract):
     operator: OperatorName | None = None
     dag: Annotated[str, Field(min_length=1, max_length=100)] | None = None
     job: Annotated[str, Field(min_length=1, max_length=100)] | None = None
+    since: AwareDatetime | None = Field(None, description="Created at or after this time.")
+    until: AwareDatetime | None = Field(None, description="Created before this time.")
+    idempotency_key: Annotated[str, Field(min_length=1, max_length=512)] | None = Field(
+        None, description="The task of this idempotency key (the other filters are ignored)."
+    )
     cursor: Annotated[str, Field(max_length=512)] | None = None
     limit: Annotated[int, Field(ge=1, le=500)] = 50
 
@@ -206,7 +211,16 @@ async def list_tasks(request: Request) -> Response:
     query = parse_query(request, ListTasksQuery)
     limit = min(query.limit, _settings(request).list_max_limit)
     filters = ListFilters(
-        query.status, query.queue, query.operator, query.cursor, limit, query.dag, query.job
+        query.status,
+        query.queue,
+        query.operator,
+        query.cursor,
+        limit,
+        query.dag,
+        query.job,
+        since=query.since,
+        until=query.until,
+        idempotency_key=query.idempotency_key,
     )
     return json_response(await _service(request).list(filters))
 

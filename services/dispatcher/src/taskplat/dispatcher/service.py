@@ -148,11 +148,17 @@ class TaskService:
             "operator": filters.operator,
             "dag": filters.dag,
             "job": filters.job,
+            "since": filters.since,
+            "until": filters.until,
             "after_created_at": after_created_at,
             "after_task_id": after_task_id,
             "limit": filters.limit + 1,
         }
         async with self._pool.connection() as conn:
+            if filters.idempotency_key is not None:  # the one task of the key (unique index)
+                found = await repo.find_task_by_idempotency_key(conn, filters.idempotency_key)
+                row = await repo.get_task(conn, found) if found is not None else None
+                return TaskList(tasks=[task_view(row)] if row is not None else [], next_cursor=None)
             rows = await repo.list_tasks(conn, params)
         page = rows[: filters.limit]
         next_cursor = None
