@@ -73,7 +73,9 @@ def test_an_audit_row_that_cannot_be_written_undoes_the_call(
         )
     # uvicorn closes the connection after a 500: one connection per call.
     for path in (f"/tasks/{task_id}/cancel", "/queues/default/pause"):
-        with httpx.Client(base_url=dispatcher.base_url, headers=dispatcher.api.headers) as once:
+        with httpx.Client(
+            base_url=dispatcher.base_url, headers=dispatcher.api.headers, timeout=30
+        ) as once:
             assert once.put(path).status_code == 500
     assert dispatcher.api.get(f"/tasks/{task_id}").json()["status"] == "Queued"
     queues = {q["name"]: q for q in dispatcher.api.get("/queues").json()["queues"]}
@@ -149,7 +151,7 @@ def test_an_attempt_token_cannot_report_for_a_worker(dispatcher: Dispatcher) -> 
     fence = {"task_id": answer["task"]["task_id"], "attempt": 1,
              "lease_token": answer["lease_token"]}  # fmt: skip
     with httpx.Client(
-        base_url=dispatcher.base_url, headers={"Authorization": f"Bearer {token}"}
+        base_url=dispatcher.base_url, headers={"Authorization": f"Bearer {token}"}, timeout=30
     ) as operator:
         body = {**fence, "worker": _report("spoofed", [])}
         assert operator.post("/internal/heartbeat", json=body).status_code == 200
@@ -176,3 +178,44 @@ def test_metrics_count_the_workers_seen_per_queue(dispatcher: Dispatcher) -> Non
     dispatcher.clock.advance(31)
     text = dispatcher.anonymous.get("/metrics").text
     assert 'taskplat_workers_seen{queue="a"} 0.0' in text
+
+
+def test_every_operate_and_admin_route_writes_its_audit_row(
+    dispatcher: Dispatcher, db_url: str
+) -> None:
+    """One successful call of each audited route of the OpenAPI document (a new one must be
+    added here) writes exactly one row naming its action."""
+    d = dispatcher
+    document = d.anonymous.get("/openapi.json").json()
+    audited = {
+        operation["operationId"]
+        for operations in document["paths"].values()
+        for operation in operations.values()
+        if operation.get("x-taskplat-scope") in ("operate", "admin")
+    }
+    task_id = create_task(d)["task_id"]
+    dag = {"jobs": {"a": {"operator": "echo", "outputs": [{"index": 0, "dataset": "ds"}]}}}
+    calls: list[tuple[str, str, str, dict[str, Any] | None]] = [
+        ("cancel_task", "PUT", f"/tasks/{task_id}/cancel", None),
+        ("retry_task", "POST", f"/tasks/{task_id}/retry", None),
+        ("retry_tasks", "POST", "/tasks/retry", {"ids": [task_id]}),
+        ("pause_queue", "PUT", "/queues/default/pause", None),
+        ("resume_queue", "PUT", "/queues/default/resume", None),
+        ("register_queue", "PUT", "/queues/added", None),
+        ("put_dag", "PUT", "/dags/d", dag),
+        ("new_dataset_version", "POST", "/datasets/{dataset}/versions", {}),
+        ("delete_dag", "DELETE", "/dags/d", None),
+        ("create_key", "POST", "/keys", {"name": "k", "scopes": ["read"]}),
+        ("list_keys", "GET", "/keys", None),
+        ("revoke_key", "DELETE", "/keys/k", None),
+    ]
+    assert {name for name, *_ in calls} == audited, "an audited route lacks a call here"
+    for action, method, path, body in calls:
+        if "{dataset}" in path:
+            dataset = d.api.get("/datasets").json()["datasets"][0]["dataset_uuid"]
+            path = path.format(dataset=dataset)
+        before = len(audit_rows(db_url))
+        response = d.api.request(method, path, json=body)
+        assert response.status_code < 300, (action, response.text)
+        rows = audit_rows(db_url)
+        assert len(rows) == before + 1 and rows[-1]["action"] == action, (action, rows[before:])

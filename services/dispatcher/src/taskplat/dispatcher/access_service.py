@@ -99,8 +99,11 @@ class AccessService:
         )
 
     async def list_keys(self) -> KeyList:
+        """The stored keys; an admin call, so it is audited too (who looked at the keys)."""
         async with self._pool.connection() as conn:
-            rows = await repo.list_keys(conn)
+            async with conn.transaction():
+                rows = await repo.list_keys(conn)
+                await audit.record(conn, f"listed {len(rows)}", now=self._clock.sql_now())
         return KeyList(keys=[KeyView.model_validate(row) for row in rows])
 
     async def revoke_key(self, name: str) -> RevokedKey:

@@ -1,16 +1,20 @@
 """Every HTTP route of the dispatcher, declared once: the handlers and the OpenAPI document are
 both built from `ROUTES`.
 
-Invariants: public routes need an API key and internal routes the worker token (checked before the
-body is read); the routes of a running attempt (`auth="attempt"`: heartbeat, events, completion)
-also take that attempt's own attempt token, checked against the body's `(task_id, attempt)` as it
-is parsed, and any other use of an attempt token answers 403 (adding an attempt's route, such as
-steps, is one `RouteSpec` with `auth="attempt"` whose body names `task_id` and `attempt`).
+Invariants: public routes need an API key holding the route's scope (`route_table.SCOPES`; 401
+without a valid key, 403 naming the missing scope) and internal routes the worker token (checked
+before the body is read); an `operate` or `admin` call runs as an audited call (`audit`) and every
+answer to a key names its scopes (`X-Taskplat-Scopes`); the routes of a running attempt
+(`auth="attempt"`: heartbeat, events, completion) also take that attempt's own attempt token,
+checked against the body's `(task_id, attempt)` as it is parsed, and any other use of an attempt
+token answers 403 (adding an attempt's route, such as steps, is one `RouteSpec` with
+`auth="attempt"` whose body names `task_id` and `attempt`).
 Health, readiness, metrics and the OpenAPI document are open. A handler validates the whole
 request before it calls the service, so invalid input never writes. A handler binds the
 task it acts on (`task_id`, `attempt`, `worker_id`) to the request's log context; a refused worker
 call is counted and logged (`worker_call_rejected`) and a refused token logged
-(`request_unauthorized`, never the token itself).
+(`request_unauthorized`, never the token itself). A worker's report of itself (`worker` on
+claim-next and heartbeat) is stored only when the worker token made the call.
 """
 
 from __future__ import annotations
