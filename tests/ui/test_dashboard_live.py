@@ -76,6 +76,10 @@ def test_live_pages_search_workers_and_audit_under_the_csp(
     assert "bootstrap" in browser.find_element(By.CSS_SELECTOR, "main tbody tr").text
     browser.get(f"{d.base_url}/ui/#/tasks")
     _wait(browser, f"a[href='#/task/{running['task_id']}']")
+    browser.get(f"{d.base_url}/ui/#/queues")
+    _wait(browser, "#register-queue").send_keys("from-the-ui", Keys.ENTER)
+    _wait(browser, "main table", "from-the-ui")
+    assert "from-the-ui" in [q["name"] for q in d.api.get("/queues").json()["queues"]]
     assert console.errors() == []
 
 

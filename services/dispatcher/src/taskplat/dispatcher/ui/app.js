@@ -403,7 +403,7 @@ async function queuesView() {
       route();
     }) }, q.paused ? "Resume" : "Pause");
   const name = h("input", { name: "queue", id: "register-queue", size: 16, required: true,
-                            pattern: "[A-Za-z0-9_-]{1,64}", placeholder: "new-queue" });
+                            pattern: "[A-Za-z0-9_\\-]{1,64}", placeholder: "new-queue" });
   const register = can("admin") ? h("form", { class: "filters", id: "register",
     onsubmit: act(async (event) => {
       event.preventDefault();
