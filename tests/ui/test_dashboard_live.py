@@ -56,10 +56,16 @@ def test_live_pages_search_workers_and_audit_under_the_csp(
     search = browser.find_element(By.ID, "search-input")
     search.send_keys("order-42", Keys.ENTER)
     _wait(browser, "#task-id", running["task_id"])
-    _wait(browser, "dl.kv", "Running")
+    details = _wait(browser, "dl.kv", "Running")
+    browser.execute_script("window.scrollTo(0, 150)")
+    scrolled = browser.execute_script("return window.scrollY")
+    assert scrolled > 0
     assert complete(d, lease, result={"ok": True}).status_code == 200
     _wait(browser, "dl.kv", "Completed")  # no reload: the live refresh
     assert browser.execute_script("return performance.getEntriesByType('navigation').length") == 1
+    # The refresh rewrote what changed in place: same element, same scroll position.
+    assert "Completed" in details.text
+    assert browser.execute_script("return window.scrollY") == scrolled
 
     browser.get(f"{d.base_url}/ui/#/")
     _wait(browser, "#throughput")

@@ -42,11 +42,18 @@ async function api(method, path, body) {
   return data;
 }
 
+// Handlers live on the element (`_on`), so a live refresh that keeps an element can swap them.
+function on(el, type, handler) {
+  el._on = el._on || {};
+  if (!(type in el._on)) el.addEventListener(type, (event) => el._on[type] && el._on[type](event));
+  el._on[type] = handler;
+}
+
 function h(tag, attrs, ...children) {
   const el = document.createElement(tag);
   for (const [name, value] of Object.entries(attrs || {})) {
     if (value === undefined || value === null || value === false) continue;
-    if (name.startsWith("on")) el.addEventListener(name.slice(2), value);
+    if (name.startsWith("on")) on(el, name.slice(2), value);
     else if (name === "dataset") Object.assign(el.dataset, value);
     else el.setAttribute(name, value === true ? "" : value);
   }
@@ -74,9 +81,33 @@ function render(...nodes) {
   const fresh = document.createElement("div");
   fresh.append(...nodes.flat().filter((n) => n !== null && n !== undefined && n !== false));
   if (fresh.innerHTML === main.innerHTML) return; // nothing changed: no repaint at all
+  if (refreshing === null) return main.replaceChildren(...fresh.childNodes); // a page opened
   const x = window.scrollX, y = window.scrollY;
-  main.replaceChildren(...fresh.childNodes);
+  morphChildren(main, fresh); // a live refresh: elements stay, only what changed is written
   window.scrollTo(x, y);
+}
+
+// Makes `old`'s subtree equal to `fresh`'s, keeping every element whose place and tag match.
+function morph(old, fresh) {
+  for (const { name } of [...old.attributes]) if (!fresh.hasAttribute(name)) old.removeAttribute(name);
+  for (const { name, value } of [...fresh.attributes]) {
+    if (old.getAttribute(name) !== value) old.setAttribute(name, value);
+  }
+  for (const type of Object.keys(old._on || {})) old._on[type] = null;
+  for (const [type, handler] of Object.entries(fresh._on || {})) on(old, type, handler);
+  morphChildren(old, fresh);
+}
+
+function morphChildren(old, fresh) {
+  const before = [...old.childNodes], after = [...fresh.childNodes];
+  after.forEach((node, i) => {
+    const kept = before[i];
+    if (!kept) old.append(node);
+    else if (kept.nodeName !== node.nodeName) old.replaceChild(node, kept);
+    else if (kept.nodeType === Node.ELEMENT_NODE) morph(kept, node);
+    else if (kept.nodeValue !== node.nodeValue) kept.nodeValue = node.nodeValue;
+  });
+  for (const extra of before.slice(after.length)) extra.remove();
 }
 function status(value) { return h("span", { class: `status ${value}` }, value); }
 function when(value) { return value ? new Date(value).toLocaleString() : ""; }
@@ -579,11 +610,24 @@ async function datasetView(uuid) {
 
 // ---- routing -------------------------------------------------------------------------------
 
+// A live refresh renders only if the person is still on its page; a page the person opens
+// waits for a refresh in flight, so it always renders last.
+let inflight = Promise.resolve();
+let opening = 0; // pages being opened by the person (no live refresh meanwhile)
 async function route(quiet) {
   if (!sessionStorage.getItem(KEY)) return loginView();
-  routing = true;
-  refreshing = quiet === true ? location.hash : null;
-  try { await show(quiet === true); } finally { routing = false; refreshing = null; }
+  if (quiet === true) {
+    routing = true;
+    refreshing = location.hash;
+    inflight = show(true).finally(() => { routing = false; refreshing = null; });
+    await inflight;
+  } else {
+    opening += 1;
+    try {
+      await inflight.catch(() => {});
+      await show(false);
+    } finally { opening -= 1; }
+  }
   stamp();
 }
 
@@ -649,7 +693,9 @@ document.getElementById("live").addEventListener("click", () => {
   stamp();
 });
 setInterval(() => {
-  if (sessionStorage.getItem(LIVE) === "off" || document.hidden || routing || editing()) return;
+  if (sessionStorage.getItem(LIVE) === "off" || document.hidden || routing || opening || editing()) {
+    return;
+  }
   if (!sessionStorage.getItem(KEY) || document.getElementById("nav").hidden) return;
   route(true);
 }, REFRESH_MS);
