@@ -671,7 +671,7 @@ document.getElementById("logout").addEventListener("click", () => {
   location.hash = "#/";
   loginView();
 });
-window.addEventListener("hashchange", () => route());
+window.addEventListener("hashchange", () => { window.scrollTo(0, 0); route(); });
 
 // ---- live refresh and search ---------------------------------------------------------------
 
