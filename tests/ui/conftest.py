@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -81,4 +82,5 @@ def console(browser: webdriver.Chrome) -> Console:
 @pytest.fixture
 def dispatcher(db_url: str) -> Iterator[Dispatcher]:
     with serve_dispatcher(db_url) as served:
+        served.clock.set(datetime.now(UTC))  # the page's relative times read as they would live
         yield served

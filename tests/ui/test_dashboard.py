@@ -4,8 +4,6 @@ DAG and dataset views' clear state when the dispatcher has no such routes; no co
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 from dispatcher_calls import claimed, complete, create_task, emit_events
@@ -68,20 +66,17 @@ def test_log_in_see_tasks_replay_a_dead_task_and_pause_a_queue(
     queued = browser.find_element(By.CSS_SELECTOR, ".card[data-state=Queued] .n").text
     assert queued == "3"
     assert browser.find_element(By.CSS_SELECTOR, ".card[data-state=Dead] .n").text == "2"
-    browser.save_screenshot(str(artifacts / "overview.png"))
-    if os.environ.get("TASKPLAT_UPDATE_SNAPSHOTS") == "1":
-        README_SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(artifacts / "overview.png", README_SCREENSHOT)
+    browser.save_screenshot(str(artifacts / "overview.png"))  # README's: test_dashboard_live
 
     browser.get(f"{dispatcher.base_url}/ui/#/tasks")
-    _wait(browser, "main table", tasks["completed"])
+    _wait(browser, f"a[href='#/task/{tasks['completed']}']")
     rows = browser.find_elements(By.CSS_SELECTOR, "main tbody tr")
     assert len(rows) == 7
     browser.save_screenshot(str(artifacts / "tasks.png"))
 
     browser.get(f"{dispatcher.base_url}/ui/#/dead")
-    _wait(browser, "main table", tasks["dead"])
-    browser.find_element(By.LINK_TEXT, tasks["dead"]).click()
+    _wait(browser, f"a[href='#/task/{tasks['dead']}']")
+    browser.find_element(By.CSS_SELECTOR, f"a[href='#/task/{tasks['dead']}']").click()
     _wait(browser, "#task-id", tasks["dead"])
     browser.save_screenshot(str(artifacts / "dead-task.png"))
     assert "ValueError: bad block 42" in _wait(browser, "#last-error").text
@@ -112,7 +107,7 @@ def test_replay_all(
     dead = [_dead(dispatcher) for _ in range(3)]
     _log_in(browser, dispatcher)
     browser.get(f"{dispatcher.base_url}/ui/#/dead")
-    _wait(browser, "main table", dead[0])
+    _wait(browser, f"a[href='#/task/{dead[0]}']")
     browser.find_element(By.ID, "replay-all").click()
     WebDriverWait(browser, 15).until(ec.alert_is_present()).accept()
     _wait(browser, ".empty", "No dead tasks.")

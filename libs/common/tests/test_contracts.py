@@ -198,6 +198,31 @@ EVENT_VIEW = {
     "routed_at": T2,
 }
 
+KEY_VIEW = {"name": "dashboard", "scopes": ["read"], "created_at": T1, "created_by": "bootstrap"}
+AUDIT_ENTRY = {
+    "audit_id": 42,
+    "at": T1,
+    "key_name": "ops",
+    "action": "cancel_task",
+    "target": U1,
+    "outcome": "canceled",
+    "detail": None,
+}
+WORKER_REPORT = {
+    "worker_id": "w-1",
+    "queues": ["default"],
+    "slots": 4,
+    "version": "0.1.0",
+    "running": [U1],
+}
+WORKER_VIEW = {
+    **WORKER_REPORT,
+    "first_seen": T1,
+    "last_seen": T1,
+    "seconds_since_seen": 3.5,
+    "state": "alive",
+}
+
 EXAMPLES: dict[str, dict[str, Any]] = {
     "AttemptView": ATTEMPT_VIEW,
     "ClaimRequest": {"task_id": U1, "worker_id": "ecs:cluster/service/task"},
@@ -260,7 +285,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "StepResponse": {"status": "Existing", "result": [1, "two"], "attempt": 1},
     "ColumnView": {"name": "severity", "type": "text"},
     "FetchResponse": {"status": "Running", "task": CLAIM_TASK},
-    "HeartbeatRequest": {"task_id": U1, "attempt": 1, "lease_token": U2},
+    "HeartbeatRequest": {"task_id": U1, "attempt": 1, "lease_token": U2, "worker": WORKER_REPORT},
     "HeartbeatResponse": {"status": "Ok", "lease_expires_at": T1},
     "JobRef": JOB,
     "NotClaimedResponse": {"status": "NotClaimed", "reason": "AlreadyRunning"},
@@ -292,7 +317,8 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         ],
         "not_claimed": [{"task_id": U2, "reason": "AlreadyRunning"}],
     },
-    "ClaimNextRequest": {"worker_id": "w", "queue": "default", "max": 10},
+    "ClaimNextRequest": {"worker_id": "w", "queue": "default", "max": 10,
+                         "worker": WORKER_REPORT},
     "ClaimNextResponse": {
         "claimed": [
             {"status": "Claimed", "attempt": 1, "lease_token": U2, "lease_expires_at": T1,
@@ -368,6 +394,16 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "ThroughputBucket": {"minute": T1, "completed": 10, "dead": 1},
     "Stats": {"generated_at": T1, "counts": [{"queue": "default", "status": "Dead", "tasks": 1}],
               "throughput": [{"minute": T1, "completed": 10, "dead": 1}]},
+    "KeyCreateRequest": {"name": "dashboard", "scopes": ["read"]},
+    "KeyCreated": {"name": "dashboard", "scopes": ["read"], "created_at": T1, "key": "tpk_x"},
+    "KeyView": KEY_VIEW,
+    "KeyList": {"keys": [KEY_VIEW]},
+    "RevokedKey": {"name": "dashboard", "revoked": True},
+    "AuditEntry": AUDIT_ENTRY,
+    "AuditList": {"entries": [AUDIT_ENTRY], "next_cursor": "41"},
+    "WorkerReport": WORKER_REPORT,
+    "WorkerView": WORKER_VIEW,
+    "WorkerList": {"workers": [WORKER_VIEW], "lost_after_seconds": 60.0},
 }  # fmt: skip
 
 MODELS: dict[str, type[BaseModel]] = {

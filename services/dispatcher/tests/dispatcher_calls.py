@@ -152,6 +152,12 @@ PUBLIC_ROUTES = (
     ("PUT", "/queues/{queue}/pause"),
     ("PUT", "/queues/{queue}/resume"),
     ("GET", "/stats"),
+    ("POST", "/keys"),
+    ("GET", "/keys"),
+    ("DELETE", "/keys/{name}"),
+    ("GET", "/audit"),
+    ("GET", "/workers"),
+    ("PUT", "/queues/{queue}"),
 )
 INTERNAL_ROUTES = (
     ("POST", "/internal/task-claim"),

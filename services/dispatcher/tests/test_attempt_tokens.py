@@ -108,6 +108,7 @@ def test_an_attempt_token_is_refused_for_another_task_or_route(
                     job="a",
                     dataset_uuid=mine.task_id,
                     queue="default",
+                    name="k",
                 ),
                 json=bodies.get(template) if method == "POST" else None,
                 params={"task_id": mine.task_id} if template.endswith("fetch") else None,

@@ -31,7 +31,9 @@ def _valid_request(method: str, path: str, task_id: str, fence: dict[str, Any]) 
         "/dags/{dag_name}/jobs/{job}/runs": {},
         "/tasks/retry": {"ids": [task_id]},
     }
-    url = path.format(task_id=task_id, dag_name="d", job="a", dataset_uuid=task_id, queue="default")
+    url = path.format(
+        task_id=task_id, dag_name="d", job="a", dataset_uuid=task_id, queue="default", name="k"
+    )
     request: dict[str, Any] = {"method": method, "url": url}
     if method in ("POST", "PUT") and path in bodies:
         request["json"] = bodies[path]

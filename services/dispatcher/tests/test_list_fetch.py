@@ -143,3 +143,21 @@ def test_get_task_and_task_fetch(dispatcher: Dispatcher) -> None:
     assert missing.status_code == 404 and missing.json()["error"] == "not_found"
     missing_fetch = dispatcher.worker.get("/internal/task-fetch", params={"task_id": unknown})
     assert missing_fetch.status_code == 404
+
+
+def test_list_finds_a_task_by_idempotency_key_and_filters_by_creation_time(
+    dispatcher: Dispatcher,
+) -> None:
+    first = create_task(dispatcher, idempotency_key="order-17")
+    start = dispatcher.clock.advance(60)
+    second = create_task(dispatcher)
+    found = dispatcher.api.get("/tasks", params={"idempotency_key": "order-17"}).json()
+    assert [t["task_id"] for t in found["tasks"]] == [first["task_id"]]
+    none = dispatcher.api.get("/tasks", params={"idempotency_key": "nope"}).json()
+    assert none == {"tasks": [], "next_cursor": None}
+    since = dispatcher.api.get("/tasks", params={"since": start.isoformat()}).json()
+    assert [t["task_id"] for t in since["tasks"]] == [second["task_id"]]
+    until = dispatcher.api.get("/tasks", params={"until": start.isoformat()}).json()
+    assert [t["task_id"] for t in until["tasks"]] == [first["task_id"]]
+    naive = dispatcher.api.get("/tasks", params={"since": "2026-01-01T00:00:00"})
+    assert naive.status_code == 422

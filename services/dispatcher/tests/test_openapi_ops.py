@@ -197,6 +197,7 @@ def _producers(dispatcher: Dispatcher) -> dict[tuple[str, str, str], list[httpx.
     _batch_route_responses(d, add, done.fence())
     _dag_route_responses(d, add)
     _operator_route_responses(d, add)
+    _access_route_responses(d, add)
     # An attempt token (of another task's attempt) is refused on every authenticated route.
     token = claim(d, create_task(d)["task_id"]).json()["attempt_token"]
     with httpx.Client(base_url=d.base_url, headers={"Authorization": f"Bearer {token}"}) as other:
@@ -207,6 +208,7 @@ def _producers(dispatcher: Dispatcher) -> dict[tuple[str, str, str], list[httpx.
                 job="a",
                 dataset_uuid=running.task_id,
                 queue="default",
+                name="k",
             )
             body = bodies.get(template) if method != "GET" else None
             params = {"task_id": running.task_id} if template == fetch else None
@@ -335,6 +337,36 @@ def _operator_route_responses(d: Dispatcher, add: Callable[..., None]) -> None:
     add("POST", retry, 401, anonymous.post(retry, json={}))
     add("POST", retry, 413, d.api.post(retry, json={"pad": "x" * BODY_CAP}))
     add("POST", retry, 422, d.api.post(retry, json={"limit": 0}))
+
+
+def _access_route_responses(d: Dispatcher, add: Callable[..., None]) -> None:
+    """A real response of each documented status of the keys, audit, workers and queue
+    registration routes."""
+    anonymous = d.anonymous
+    add("POST", "/keys", 201, d.api.post("/keys", json={"name": "k1", "scopes": ["read"]}))
+    add("POST", "/keys", 409, d.api.post("/keys", json={"name": "k1", "scopes": ["read"]}))
+    add("POST", "/keys", 400, d.api.post("/keys", content=b"{"))
+    add("POST", "/keys", 401, anonymous.post("/keys", json={}))
+    add("POST", "/keys", 413, d.api.post("/keys", json={"pad": "x" * BODY_CAP}))
+    add("POST", "/keys", 422, d.api.post("/keys", json={"name": "k2", "scopes": ["root"]}))
+    add("GET", "/keys", 200, d.api.get("/keys"))
+    add("GET", "/keys", 401, anonymous.get("/keys"))
+    one = "/keys/{name}"
+    add("DELETE", one, 200, d.api.delete("/keys/k1"))
+    add("DELETE", one, 401, anonymous.delete("/keys/k1"))
+    add("DELETE", one, 404, d.api.delete("/keys/k1"))
+    add("DELETE", one, 422, d.api.delete("/keys/no%20pe"))
+    add("GET", "/audit", 200, d.api.get("/audit"))
+    add("GET", "/audit", 400, d.api.get("/audit", params={"cursor": "x"}))
+    add("GET", "/audit", 401, anonymous.get("/audit"))
+    add("GET", "/audit", 422, d.api.get("/audit", params={"limit": 0}))
+    add("GET", "/workers", 200, d.api.get("/workers"))
+    add("GET", "/workers", 401, anonymous.get("/workers"))
+    queue = "/queues/{queue}"
+    add("PUT", queue, 201, d.api.put("/queues/fresh"))
+    add("PUT", queue, 200, d.api.put("/queues/fresh"))
+    add("PUT", queue, 401, anonymous.put("/queues/fresh"))
+    add("PUT", queue, 422, d.api.put("/queues/bad%20name"))
 
 
 def test_every_documented_response_schema_validates_a_real_response(

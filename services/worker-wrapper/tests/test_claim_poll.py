@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import Any
 
 from test_wrapper import parse_time, running_wrapper
-from wrapper_harness import Dispatcher, Queue, spawn_wrapper, wrapper_env
+from wrapper_harness import Dispatcher, Queue, run_dispatcher, spawn_wrapper, wrapper_env
 
 from taskplat.devstack.waiting import wait_for
 
@@ -81,3 +82,34 @@ def test_a_stop_waits_for_the_open_poll_and_exits_cleanly(
     finally:
         wrapper.stop_group(timeout=5)
     assert "worker_wrapper_stopped" in wrapper.tail(200)
+
+
+def test_the_wrapper_reports_itself_and_its_running_tasks_on_its_polls(
+    db_url: str, tmp_path: Path, queue: Queue, operators_file: Path
+) -> None:
+    every_report = {"TASKPLAT_DISPATCHER_WORKER_REPORT_SECONDS": "0"}
+    with run_dispatcher(db_url, tmp_path, every_report) as dispatcher:
+
+        def workers() -> list[dict[str, Any]]:
+            listed: list[dict[str, Any]] = dispatcher.api.get("/workers").json()["workers"]
+            return listed
+
+        settings = {"concurrency": 2, "report_interval_seconds": 0.2, "worker_id": "w-report"}
+        with running_wrapper(dispatcher, queue, operators_file, **POLL, **settings):
+            wait_for(workers, timeout=15, what="the wrapper's first report")
+            (worker,) = workers()
+            assert worker["worker_id"] == "w-report" and worker["state"] == "alive"
+            assert worker["slots"] == 2 and worker["queues"] == ["default"]
+            assert worker["version"] and worker["running"] == []
+            task = dispatcher.create("sleep", config={"seconds": 3.0})
+            wait_for(
+                lambda: workers()[0]["running"] == [task["task_id"]],
+                timeout=15,
+                what="the running task in the wrapper's report",
+            )
+            dispatcher.wait_status(task["task_id"], "Completed", timeout=15)
+            wait_for(
+                lambda: workers()[0]["running"] == [],
+                timeout=15,
+                what="the finished task gone from the report",
+            )

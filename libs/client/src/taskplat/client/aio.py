@@ -189,3 +189,27 @@ class AsyncClient:
     ) -> models.EventList:
         """The events a task emitted, newest first."""
         return await self.run(calls.task_events(task_id, cursor=cursor))
+
+    async def register_queue(self, queue: str) -> models.QueueView:
+        return await self.run(calls.register_queue(queue))
+
+    async def delete_dag(self, name: str) -> models.DeletedDag:
+        return await self.run(calls.delete_dag(name))
+
+    async def new_dataset_version(self, dataset_uuid: str | UUID) -> models.NewVersionResponse:
+        return await self.run(calls.new_dataset_version(dataset_uuid))
+
+    async def create_key(self, name: str, scopes: list[str]) -> models.KeyCreated:
+        return await self.run(calls.create_key(name, scopes))
+
+    async def keys(self) -> models.KeyList:
+        return await self.run(calls.list_keys())
+
+    async def revoke_key(self, name: str) -> models.RevokedKey:
+        return await self.run(calls.revoke_key(name))
+
+    async def audit(self, **filters: Any) -> models.AuditList:
+        return await self.run(calls.audit_log(**filters))
+
+    async def workers(self) -> models.WorkerList:
+        return await self.run(calls.list_workers())

@@ -79,6 +79,9 @@ def list_tasks(
     operator: str | None = None,
     dag: str | None = None,
     job: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    idempotency_key: str | None = None,
     cursor: str | None = None,
     limit: int | None = None,
 ) -> Call[models.TaskList]:
@@ -88,6 +91,9 @@ def list_tasks(
         "operator": operator,
         "dag": dag,
         "job": job,
+        "since": _time(since),
+        "until": _time(until),
+        "idempotency_key": idempotency_key,
         "cursor": cursor,
         "limit": limit,
     }
@@ -211,3 +217,59 @@ def run_job(
         body=body,
         idempotent=idempotency_key is not None,
     )
+
+
+def register_queue(queue: str) -> Call[models.QueueView]:
+    return Call("PUT", f"/queues/{_seg(queue)}", models.QueueView.model_validate, idempotent=True)
+
+
+def delete_dag(name: str) -> Call[models.DeletedDag]:
+    return Call("DELETE", f"/dags/{_seg(name)}", models.DeletedDag.model_validate)
+
+
+def new_dataset_version(dataset_uuid: str | UUID) -> Call[models.NewVersionResponse]:
+    return Call(
+        "POST",
+        f"/datasets/{_seg(dataset_uuid)}/versions",
+        models.NewVersionResponse.model_validate,
+        body={},
+    )
+
+
+def create_key(name: str, scopes: list[str]) -> Call[models.KeyCreated]:
+    body = {"name": name, "scopes": scopes}
+    return Call("POST", "/keys", models.KeyCreated.model_validate, body=body)
+
+
+def list_keys() -> Call[models.KeyList]:
+    return Call("GET", "/keys", models.KeyList.model_validate, idempotent=True)
+
+
+def revoke_key(name: str) -> Call[models.RevokedKey]:
+    return Call("DELETE", f"/keys/{_seg(name)}", models.RevokedKey.model_validate)
+
+
+def audit_log(
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    key: str | None = None,
+    action: str | None = None,
+    target: str | None = None,
+    cursor: str | None = None,
+    limit: int | None = None,
+) -> Call[models.AuditList]:
+    params = {
+        "since": _time(since),
+        "until": _time(until),
+        "key": key,
+        "action": action,
+        "target": target,
+        "cursor": cursor,
+        "limit": limit,
+    }
+    return Call("GET", "/audit", models.AuditList.model_validate, params=params, idempotent=True)
+
+
+def list_workers() -> Call[models.WorkerList]:
+    return Call("GET", "/workers", models.WorkerList.model_validate, idempotent=True)

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 from uuid import UUID
@@ -29,6 +30,9 @@ from taskplat.client.models import TaskView
 from taskplat.client.sync import Client
 
 F = TypeVar("F", bound=Callable[..., Any])
+# Times the options take: ISO 8601, with or without seconds and a zone (naive: local time).
+TIMES = ["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M:%S",
+         "%Y-%m-%d"]  # fmt: skip
 STATUSES = ["Scheduled", "Queued", "Running", "Completed", "Failed", "Dead", "Canceled"]
 NOT_COMPLETED_EXIT = 3
 
@@ -87,6 +91,13 @@ def _emit(value: Any, human: Callable[[], None]) -> None:
             click.echo(json.dumps(value, indent=2, default=str))
     else:
         human()
+
+
+def aware(value: datetime | None) -> datetime | None:
+    """A time option as an aware datetime (a naive one is local time)."""
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.astimezone()
 
 
 def _json_arg(text: str | None, what: str) -> Any:
@@ -159,6 +170,7 @@ def _finish(task: TaskView) -> None:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="taskplat-client", prog_name="taskplat")
 @common
 def main() -> None:
     """Taskplat from the command line: submit, inspect, cancel and replay tasks; apply DAGs.
@@ -176,6 +188,13 @@ def main() -> None:
 @click.option("--max-attempts", type=click.IntRange(1, 100), help="Attempt budget (1-100).")
 @click.option("--timeout-seconds", type=click.IntRange(1), help="Hard deadline of an attempt.")
 @click.option("--idempotency-key", help="Submitting the same key again returns the same task.")
+@click.option("--scheduled-for", type=click.DateTime(TIMES), help="Run no earlier than this "
+              "time (ISO 8601; local time unless it names a zone).")  # fmt: skip
+@click.option(
+    "--expires-at",
+    type=click.DateTime(TIMES),
+    help="Cancel the task if it has not started by this time.",
+)
 @click.option("--wait", "wait_", is_flag=True, help="Wait for the task to finish (exit 3 unless "
               "it Completed), showing its progress on stderr.")  # fmt: skip
 @click.option("--wait-timeout", type=float, help="Give up waiting after this many seconds.")
@@ -188,6 +207,8 @@ def submit(
     max_attempts: int | None,
     timeout_seconds: int | None,
     idempotency_key: str | None,
+    scheduled_for: datetime | None,
+    expires_at: datetime | None,
     wait_: bool,
     wait_timeout: float | None,
 ) -> None:
@@ -199,6 +220,8 @@ def submit(
         "max_attempts": max_attempts,
         "timeout_seconds": timeout_seconds,
         "idempotency_key": idempotency_key,
+        "scheduled_for": aware(scheduled_for),
+        "expires_at": aware(expires_at),
     }
     with _client() as client:
         task = client.submit(operator, **fields)
@@ -223,19 +246,35 @@ def get(task_id: str) -> None:
 @click.option("--status", "-s", type=click.Choice(STATUSES), help="Only tasks in this state.")
 @click.option("--queue", "-q", help="Only tasks of this queue.")
 @click.option("--operator", "-o", help="Only tasks of this operator.")
+@click.option("--dag", help="Only tasks of this DAG's jobs.")
+@click.option("--job", help="Only tasks of this job (with --dag).")
+@click.option("--since", type=click.DateTime(TIMES), help="Created at or after this time.")
+@click.option("--until", type=click.DateTime(TIMES), help="Created before this time.")
 @click.option("--limit", "-n", type=click.IntRange(1), default=50, show_default=True,
               help="At most this many tasks (pages are followed).")  # fmt: skip
 @common
-def list_(status: str | None, queue: str | None, operator: str | None, limit: int) -> None:
+def list_(
+    status: str | None,
+    queue: str | None,
+    operator: str | None,
+    dag: str | None,
+    job: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    limit: int,
+) -> None:
     """List tasks, newest first."""
-    _list_tasks(status, queue, operator, limit)
+    filters = {"dag": dag, "job": job, "since": aware(since), "until": aware(until)}
+    _list_tasks(status, queue, operator, limit, **filters)
 
 
-def _list_tasks(status: str | None, queue: str | None, operator: str | None, limit: int) -> None:
+def _list_tasks(
+    status: str | None, queue: str | None, operator: str | None, limit: int, **filters: Any
+) -> None:
     with _client() as client:
         tasks: list[TaskView] = []
         for task in client.iter_tasks(
-            status=status, queue=queue, operator=operator, limit=min(limit, 500)
+            status=status, queue=queue, operator=operator, limit=min(limit, 500), **filters
         ):
             tasks.append(task)
             if len(tasks) >= limit:
@@ -345,7 +384,7 @@ def dead_replay(
 @main.group()
 @common
 def dags() -> None:
-    """DAGs: apply a document, list them."""
+    """DAGs: apply a document, list, get, delete."""
 
 
 @dags.command(name="apply")
@@ -402,7 +441,7 @@ def dags_list() -> None:
 @main.group()
 @common
 def datasets() -> None:
-    """Datasets: list them, roll one back."""
+    """Datasets: list, get, versions, events, roll one back."""
 
 
 @datasets.command(name="list")
@@ -456,3 +495,8 @@ def run(argv: list[str] | None = None) -> int:
 
 def cli() -> None:
     sys.exit(run())
+
+
+# The operators' commands (queues, workers, stats, runs, keys, audit, ...) add themselves to `main`
+# and its groups; imported last, when every name they use is defined.
+from taskplat.client import cli_ops  # noqa: E402, F401

@@ -285,11 +285,80 @@ class ErrorResponse(Model):
     detail: Any = None
 
 
+class DeletedDag(Model):
+    dag_name: str
+    deleted: bool
+
+
+class NewVersionResponse(Model):
+    dataset: DatasetView
+    canceled_tasks: int
+
+
+Scope = Literal["read", "submit", "operate", "admin"]
+
+
+class KeyView(Model):
+    name: str
+    scopes: list[Scope]
+    created_at: datetime
+    created_by: str
+
+
+class KeyCreated(Model):
+    name: str
+    scopes: list[Scope]
+    created_at: datetime
+    key: str
+
+
+class KeyList(Model):
+    keys: list[KeyView]
+
+
+class RevokedKey(Model):
+    name: str
+    revoked: bool
+
+
+class AuditEntry(Model):
+    audit_id: int
+    at: datetime
+    key_name: str
+    action: str
+    target: str | None = None
+    outcome: str
+    detail: JsonObject | None = None
+
+
+class AuditList(Model):
+    entries: list[AuditEntry]
+    next_cursor: str | None = None
+
+
+class WorkerView(Model):
+    worker_id: str
+    queues: list[str]
+    slots: int
+    version: str
+    running: list[UUID]
+    first_seen: datetime
+    last_seen: datetime
+    seconds_since_seen: float
+    state: Literal["alive", "lost"]
+
+
+class WorkerList(Model):
+    workers: list[WorkerView]
+    lost_after_seconds: float
+
+
 # Models checked against the server's schema of the same name.
 CHECKED: tuple[type[Model], ...] = (
     JobRef, AttemptView, OutputView, TaskView, TaskList, CreatedTask, CreateTasksResponse,
     QueueView, QueueList, BulkRetrySkipped, BulkRetryResponse, StateCount, ThroughputBucket,
     Stats, ErrorResponse, ResolvedInput, ResolvedOutput, JobView, DagView, DagSummary, DagList,
     DatasetSummary, DatasetList, DatasetVersionView, DatasetView, Producer, EventView, EventList,
-    NewVersionResponse,
+    DeletedDag, NewVersionResponse, KeyView, KeyCreated, KeyList, RevokedKey, AuditEntry,
+    AuditList, WorkerView, WorkerList,
 )  # fmt: skip

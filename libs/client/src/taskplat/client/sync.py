@@ -183,3 +183,27 @@ class Client:
     def task_events(self, task_id: str | UUID, *, cursor: str | None = None) -> models.EventList:
         """The events a task emitted, newest first."""
         return self.run(calls.task_events(task_id, cursor=cursor))
+
+    def register_queue(self, queue: str) -> models.QueueView:
+        return self.run(calls.register_queue(queue))
+
+    def delete_dag(self, name: str) -> models.DeletedDag:
+        return self.run(calls.delete_dag(name))
+
+    def new_dataset_version(self, dataset_uuid: str | UUID) -> models.NewVersionResponse:
+        return self.run(calls.new_dataset_version(dataset_uuid))
+
+    def create_key(self, name: str, scopes: list[str]) -> models.KeyCreated:
+        return self.run(calls.create_key(name, scopes))
+
+    def keys(self) -> models.KeyList:
+        return self.run(calls.list_keys())
+
+    def revoke_key(self, name: str) -> models.RevokedKey:
+        return self.run(calls.revoke_key(name))
+
+    def audit(self, **filters: Any) -> models.AuditList:
+        return self.run(calls.audit_log(**filters))
+
+    def workers(self) -> models.WorkerList:
+        return self.run(calls.list_workers())

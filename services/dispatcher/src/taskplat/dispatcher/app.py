@@ -30,6 +30,8 @@ from taskplat.common.clock import Clock, SystemClock
 from taskplat.common.db.pools import make_async_pool
 from taskplat.common.telemetry import Telemetry
 from taskplat.dispatcher import operational
+from taskplat.dispatcher.access import KeyStore
+from taskplat.dispatcher.access_service import AccessService
 from taskplat.dispatcher.claim_waits import QueuedListener
 from taskplat.dispatcher.dags import DagService
 from taskplat.dispatcher.errors import EXCEPTION_HANDLERS
@@ -37,8 +39,9 @@ from taskplat.dispatcher.http_telemetry import HttpTelemetryMiddleware
 from taskplat.dispatcher.openapi import build_openapi
 from taskplat.dispatcher.operations import Operations, QueueRegistry
 from taskplat.dispatcher.recorder import Recorder
-from taskplat.dispatcher.route_table import ALL_ROUTES
+from taskplat.dispatcher.route_table import ALL_ROUTES, scope_of
 from taskplat.dispatcher.routes import guarded
+from taskplat.dispatcher.security_headers import SecurityHeadersMiddleware
 from taskplat.dispatcher.service import TaskService
 from taskplat.dispatcher.settings import DispatcherSettings
 from taskplat.dispatcher.state_gauges import StateGauges
@@ -77,7 +80,7 @@ def create_app(
             await asyncio.to_thread(telemetry.force_flush)
 
     routes: list[BaseRoute] = [
-        Route(spec.path, guarded(spec), methods=[spec.method], name=spec.name)
+        Route(spec.path, guarded(spec, scope_of(spec)), methods=[spec.method], name=spec.name)
         for spec in ALL_ROUTES
     ]
     routes += [
@@ -89,7 +92,10 @@ def create_app(
         Route("/metrics", operational.metrics, methods=["GET"]),
         Route("/openapi.json", operational.openapi, methods=["GET"]),
     ]
-    middleware = [Middleware(HttpTelemetryMiddleware, telemetry=telemetry, routes=routes)]
+    middleware = [
+        Middleware(SecurityHeadersMiddleware),
+        Middleware(HttpTelemetryMiddleware, telemetry=telemetry, routes=routes),
+    ]
     app = Starlette(
         routes=routes,
         middleware=middleware,
@@ -111,10 +117,16 @@ def create_app(
     app.state.service = TaskService(
         pool, clock, settings, recorder, registry=registry, listener=listener
     )
-    app.state.operations = Operations(pool, clock, recorder, registry)
+    app.state.operations = operations = Operations(pool, clock, recorder, registry)
+    app.state.keys = keys = KeyStore(pool, settings.api_keys, settings.key_cache_seconds)
+    app.state.access = AccessService(pool, clock, settings, keys, registry, operations)
     app.state.dags = DagService(pool, clock, settings, recorder, registry)
     app.state.gauges = StateGauges(
-        telemetry, pool, clock, cache_seconds=settings.metrics_cache_seconds
+        telemetry,
+        pool,
+        clock,
+        cache_seconds=settings.metrics_cache_seconds,
+        worker_lost_seconds=settings.worker_lost_seconds,
     )
     app.state.openapi = build_openapi()
     return app

@@ -57,7 +57,7 @@ from taskplat.common.contracts.dags import FromDataset, FromJob, Producer
 from taskplat.common.cron import next_tick
 from taskplat.common.errors import BadRequest, NotFound, ValidationFailed
 from taskplat.common.telemetry import inject
-from taskplat.dispatcher import dag_rules, pins, untrusted
+from taskplat.dispatcher import audit, dag_rules, pins, untrusted
 from taskplat.dispatcher.operations import QueueRegistry
 from taskplat.dispatcher.recorder import Recorder
 from taskplat.dispatcher.repository import buffered as buffered_repo
@@ -130,6 +130,14 @@ class DagService:
                 changed = stored_hash != digest
                 if changed:
                     canceled = await self._replace(conn, dag_name, doc, digest, now)
+                outcome = (
+                    "unchanged"
+                    if not changed
+                    else "created"
+                    if stored_hash is None
+                    else ("replaced")
+                )
+                await audit.record(conn, outcome, now=now)
             view = await self._view(conn, dag_name)
         assert view is not None
         for row in canceled:
@@ -311,6 +319,8 @@ class DagService:
             async with conn.transaction():
                 await repo.lock_dag(conn, dag_name)
                 deleted = await repo.delete_dag(conn, dag_name)
+                if deleted:
+                    await audit.record(conn, "deleted", now=self._clock.sql_now())
         if not deleted:
             raise NotFound(f"DAG {dag_name!r} not found")
         self._recorder.dag_deleted(dag_name)
@@ -397,6 +407,12 @@ class DagService:
                     # A buffered dataset's new version gets a new table of the same schema.
                     columns = [Column(c["name"], c["type"]) for c in current["columns"]]
                     await buffered_repo.create_table(conn, dataset_uuid, version, columns, now)
+                await audit.record(
+                    conn,
+                    f"version {version}, {len(canceled)} tasks canceled",
+                    detail={"dataset_version": str(version), "canceled_tasks": len(canceled)},
+                    now=now,
+                )
             view = await self._dataset_view(conn, dataset_uuid)
         for row in canceled:
             self._recorder.task_canceled(row, by="version_rollover")
@@ -423,6 +439,15 @@ class DagService:
                     canceled = await repo.make_version_current(
                         conn, dataset_uuid, dataset_version, "rollback", now
                     )
+                    outcome = f"rolled back to {dataset_version}, {len(canceled)} tasks canceled"
+                else:
+                    outcome = f"{dataset_version} already current"
+                await audit.record(
+                    conn,
+                    outcome,
+                    detail={"dataset_version": str(dataset_version), "canceled_tasks": len(canceled)},
+                    now=now,
+                )
             view = await self._dataset_view(conn, dataset_uuid)
         for row in canceled:
             self._recorder.task_canceled(row, by="version_rollback")

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from taskplat.common.contracts import ErrorResponse
-from taskplat.dispatcher.route_table import ALL_ROUTES
+from taskplat.dispatcher.route_table import ALL_ROUTES, scope_of
 from taskplat.dispatcher.routes import RouteSpec
 
 _REF_TEMPLATE = "#/components/schemas/{model}"
@@ -70,6 +70,9 @@ def _operation(spec: RouteSpec) -> dict[str, Any]:
     operation: dict[str, Any] = {"operationId": spec.name, "summary": spec.summary}
     if spec.auth != "none":
         operation["security"] = [{spec.auth: []}]
+    scope = scope_of(spec)
+    if scope is not None:
+        operation["x-taskplat-scope"] = scope
     parameters = _parameters(spec)
     if parameters:
         operation["parameters"] = parameters
@@ -79,7 +82,13 @@ def _operation(spec: RouteSpec) -> dict[str, Any]:
             "content": {media: {"schema": _ref(spec.body)} for media in spec.body_media_types},
         }
     documented = dict(spec.responses)
-    if spec.auth != "none":  # every authenticated route refuses a misused attempt token
+    if scope is not None:  # an API key without the route's scope
+        documented[403] = (
+            f"the API key lacks the {scope!r} scope (`detail.missing_scope`), or an attempt "
+            "token was used",
+            ErrorResponse,
+        )
+    elif spec.auth != "none":  # every authenticated route refuses a misused attempt token
         documented[403] = ("an attempt token used outside its own attempt's calls", ErrorResponse)
     responses: dict[str, Any] = {}
     for status, (description, model) in sorted(documented.items()):
@@ -128,7 +137,12 @@ def build_openapi() -> dict[str, Any]:
         "components": {
             "schemas": definitions.get("$defs", {}),
             "securitySchemes": {
-                "api_key": {"type": "http", "scheme": "bearer", "description": "API key"},
+                "api_key": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "API key; each operation names the scope it needs "
+                    "(`x-taskplat-scope`: read, submit, operate or admin; admin holds all)",
+                },
                 "worker_token": {"type": "http", "scheme": "bearer", "description": "Worker token"},
                 "attempt": {
                     "type": "http",

@@ -43,6 +43,7 @@ from taskplat.common.contracts import (
 from taskplat.common.errors import NotFound, ValidationFailed
 from taskplat.common.logging import get_logger
 from taskplat.common.telemetry import inject
+from taskplat.dispatcher import audit
 from taskplat.dispatcher.recorder import Recorder
 from taskplat.dispatcher.repository import queues as repo
 from taskplat.dispatcher.repository import tasks as task_repo
@@ -126,7 +127,11 @@ class Operations:
 
     async def pause(self, name: str) -> QueueView:
         async with self._pool.connection() as conn:
-            changed = await repo.set_paused(conn, name, self._clock.sql_now())
+            async with conn.transaction():
+                changed = await repo.set_paused(conn, name, self._clock.sql_now())
+                if changed is not None:
+                    outcome = "paused" if changed else "already paused"
+                    await audit.record(conn, outcome, now=self._clock.sql_now())
         if changed is None:
             raise NotFound(f"queue {name!r} is not registered")
         if changed:
@@ -143,6 +148,8 @@ class Operations:
                 )
                 if announced:
                     await repo.notify_queues(conn, [name])
+                outcome = f"resumed, {announced} announced" if resumed else "already running"
+                await audit.record(conn, outcome, now=self._clock.sql_now())
         if resumed:
             self._recorder.queue_resumed(name, announced)
         return await self._view(name)
@@ -165,6 +172,12 @@ class Operations:
                 )
                 if rows:
                     await repo.notify_queues(conn, sorted({row["queue"] for row in rows}))
+                await audit.record(
+                    conn,
+                    f"replayed {len(rows)}",
+                    detail={"ids": [str(i) for i in ids]} if ids is not None else filters,
+                    now=self._clock.sql_now(),
+                )
             replayed = [row["task_id"] for row in rows]
             skipped = [
                 BulkRetrySkipped(task_id=task_id, reason="PinnedVersionNotCurrent")

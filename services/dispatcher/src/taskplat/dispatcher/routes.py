@@ -1,16 +1,20 @@
 """Every HTTP route of the dispatcher, declared once: the handlers and the OpenAPI document are
 both built from `ROUTES`.
 
-Invariants: public routes need an API key and internal routes the worker token (checked before the
-body is read); the routes of a running attempt (`auth="attempt"`: heartbeat, events, completion)
-also take that attempt's own attempt token, checked against the body's `(task_id, attempt)` as it
-is parsed, and any other use of an attempt token answers 403 (adding an attempt's route, such as
-steps, is one `RouteSpec` with `auth="attempt"` whose body names `task_id` and `attempt`).
+Invariants: public routes need an API key holding the route's scope (`route_table.SCOPES`; 401
+without a valid key, 403 naming the missing scope) and internal routes the worker token (checked
+before the body is read); an `operate` or `admin` call runs as an audited call (`audit`) and every
+answer to a key names its scopes (`X-Taskplat-Scopes`); the routes of a running attempt
+(`auth="attempt"`: heartbeat, events, completion) also take that attempt's own attempt token,
+checked against the body's `(task_id, attempt)` as it is parsed, and any other use of an attempt
+token answers 403 (adding an attempt's route, such as steps, is one `RouteSpec` with
+`auth="attempt"` whose body names `task_id` and `attempt`).
 Health, readiness, metrics and the OpenAPI document are open. A handler validates the whole
 request before it calls the service, so invalid input never writes. A handler binds the
 task it acts on (`task_id`, `attempt`, `worker_id`) to the request's log context; a refused worker
 call is counted and logged (`worker_call_rejected`) and a refused token logged
-(`request_unauthorized`, never the token itself).
+(`request_unauthorized`, never the token itself). A worker's report of itself (`worker` on
+claim-next and heartbeat) is stored only when the worker token made the call.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Literal, TypeVar
 
 import structlog
-from pydantic import BaseModel, Field
+from pydantic import AwareDatetime, BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -59,10 +63,15 @@ from taskplat.common.contracts import (
     TaskStatus,
     TaskView,
 )
+from taskplat.common.contracts.access import Scope, WorkerReport
 from taskplat.common.contracts.base import Contract, OperatorName, QueueName
-from taskplat.common.errors import Rejected, Unauthorized
+from taskplat.common.errors import Forbidden, Rejected, Unauthorized
 from taskplat.common.logging import get_logger
-from taskplat.dispatcher.auth import authorize, check_attempt_scope
+from taskplat.dispatcher import audit
+from taskplat.dispatcher.access import Identity, KeyStore
+from taskplat.dispatcher.access_service import AccessService
+from taskplat.dispatcher.audit import AuditCall
+from taskplat.dispatcher.auth import authorize, bearer_token, check_attempt_scope
 from taskplat.dispatcher.errors import json_response
 from taskplat.dispatcher.operations import Operations
 from taskplat.dispatcher.recorder import Recorder
@@ -75,6 +84,9 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 Handler = Callable[[Request], Awaitable[Response]]
 # `attempt`: the worker token, or the attempt token of the very (task_id, attempt) the body names.
 Auth = Literal["api_key", "worker_token", "attempt", "none"]
+AUDITED_SCOPES: frozenset[Scope | None] = frozenset({"operate", "admin"})
+# Every answer to an API key names the key's scopes (the dashboard hides what it may not do).
+SCOPES_HEADER = "X-Taskplat-Scopes"
 
 
 class ListTasksQuery(Contract):
@@ -83,6 +95,11 @@ class ListTasksQuery(Contract):
     operator: OperatorName | None = None
     dag: Annotated[str, Field(min_length=1, max_length=100)] | None = None
     job: Annotated[str, Field(min_length=1, max_length=100)] | None = None
+    since: AwareDatetime | None = Field(None, description="Created at or after this time.")
+    until: AwareDatetime | None = Field(None, description="Created before this time.")
+    idempotency_key: Annotated[str, Field(min_length=1, max_length=512)] | None = Field(
+        None, description="The task of this idempotency key (the other filters are ignored)."
+    )
     cursor: Annotated[str, Field(max_length=512)] | None = None
     limit: Annotated[int, Field(ge=1, le=500)] = 50
 
@@ -142,10 +159,9 @@ bind_log_fields = _bind
 
 
 def _authorize(request: Request, auth: Auth) -> None:
+    """The worker-token and attempt-token checks (API keys: `_identify`)."""
     settings = _settings(request)
-    if auth == "api_key":
-        authorize(request, settings.api_keys, what="API key", attempts=_service(request).tokens)
-    elif auth in ("worker_token", "attempt"):
+    if auth in ("worker_token", "attempt"):
         scope = authorize(
             request,
             [settings.worker_token],
@@ -154,6 +170,27 @@ def _authorize(request: Request, auth: Auth) -> None:
             attempt_scoped=auth == "attempt",
         )
         request.state.attempt_scope = scope
+
+
+async def _identify(request: Request, scope: Scope) -> Identity:
+    """The key of a public call (401 without a valid one), which must hold `scope` (403)."""
+    token = bearer_token(request)
+    keys: KeyStore = request.app.state.keys
+    identity = await keys.identify(token) if token is not None else None
+    if identity is None:
+        if token is not None and token.count(".") == 2:
+            # A valid attempt token is a real credential, just not one for this call (403).
+            authorize(request, [], what="API key", attempts=_service(request).tokens)
+        raise Unauthorized("a valid API key is required as 'Authorization: Bearer <API key>'")
+    if not identity.allows(scope):
+        get_logger().info("request_forbidden", key=identity.name, missing_scope=scope)
+        raise Forbidden(
+            f"this call needs the {scope!r} scope; key {identity.name!r} has "
+            f"{', '.join(sorted(identity.scopes))}",
+            detail={"missing_scope": scope, "key": identity.name},
+        )
+    request.state.identity = identity
+    return identity
 
 
 async def _body(request: Request, model: type[ModelT]) -> ModelT:
@@ -180,7 +217,16 @@ async def list_tasks(request: Request) -> Response:
     query = parse_query(request, ListTasksQuery)
     limit = min(query.limit, _settings(request).list_max_limit)
     filters = ListFilters(
-        query.status, query.queue, query.operator, query.cursor, limit, query.dag, query.job
+        query.status,
+        query.queue,
+        query.operator,
+        query.cursor,
+        limit,
+        query.dag,
+        query.job,
+        since=query.since,
+        until=query.until,
+        idempotency_key=query.idempotency_key,
     )
     return json_response(await _service(request).list(filters))
 
@@ -230,6 +276,15 @@ async def stats(request: Request) -> Response:
 # ---- internal ----------------------------------------------------------------------------
 
 
+async def _report_worker(request: Request, report: WorkerReport | None) -> None:
+    """Store a wrapper's report of itself; only the worker token may report (an operator's
+    attempt token may not speak for the wrapper)."""
+    if report is None or getattr(request.state, "attempt_scope", None) is not None:
+        return
+    access: AccessService = request.app.state.access
+    await access.report(report)
+
+
 async def task_claim(request: Request) -> Response:
     body = await _body(request, ClaimRequest)
     _bind(task_id=body.task_id, worker_id=body.worker_id)
@@ -245,6 +300,7 @@ async def task_claim_batch(request: Request) -> Response:
 async def task_claim_next(request: Request) -> Response:
     body = await _body(request, ClaimNextRequest)
     _bind(worker_id=body.worker_id)
+    await _report_worker(request, body.worker)
     if body.wait_seconds <= 0:
         return json_response(await _service(request).claim_next(body))
     # The body is read: the next ASGI message is the client's disconnect.
@@ -265,6 +321,7 @@ async def task_fetch(request: Request) -> Response:
 async def heartbeat(request: Request) -> Response:
     body = await _body(request, HeartbeatRequest)
     _bind(task_id=body.task_id, attempt=body.attempt)
+    await _report_worker(request, body.worker)
     return json_response(await _service(request).heartbeat(body))
 
 
@@ -398,20 +455,38 @@ ROUTES: tuple[RouteSpec, ...] = (
 )  # fmt: skip
 
 
-def guarded(spec: RouteSpec) -> Handler:
-    """Wrap a handler with its authentication check (before any body is read)."""
+def guarded(spec: RouteSpec, scope: Scope | None = None) -> Handler:
+    """Wrap a handler with its authentication check (before any body is read): the worker or
+    attempt token, or an API key holding `scope`. An `operate` or `admin` call is audited."""
 
     async def endpoint(request: Request) -> Response:
+        identity: Identity | None = None
         try:
-            _authorize(request, spec.auth)
+            if spec.auth == "api_key":
+                identity = await _identify(request, scope or "admin")
+            else:
+                _authorize(request, spec.auth)
         except Unauthorized:
             get_logger().info("request_unauthorized", method=spec.method, route=spec.path)
             raise
+        call: AuditCall | None = None
+        if identity is not None and scope in AUDITED_SCOPES:
+            target = "/".join(str(value) for value in request.path_params.values()) or None
+            call = AuditCall(identity.name, spec.name, target)
+        token = audit.begin(call) if call is not None else None
         try:
-            return await spec.handler(request)
+            response = await spec.handler(request)
         except Rejected as exc:
             _recorder(request).worker_call_rejected(spec.path, exc.reason)
             raise
+        finally:
+            if token is not None:
+                audit.end(token)
+        if call is not None and call.recorded == 0 and response.status_code < 400:
+            get_logger().error("audit_missing", action=spec.name)
+        if identity is not None:
+            response.headers[SCOPES_HEADER] = ",".join(identity.effective_scopes())
+        return response
 
     endpoint.__name__ = spec.name
     return endpoint

@@ -61,7 +61,7 @@ from taskplat.common.contracts import (
 )
 from taskplat.common.errors import Conflict, NotFound, PinnedVersionNotCurrent, ValidationFailed
 from taskplat.common.telemetry import inject
-from taskplat.dispatcher import pins, untrusted
+from taskplat.dispatcher import audit, pins, untrusted
 from taskplat.dispatcher.claim_waits import QueuedListener
 from taskplat.dispatcher.claims import Claims
 from taskplat.dispatcher.completions import Completions
@@ -157,11 +157,17 @@ class TaskService:
             "operator": filters.operator,
             "dag": filters.dag,
             "job": filters.job,
+            "since": filters.since,
+            "until": filters.until,
             "after_created_at": after_created_at,
             "after_task_id": after_task_id,
             "limit": filters.limit + 1,
         }
         async with self._pool.connection() as conn:
+            if filters.idempotency_key is not None:  # the one task of the key (unique index)
+                found = await repo.find_task_by_idempotency_key(conn, filters.idempotency_key)
+                row = await repo.get_task(conn, found) if found is not None else None
+                return TaskList(tasks=[task_view(row)] if row is not None else [], next_cursor=None)
             rows = await repo.list_tasks(conn, params)
         page = rows[: filters.limit]
         next_cursor = None
@@ -181,6 +187,9 @@ class TaskService:
                         raise NotFound(f"task {task_id} not found")
                     if fence["status"] != "Canceled":
                         raise Conflict(f"task is {fence['status']} and can no longer be canceled")
+                await audit.record(
+                    conn, "canceled" if canceled is not None else "already canceled", now=now
+                )
             if canceled is not None:
                 self._recorder.task_canceled(canceled)
             row = await repo.get_task(conn, task_id)
@@ -212,6 +221,7 @@ class TaskService:
                 await repo.enqueue_wakeup(
                     conn, task_id=task_id, queue=row["queue"], now=now, trace_context=inject()
                 )
+                await audit.record(conn, "replayed", now=now)
             self._recorder.task_replayed(row)
             view = await repo.get_task(conn, task_id)
         assert view is not None

@@ -36,6 +36,9 @@ class ListFilters:
     limit: int
     dag: str | None = None
     job: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    idempotency_key: str | None = None
 
 
 def completion_digest(request: CompleteRequest) -> str:

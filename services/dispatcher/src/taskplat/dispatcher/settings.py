@@ -130,6 +130,36 @@ class DispatcherSettings(
         description="How long `/metrics` reuses its Postgres-derived gauges before querying again.",
     )
 
+    key_cache_seconds: float = Field(
+        5.0,
+        ge=0,
+        le=300,
+        description="How long a replica reuses a stored API key's lookup (its scopes, or that it "
+        "is unknown): a revoked key or changed scopes take effect within this time (0: every "
+        "call reads Postgres).",
+    )
+    worker_report_seconds: float = Field(
+        10.0,
+        ge=0,
+        le=600,
+        description="Reports of one worker written at most this often per replica (a wrapper "
+        "sends its own at most every `report_interval_seconds`).",
+    )
+    worker_lost_seconds: float = Field(
+        60.0,
+        gt=0,
+        le=86_400,
+        description="A worker that has not reported for this long shows as `lost` in "
+        "`GET /workers`.",
+    )
+    worker_listed_seconds: float = Field(
+        900.0,
+        gt=0,
+        le=7 * 86_400,
+        description="`GET /workers` lists the workers seen within this time; older rows are "
+        "pruned.",
+    )
+
     untrusted_operators: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Comma-separated operators whose tasks run as untrusted (their claims carry "

@@ -27,6 +27,7 @@ from psycopg_pool import AsyncConnectionPool
 from taskplat.common.clock import Clock
 from taskplat.common.logging import get_logger
 from taskplat.common.telemetry import Telemetry
+from taskplat.dispatcher.repository.access import workers_per_queue
 from taskplat.dispatcher.repository.metrics import GaugeRows, read_gauges
 
 REFRESH_TIMEOUT_SECONDS = 5.0
@@ -67,10 +68,12 @@ class StateGauges:
         clock: Clock,
         *,
         cache_seconds: float,
+        worker_lost_seconds: float = 60.0,
     ) -> None:
         self._pool = pool
         self._clock = clock
         self._cache_seconds = cache_seconds
+        self._worker_lost_seconds = worker_lost_seconds
         self._read_at: float | None = None
         self._lock = asyncio.Lock()
         self.tasks_current = _Series(("queue", "status"))
@@ -78,6 +81,7 @@ class StateGauges:
         self.outbox_pending = _Series(("kind",))
         self.outbox_oldest_age = _Series(())
         self.dead_last_hour = _Series(("queue", "reason"))
+        self.workers_seen = _Series(("queue",))
         gauge = telemetry.observable_gauge
         gauge(
             "taskplat.tasks.current",
@@ -106,6 +110,11 @@ class StateGauges:
             [self.dead_last_hour.observe],
             description="Tasks that became Dead in the last hour, by reason.",
         )
+        gauge(
+            "taskplat.workers.seen",
+            [self.workers_seen.observe],
+            description="Workers of the queue that reported within `worker_lost_seconds`.",
+        )
 
     def _fresh(self) -> bool:
         return self._read_at is not None and (
@@ -123,6 +132,11 @@ class StateGauges:
                 async with asyncio.timeout(REFRESH_TIMEOUT_SECONDS):
                     async with self._pool.connection() as conn:
                         rows = await read_gauges(conn, self._clock.sql_now())
+                        workers = await workers_per_queue(
+                            conn,
+                            seen_within_seconds=self._worker_lost_seconds,
+                            now=self._clock.sql_now(),
+                        )
             except Exception as exc:  # Postgres down or slow: serve the process metrics only
                 get_logger().warning("metrics_refresh_failed", error=type(exc).__name__)
                 for series in self._all():
@@ -130,6 +144,7 @@ class StateGauges:
                 self._read_at = None
                 return
             self._apply(rows)
+            self.workers_seen.replace({(row["queue"],): float(row["workers"]) for row in workers})
             self._read_at = time.monotonic()
 
     def _all(self) -> tuple[_Series, ...]:
@@ -139,6 +154,7 @@ class StateGauges:
             self.outbox_pending,
             self.outbox_oldest_age,
             self.dead_last_hour,
+            self.workers_seen,
         )
 
     def _apply(self, rows: GaugeRows) -> None:

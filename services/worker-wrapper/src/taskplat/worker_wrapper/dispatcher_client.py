@@ -22,12 +22,15 @@ Invariants:
     `dispatcher.complete_batch`), and every HTTP request carries that span's W3C `traceparent`
     header, so the dispatcher's server spans join the task's trace. Each answer is counted by
     route and status, each request that got no answer by route.
+  * With a `SelfReport`, claim-next and heartbeat carry the wrapper's report of itself when one
+    is due (`self_report`); without one the body has no `worker` field at all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 from uuid import UUID
@@ -61,6 +64,7 @@ from taskplat.common.errors import TaskplatError
 from taskplat.common.logging import get_logger
 from taskplat.common.telemetry import inject
 from taskplat.worker_wrapper.observability import WrapperTelemetry
+from taskplat.worker_wrapper.self_report import SelfReport
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 ClaimAnswer = ClaimedResponse | NotClaimedResponse
@@ -117,7 +121,9 @@ class DispatcherClient:
         retry_base_seconds: float = 0.2,
         retry_max_seconds: float = 5.0,
         telemetry: WrapperTelemetry | None = None,
+        report: SelfReport | None = None,
     ) -> None:
+        self._report = report
         self._base_url = base_url.rstrip("/")
         self._headers = {
             "Authorization": f"Bearer {token.get_secret_value()}",
@@ -147,18 +153,25 @@ class DispatcherClient:
         if response.status_code != 200:
             raise _unexpected(response)
         try:
-            return _CLAIM_ANSWER.validate_json(response.content)
+            answer = _CLAIM_ANSWER.validate_json(response.content)
         except ValidationError as exc:
             raise _unexpected(
                 response, f"unexpected claim answer: {exc.error_count()} errors"
             ) from exc
+        self._claimed([answer])
+        return answer
 
     async def heartbeat(
         self, body: HeartbeatRequest, *, until: float
     ) -> HeartbeatResponse | Rejection:
-        return await self._worker_call(
+        if self._report is not None:
+            body = body.model_copy(update={"worker": self._report.due()})
+        answer = await self._worker_call(
             "/internal/heartbeat", body, HeartbeatResponse, until, span="heartbeat"
         )
+        if self._report is not None and isinstance(answer, Rejection):
+            self._report.finished([body.task_id])
+        return answer
 
     async def events(
         self, body: EventsRequest, *, until: float
@@ -173,9 +186,12 @@ class DispatcherClient:
     async def complete(
         self, body: CompleteRequest, *, until: float
     ) -> CompleteResponse | Rejection:
-        return await self._worker_call(
+        answer = await self._worker_call(
             "/internal/task-complete", body, CompleteResponse, until, span="complete"
         )
+        if self._report is not None:
+            self._report.finished([body.task_id])
+        return answer
 
     async def claim_batch(
         self, task_ids: list[UUID], worker_id: str, *, until: float
@@ -199,6 +215,7 @@ class DispatcherClient:
                 raise _unexpected(response, f"{path}: no answer for task {task_id}")
         if claimed or any(reasons.values()):
             raise _unexpected(response, f"{path}: answers for tasks not named")
+        self._claimed(answers)
         return answers
 
     async def claim_next(
@@ -207,7 +224,11 @@ class DispatcherClient:
         """One task-claim-next call: up to `limit` Queued tasks of `queue`, now claimed; with
         `wait_seconds`, the dispatcher waits that long for one (the call's timeout grows by it)."""
         body = ClaimNextRequest(
-            worker_id=worker_id, queue=queue, max=limit, wait_seconds=wait_seconds
+            worker_id=worker_id,
+            queue=queue,
+            max=limit,
+            wait_seconds=wait_seconds,
+            worker=self._report.due() if self._report is not None else None,
         )
         path = "/internal/task-claim-next"
         response = await self._post(
@@ -216,6 +237,7 @@ class DispatcherClient:
         answer = self._parse_ok(response, ClaimNextResponse, path)
         if len(answer.claimed) > limit:
             raise _unexpected(response, f"{path}: {len(answer.claimed)} tasks for max {limit}")
+        self._claimed(answer.claimed)
         return list(answer.claimed)
 
     async def complete_batch(
@@ -228,6 +250,8 @@ class DispatcherClient:
         answer = self._parse_ok(response, CompleteBatchResponse, path)
         if [result.task_id for result in answer.results] != [each.task_id for each in bodies]:
             raise _unexpected(response, f"{path}: the results do not match the completions")
+        if self._report is not None:
+            self._report.finished(each.task_id for each in bodies)
         results: list[CompleteResult] = []
         for result in answer.results:
             item = result.body
@@ -245,6 +269,13 @@ class DispatcherClient:
                     )
                 )
         return results
+
+    def _claimed(self, answers: Sequence[object]) -> None:
+        """Note the tasks now running here (for the wrapper's report of itself)."""
+        if self._report is not None:
+            self._report.claimed(
+                each.task.task_id for each in answers if isinstance(each, ClaimedResponse)
+            )
 
     def _parse_ok(self, response: HttpAnswer, answer: type[ModelT], path: str) -> ModelT:
         if response.status_code != 200:
@@ -286,7 +317,9 @@ class DispatcherClient:
         self, path: str, body: BaseModel, *, until: float, extra: float = 0.0
     ) -> HttpAnswer:
         loop = asyncio.get_running_loop()
-        content = body.model_dump_json(exclude_none=False).encode()
+        # No report: no `worker` field at all, so a dispatcher that predates it is served.
+        unset = {"worker"} if getattr(body, "worker", True) is None else None
+        content = body.model_dump_json(exclude_none=False, exclude=unset).encode()
         headers = inject()  # the current span: this call's
         timeout = None
         if extra > 0 and self._timeout.total is not None:  # a waiting call: longer to answer

@@ -181,6 +181,15 @@ class WrapperSettings(
         "this wrapper as soon as it is created, with no SQS message in between (its wake-up is "
         "sent later only if nobody claimed it). SQS is long-polled beside it, as always.",
     )
+    report_interval_seconds: float = Field(
+        10.0,
+        ge=0,
+        le=600,
+        description="How often the wrapper reports itself (worker id, queue, slots, version, "
+        "running tasks) to the dispatcher, on a `task-claim-next` or heartbeat it makes anyway, "
+        "for `GET /workers` (0: never). An idle wrapper is seen through its waiting claim "
+        "(`poll_dispatcher`); one that makes no call for `worker_lost_seconds` shows as lost.",
+    )
     poll_wait_seconds: float = Field(
         10.0,
         gt=0,

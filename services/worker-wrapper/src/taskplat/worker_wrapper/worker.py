@@ -73,6 +73,7 @@ from taskplat.worker_wrapper.pool import build_runners
 from taskplat.worker_wrapper.protocol import StdoutLimits
 from taskplat.worker_wrapper.racing import cancel_and_wait
 from taskplat.worker_wrapper.runner import RunnerLimits
+from taskplat.worker_wrapper.self_report import SelfReport
 from taskplat.worker_wrapper.settings import WrapperSettings
 
 # Under a backlog, how long the loop may wait for more slots to free up before one claim-next.
@@ -484,6 +485,12 @@ def build_wrapper(
         retry_base_seconds=settings.retry_base_seconds,
         retry_max_seconds=settings.retry_max_seconds,
         telemetry=instruments,
+        report=SelfReport(
+            settings.worker_id,
+            settings.queue,
+            settings.concurrency,
+            interval_seconds=settings.report_interval_seconds,
+        ),
     )
     intake = SqsIntake(
         sqs_client(settings, max_pool_connections=settings.concurrency + 4, session=aws),

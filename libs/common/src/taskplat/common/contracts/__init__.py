@@ -5,6 +5,18 @@ zone, UUIDs are parsed as UUIDs. The JSON schema of each model is snapshot-teste
 change shows in review.
 """
 
+from taskplat.common.contracts.access import (
+    AuditEntry,
+    AuditList,
+    KeyCreated,
+    KeyCreateRequest,
+    KeyList,
+    KeyView,
+    RevokedKey,
+    WorkerList,
+    WorkerReport,
+    WorkerView,
+)
 from taskplat.common.contracts.base import Contract
 from taskplat.common.contracts.broker import CredentialsRequest, CredentialsResponse
 from taskplat.common.contracts.dags import (
@@ -98,6 +110,8 @@ from taskplat.common.contracts.public import (
 __all__ = [
     "AttemptOutcome",
     "AttemptView",
+    "AuditEntry",
+    "AuditList",
     "BulkRetryRequest",
     "BulkRetryResponse",
     "BulkRetrySkipped",
@@ -152,6 +166,10 @@ __all__ = [
     "JobRunRequest",
     "JobSpec",
     "JobView",
+    "KeyCreateRequest",
+    "KeyCreated",
+    "KeyList",
+    "KeyView",
     "NewVersionRequest",
     "NewVersionResponse",
     "NotClaimedItem",
@@ -170,6 +188,7 @@ __all__ = [
     "ResolvedInput",
     "ResolvedOutput",
     "RetryRequest",
+    "RevokedKey",
     "StateCount",
     "Stats",
     "StepRequest",
@@ -179,4 +198,7 @@ __all__ = [
     "TaskView",
     "ThroughputBucket",
     "WakeUpMessage",
+    "WorkerList",
+    "WorkerReport",
+    "WorkerView",
 ]

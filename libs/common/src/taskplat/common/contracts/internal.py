@@ -20,6 +20,7 @@ from uuid import UUID
 
 from pydantic import AwareDatetime, Field, model_validator
 
+from taskplat.common.contracts.access import WorkerReport
 from taskplat.common.contracts.base import (
     INT64_MAX,
     NO_NUL,
@@ -142,6 +143,11 @@ class HeartbeatRequest(Contract):
     task_id: UUID
     attempt: Attempt
     lease_token: UUID
+    worker: WorkerReport | None = Field(
+        None,
+        description="Optional: the calling wrapper's report of itself (at most every few "
+        "seconds); the dispatcher lists it under `GET /workers`.",
+    )
 
 
 class HeartbeatResponse(Contract):
@@ -333,6 +339,11 @@ class ClaimNextRequest(Contract):
         description="When no task is free, wait up to this long for one (cut to the "
         "dispatcher's `claim_max_wait_seconds`), and answer as soon as one is claimed; 0 "
         "answers at once.",
+    )
+    worker: WorkerReport | None = Field(
+        None,
+        description="Optional: the calling wrapper's report of itself (at most every few "
+        "seconds); the dispatcher lists it under `GET /workers`.",
     )
 
 

@@ -103,6 +103,8 @@ WHERE (%(status)s::text IS NULL OR t.status = %(status)s)
   AND (%(operator)s::text IS NULL OR t.operator = %(operator)s)
   AND (%(dag)s::text IS NULL OR t.job ->> 'dag_name' = %(dag)s)
   AND (%(job)s::text IS NULL OR t.job ->> 'name' = %(job)s)
+  AND (%(since)s::timestamptz IS NULL OR t.created_at >= %(since)s::timestamptz)
+  AND (%(until)s::timestamptz IS NULL OR t.created_at < %(until)s::timestamptz)
   AND (%(after_created_at)s::timestamptz IS NULL
        OR (t.created_at, t.task_id) < (%(after_created_at)s::timestamptz, %(after_task_id)s::uuid))
 ORDER BY t.created_at DESC, t.task_id DESC

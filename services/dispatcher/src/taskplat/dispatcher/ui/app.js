@@ -1,9 +1,19 @@
 // Taskplat dashboard: one static page, vanilla JS, no build step. It calls the dispatcher's public
 // API with the API key the person enters, kept in sessionStorage only (gone when the tab closes).
-// Every value from the API is inserted as text (textContent), never as HTML.
+// Every value from the API is inserted as text (textContent), never as HTML. Views refresh on
+// their own every few seconds (the Live switch pauses them); a refresh that changes nothing
+// leaves the page alone, and one that does keeps the scroll position. Action buttons show only
+// when the key's scopes (the X-Taskplat-Scopes header of every answer) allow the action, and a
+// refused action shows the API's message.
 "use strict";
 
 const KEY = "taskplat.apiKey";
+const LIVE = "taskplat.live";
+const REFRESH_MS = 5000;
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+let scopes = null; // the key's scopes, from the X-Taskplat-Scopes header
+let refreshing = null; // the hash a quiet (live) refresh is rendering
+let routing = false;
 const STATES = ["Scheduled", "Queued", "Running", "Failed", "Completed", "Dead", "Canceled"];
 const main = document.getElementById("main");
 
@@ -23,6 +33,8 @@ async function api(method, path, body) {
     init.body = JSON.stringify(body);
   }
   const response = await fetch(path, init);
+  const granted = response.headers.get("X-Taskplat-Scopes");
+  if (granted !== null) scopes = new Set(granted.split(",").filter(Boolean));
   const text = await response.text();
   let data = null;
   try { data = text ? JSON.parse(text) : null; } catch (_) { data = { message: text }; }
@@ -30,11 +42,18 @@ async function api(method, path, body) {
   return data;
 }
 
+// Handlers live on the element (`_on`), so a live refresh that keeps an element can swap them.
+function on(el, type, handler) {
+  el._on = el._on || {};
+  if (!(type in el._on)) el.addEventListener(type, (event) => el._on[type] && el._on[type](event));
+  el._on[type] = handler;
+}
+
 function h(tag, attrs, ...children) {
   const el = document.createElement(tag);
   for (const [name, value] of Object.entries(attrs || {})) {
     if (value === undefined || value === null || value === false) continue;
-    if (name.startsWith("on")) el.addEventListener(name.slice(2), value);
+    if (name.startsWith("on")) on(el, name.slice(2), value);
     else if (name === "dataset") Object.assign(el.dataset, value);
     else el.setAttribute(name, value === true ? "" : value);
   }
@@ -55,23 +74,86 @@ function svg(tag, attrs, ...children) {
   return el;
 }
 
+function can(scope) { return scopes !== null && scopes.has(scope); }
+
 function render(...nodes) {
-  main.replaceChildren(...nodes.flat().filter((n) => n !== null && n !== undefined && n !== false));
+  if (refreshing !== null && refreshing !== location.hash) return; // the person moved on
+  const fresh = document.createElement("div");
+  fresh.append(...nodes.flat().filter((n) => n !== null && n !== undefined && n !== false));
+  if (fresh.innerHTML === main.innerHTML) return; // nothing changed: no repaint at all
+  if (refreshing === null) return main.replaceChildren(...fresh.childNodes); // a page opened
+  const x = window.scrollX, y = window.scrollY;
+  morphChildren(main, fresh); // a live refresh: elements stay, only what changed is written
+  window.scrollTo(x, y);
+}
+
+// Makes `old`'s subtree equal to `fresh`'s, keeping every element whose place and tag match.
+function morph(old, fresh) {
+  for (const { name } of [...old.attributes]) if (!fresh.hasAttribute(name)) old.removeAttribute(name);
+  for (const { name, value } of [...fresh.attributes]) {
+    if (old.getAttribute(name) !== value) old.setAttribute(name, value);
+  }
+  for (const type of Object.keys(old._on || {})) old._on[type] = null;
+  for (const [type, handler] of Object.entries(fresh._on || {})) on(old, type, handler);
+  morphChildren(old, fresh);
+}
+
+function morphChildren(old, fresh) {
+  const before = [...old.childNodes], after = [...fresh.childNodes];
+  after.forEach((node, i) => {
+    const kept = before[i];
+    if (!kept) old.append(node);
+    else if (kept.nodeName !== node.nodeName) old.replaceChild(node, kept);
+    else if (kept.nodeType === Node.ELEMENT_NODE) morph(kept, node);
+    else if (kept.nodeValue !== node.nodeValue) kept.nodeValue = node.nodeValue;
+  });
+  for (const extra of before.slice(after.length)) extra.remove();
 }
 function status(value) { return h("span", { class: `status ${value}` }, value); }
 function when(value) { return value ? new Date(value).toLocaleString() : ""; }
+function ago(value) {
+  if (!value) return "";
+  const seconds = (Date.now() - new Date(value).getTime()) / 1000;
+  const text = seconds < 0 ? `in ${age(-seconds)}` : seconds < 5 ? "just now" : `${age(seconds)} ago`;
+  return h("time", { datetime: value, title: when(value) }, text);
+}
+function runTime(t) {
+  if (!t.started_at) return "";
+  const end = t.finished_at ? new Date(t.finished_at).getTime() : Date.now();
+  const seconds = Math.max(0, (end - new Date(t.started_at).getTime()) / 1000);
+  return seconds < 10 ? `${seconds.toFixed(1)} s` : age(seconds);
+}
 function age(seconds) {
   if (seconds === null || seconds === undefined) return "—";
   if (seconds < 120) return `${Math.round(seconds)} s`;
   if (seconds < 7200) return `${Math.round(seconds / 60)} min`;
   return `${(seconds / 3600).toFixed(1)} h`;
 }
-function toast(text) {
+function toast(text, isError) {
   const el = document.getElementById("toast");
   el.textContent = text;
+  el.className = isError ? "error" : "";
+  el.setAttribute("role", isError ? "alert" : "status");
   el.hidden = false;
   clearTimeout(toast.timer);
-  toast.timer = setTimeout(() => { el.hidden = true; }, 3000);
+  toast.timer = setTimeout(() => { el.hidden = true; }, isError ? 10000 : 3000);
+}
+// An action's handler: a refusal (409, 403, 401...) is shown to the person, never swallowed.
+function act(fn) {
+  return async (event) => {
+    try { await fn(event); } catch (error) {
+      if (error instanceof ApiError && error.status === 401) {
+        sessionStorage.removeItem(KEY);
+        return loginView("The API key was refused; log in again.");
+      }
+      const status = error instanceof ApiError ? `${error.status} ` : "";
+      toast(`Failed: ${status}${error.message}`, true);
+    }
+  };
+}
+async function copyText(text) {
+  try { await navigator.clipboard.writeText(text); toast("Copied"); }
+  catch (_) { toast(`Copy failed; the id is ${text}`, true); }
 }
 function table(columns, rows, empty) {
   if (!rows.length) return h("div", { class: "empty" }, empty || "Nothing here.");
@@ -79,7 +161,12 @@ function table(columns, rows, empty) {
     h("thead", {}, h("tr", {}, columns.map((c) => h("th", {}, c)))),
     h("tbody", {}, rows.map((cells) => h("tr", {}, cells.map((c) => h("td", {}, c))))));
 }
-function taskLink(id) { return h("a", { class: "mono", href: `#/task/${id}` }, id); }
+function taskLink(id) {
+  return h("span", { class: "id" },
+    h("a", { class: "mono", href: `#/task/${id}`, title: id }, id.slice(0, 8)),
+    h("button", { class: "copy", type: "button", title: "Copy the full id",
+                  dataset: { copy: id }, onclick: () => copyText(id) }, "copy"));
+}
 function unavailable(what, error) {
   if (error instanceof ApiError && (error.status === 404 || error.status === 405)) {
     return h("div", { class: "empty", id: "unavailable" },
@@ -104,7 +191,9 @@ function loginView(message) {
         route();
       } catch (error) {
         sessionStorage.removeItem(KEY);
-        loginView(error.status === 401 ? "That API key was refused." : error.message);
+        loginView(error.status === 401 ? "That API key was refused."
+          : error.status === 403 ? "This key lacks the read scope the dashboard needs."
+          : error.message);
       }
     } },
     h("h1", {}, "Log in"),
@@ -119,7 +208,8 @@ function loginView(message) {
 // ---- overview ------------------------------------------------------------------------------
 
 async function overviewView() {
-  const [stats, queues] = await Promise.all([api("GET", "/stats"), api("GET", "/queues")]);
+  const [stats, queues, fleet] = await Promise.all([api("GET", "/stats"), api("GET", "/queues"),
+    api("GET", "/workers")]);
   const byState = Object.fromEntries(STATES.map((s) => [s, 0]));
   const byQueue = {};
   for (const row of stats.counts) {
@@ -129,7 +219,10 @@ async function overviewView() {
   const cards = h("div", { class: "cards" }, STATES.map((s) =>
     h("div", { class: "card", dataset: { state: s } },
       h("div", { class: "n" }, byState[s]),
-      h("div", { class: "l" }, ["Completed", "Dead", "Canceled"].includes(s) ? `${s} (1 h)` : s))));
+      h("div", { class: "l" }, ["Completed", "Dead", "Canceled"].includes(s) ? `${s} (1 h)` : s))),
+    h("a", { class: "card", id: "workers-card", href: "#/workers" },
+      h("div", { class: "n" }, fleet.workers.filter((w) => w.state === "alive").length),
+      h("div", { class: "l" }, "Workers alive")));
   const queueRows = Object.keys(byQueue).sort().map((q) =>
     [q, ...STATES.map((s) => byQueue[q][s] || 0)]);
   render(
@@ -169,7 +262,8 @@ function throughputChart(stats) {
 
 async function tasksView(params, title, fixedStatus) {
   const filters = { status: fixedStatus || params.get("status") || "",
-                    queue: params.get("queue") || "", operator: params.get("operator") || "" };
+                    queue: params.get("queue") || "", operator: params.get("operator") || "",
+                    since: params.get("since") || "", until: params.get("until") || "" };
   const cursor = params.get("cursor") || "";
   const query = new URLSearchParams({ limit: "25" });
   for (const [k, v] of Object.entries(filters)) if (v) query.set(k, v);
@@ -187,32 +281,53 @@ async function tasksView(params, title, fixedStatus) {
     STATES.map((s) => h("option", { value: s, selected: s === filters.status }, s)));
   const queueInput = h("input", { name: "queue", value: filters.queue, size: 12 });
   const operatorInput = h("input", { name: "operator", value: filters.operator, size: 12 });
-  const form = h("form", { class: "filters", onsubmit: (event) => {
+  const sinceInput = h("input", { name: "since", type: "datetime-local", value: localInput(filters.since) });
+  const untilInput = h("input", { name: "until", type: "datetime-local", value: localInput(filters.until) });
+  const form = h("form", { class: "filters", id: "task-filters", onsubmit: (event) => {
       event.preventDefault();
       go({ status: statusSelect.value, queue: queueInput.value.trim(),
-           operator: operatorInput.value.trim(), cursor: "" });
+           operator: operatorInput.value.trim(), since: isoOf(sinceInput.value),
+           until: isoOf(untilInput.value), cursor: "" });
     } },
     fixedStatus ? null : h("label", {}, "Status", statusSelect),
     h("label", {}, "Queue", queueInput), h("label", {}, "Operator", operatorInput),
+    h("label", {}, "Created since", sinceInput), h("label", {}, "until", untilInput),
     h("button", { type: "submit" }, "Filter"));
-  const columns = ["Task", "Status", "Attempt", "Queue", "Operator", "Created", "Last error"];
-  if (fixedStatus) columns.push("");
+  const canReplay = fixedStatus && can("operate");
+  const columns = ["Task", "Status", "Attempt", "Queue", "Operator", "Created", "Run time",
+                   "Last error"];
+  if (canReplay) columns.push("");
   const rows = page.tasks.map((t) => {
     const cells = [taskLink(t.task_id), status(t.status), `${t.attempt}/${t.max_attempts}`,
-      t.queue, t.operator, when(t.created_at), (t.last_error || "").split("\n")[0].slice(0, 80)];
-    if (fixedStatus) cells.push(h("button", { class: "replay", dataset: { task: t.task_id },
-      onclick: () => replay([t.task_id]) }, "Replay"));
+      t.queue, t.operator, ago(t.created_at), runTime(t),
+      h("span", { class: "clip", title: t.last_error || "" },
+        (t.last_error || "").split("\n")[0].slice(0, 80))];
+    if (canReplay) cells.push(h("button", { class: "replay", dataset: { task: t.task_id },
+      onclick: act(() => replay([t.task_id])) }, "Replay"));
     return cells;
   });
   const pager = h("div", { class: "pager" },
     cursor ? h("button", { onclick: () => history.back() }, "← Newer") : null,
     page.next_cursor ? h("button", { id: "older",
       onclick: () => go({ cursor: page.next_cursor }) }, "Older →") : null);
+  const scope = [filters.queue && `queue ${filters.queue}`,
+    filters.operator && `operator ${filters.operator}`].filter(Boolean).join(", ");
   render(h("h1", {}, title),
-    fixedStatus ? h("div", { class: "actions" }, h("button", { class: "primary", id: "replay-all",
-      onclick: replayAll }, "Replay all dead tasks")) : null,
+    canReplay ? h("div", { class: "actions" }, h("button", { class: "primary", id: "replay-all",
+      onclick: act(() => replayAll(filters, scope)) },
+      scope ? `Replay all dead tasks of ${scope}` : "Replay all dead tasks")) : null,
     form, table(columns, rows, fixedStatus ? "No dead tasks." : "No tasks match."), pager);
 }
+
+// A datetime-local input's value for an ISO time, and back (the browser's time zone).
+function localInput(iso) {
+  if (!iso) return "";
+  const d = new Date(iso);
+  if (Number.isNaN(d.getTime())) return "";
+  const pad = (n) => String(n).padStart(2, "0");
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}T${pad(d.getHours())}:${pad(d.getMinutes())}`;
+}
+function isoOf(local) { return local ? new Date(local).toISOString() : ""; }
 
 async function replay(ids) {
   const answer = await api("POST", "/tasks/retry", { ids });
@@ -220,11 +335,15 @@ async function replay(ids) {
   route();
 }
 
-async function replayAll() {
-  if (!confirm("Replay every Dead task?")) return;
+// Replays the Dead tasks the page's filters select (queue, operator), 1000 per call.
+async function replayAll(filters, scope) {
+  if (!confirm(scope ? `Replay every Dead task of ${scope}?` : "Replay every Dead task?")) return;
+  const body = { status: "Dead", limit: 1000 };
+  if (filters.queue) body.queue = filters.queue;
+  if (filters.operator) body.operator = filters.operator;
   let total = 0;
   for (;;) {
-    const answer = await api("POST", "/tasks/retry", { status: "Dead", limit: 1000 });
+    const answer = await api("POST", "/tasks/retry", body);
     total += answer.replayed.length;
     if (answer.replayed.length < 1000) break;
   }
@@ -241,16 +360,20 @@ async function taskView(taskId) {
     ["Queue", t.queue], ["Operator", t.operator],
     ["Job", t.job ? `${t.job.dag_name} / ${t.job.name}` : "—"], ["Worker", t.worker_id || "—"],
     ["Created", when(t.created_at)], ["Started", when(t.started_at)],
-    ["Finished", when(t.finished_at)], ["Next retry", when(t.next_retry_at)],
+    ["Finished", when(t.finished_at)], ["Run time", runTime(t) || "—"], ["Next retry", when(t.next_retry_at)],
     ["Dead reason", t.dead_reason || "—"], ["Idempotency key", t.idempotency_key || "—"]];
   const terminal = ["Completed", "Dead", "Canceled"].includes(t.status);
+  const operate = can("operate");
   const actions = h("div", { class: "actions" },
-    ["Dead", "Canceled"].includes(t.status) ? h("button", { class: "primary", id: "replay",
-      onclick: async () => { await api("POST", `/tasks/${t.task_id}/retry`);
-                             toast("Replayed"); route(); } }, "Replay") : null,
-    terminal ? null : h("button", { class: "danger", id: "cancel",
-      onclick: async () => { await api("PUT", `/tasks/${t.task_id}/cancel`);
-                             toast("Canceled"); route(); } }, "Cancel"));
+    operate && ["Dead", "Canceled"].includes(t.status) ? h("button", { class: "primary", id: "replay",
+      onclick: act(async () => { await api("POST", `/tasks/${t.task_id}/retry`);
+                                 toast("Replayed"); route(); }) }, "Replay") : null,
+    operate && !terminal ? h("button", { class: "danger", id: "cancel",
+      onclick: act(async () => {
+        if (!confirm(`Cancel task ${t.task_id}?`)) return;
+        await api("PUT", `/tasks/${t.task_id}/cancel`);
+        toast("Canceled"); route();
+      }) }, "Cancel") : null);
   render(h("h1", {}, "Task ", h("span", { class: "mono", id: "task-id" }, t.task_id)), actions,
     h("dl", { class: "kv" }, fields.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
     h("h2", {}, "Attempts"), attemptsTimeline(t),
@@ -302,17 +425,79 @@ function attemptsTimeline(t) {
 
 async function queuesView() {
   const { queues } = await api("GET", "/queues");
+  const operate = can("operate");
   const toggle = (q) => h("button", { class: q.paused ? "primary" : "danger",
     dataset: { queue: q.name, action: q.paused ? "resume" : "pause" },
-    onclick: async () => {
+    onclick: act(async () => {
       await api("PUT", `/queues/${encodeURIComponent(q.name)}/${q.paused ? "resume" : "pause"}`);
       toast(`${q.name} ${q.paused ? "resumed" : "paused"}`);
       route();
-    } }, q.paused ? "Resume" : "Pause");
-  render(h("h1", {}, "Queues"), table(
-    ["Queue", "State", "Depth", "Running", "Oldest queued", "Paused since", ""],
+    }) }, q.paused ? "Resume" : "Pause");
+  const name = h("input", { name: "queue", id: "register-queue", size: 16, required: true,
+                            pattern: "[A-Za-z0-9_\\-]{1,64}", placeholder: "new-queue" });
+  const register = can("admin") ? h("form", { class: "filters", id: "register",
+    onsubmit: act(async (event) => {
+      event.preventDefault();
+      const answer = await api("PUT", `/queues/${encodeURIComponent(name.value.trim())}`);
+      toast(`Queue ${answer.name} registered`);
+      route();
+    }) }, h("label", {}, "Register a queue", name), h("button", { type: "submit" }, "Register"))
+    : null;
+  render(h("h1", {}, "Queues"), register, table(
+    ["Queue", "State", "Depth", "Running", "Oldest queued", "Paused since",
+     ...(operate ? [""] : [])],
     queues.map((q) => [q.name, q.paused ? status("paused") : "running", q.depth, q.running,
-      age(q.oldest_queued_age_seconds), when(q.paused_at), toggle(q)]), "No queues."));
+      age(q.oldest_queued_age_seconds), q.paused_at ? ago(q.paused_at) : "",
+      ...(operate ? [toggle(q)] : [])]), "No queues."));
+}
+
+// ---- workers and the audit log -------------------------------------------------------------
+
+async function workersView() {
+  const { workers, lost_after_seconds: lostAfter } = await api("GET", "/workers");
+  render(h("h1", {}, "Workers"),
+    h("div", { class: "muted" }, `Workers that reported lately; lost after ${age(lostAfter)} of silence.`),
+    table(["Worker", "State", "Queues", "Slots", "Running", "Version", "Last seen", "Since"],
+      workers.map((w) => [h("span", { class: "mono" }, w.worker_id),
+        status(w.state), w.queues.join(", "), w.slots,
+        h("span", { class: "running" }, `${w.running.length} `, w.running.map((id) => taskLink(id))),
+        w.version, h("time", { datetime: w.last_seen, title: when(w.last_seen) },
+          `${age(w.seconds_since_seen)} ago`), ago(w.first_seen)]),
+      "No worker has reported yet."));
+}
+
+async function auditView(params) {
+  const filters = { key: params.get("key") || "", action: params.get("action") || "",
+                    since: params.get("since") || "" };
+  const cursor = params.get("cursor") || "";
+  const query = new URLSearchParams({ limit: "50" });
+  for (const [k, v] of Object.entries(filters)) if (v) query.set(k, v);
+  if (cursor) query.set("cursor", cursor);
+  const page = await api("GET", `/audit?${query}`);
+  const go = (extra) => {
+    const next = new URLSearchParams();
+    for (const [k, v] of Object.entries({ ...filters, ...extra })) if (v) next.set(k, v);
+    location.hash = `#/audit?${next}`;
+  };
+  const keyInput = h("input", { name: "key", value: filters.key, size: 14 });
+  const actionInput = h("input", { name: "action", value: filters.action, size: 16 });
+  const sinceInput = h("input", { name: "since", type: "datetime-local", value: localInput(filters.since) });
+  const form = h("form", { class: "filters", onsubmit: (event) => {
+      event.preventDefault();
+      go({ key: keyInput.value.trim(), action: actionInput.value.trim(),
+           since: isoOf(sinceInput.value), cursor: "" });
+    } },
+    h("label", {}, "Key", keyInput), h("label", {}, "Action", actionInput),
+    h("label", {}, "Since", sinceInput), h("button", { type: "submit" }, "Filter"));
+  render(h("h1", {}, "Audit log"), form,
+    table(["When", "Key", "Action", "Target", "Outcome"], page.entries.map((e) => [
+      ago(e.at), e.key_name, e.action,
+      e.target && UUID.test(e.target) ? taskLink(e.target) : (e.target || ""), e.outcome]),
+      "No operate or admin call recorded."),
+    h("div", { class: "pager" },
+      cursor ? h("button", { onclick: () => history.back() }, "← Newer") : null,
+      page.next_cursor ? h("button", { onclick: () => go({ cursor: page.next_cursor }) },
+        "Older →") : null));
 }
 
 // ---- DAGs and datasets ---------------------------------------------------------------------
@@ -419,9 +604,9 @@ async function datasetView(uuid) {
       versions.map((v) => [h("span", { class: "mono" }, v.dataset_version),
         when(v.created_at), v.current ? when(v.current_since) : "—", v.became_current || "",
         when(v.superseded_at),
-        v.current ? status("Current") : h("button", { class: "danger rollback",
+        v.current ? status("Current") : can("operate") ? h("button", { class: "danger rollback",
           dataset: { version: v.dataset_version },
-          onclick: () => rollBack(dataset, v.dataset_version) }, "Roll back")]), "—")),
+          onclick: act(() => rollBack(dataset, v.dataset_version)) }, "Roll back") : ""]), "—")),
     h("h2", {}, "Events"), table(["Cursor / partition", "Version", "Producer", "Routed", "Tasks"],
       listOf(events, "events").map((e) => [e.cursor ?? e.partition_key ?? "",
         h("span", { class: "mono" }, e.dataset_version), e.producer ? taskLink(e.producer.task_id) : "",
@@ -440,8 +625,28 @@ async function rollBack(dataset, version) {
 
 // ---- routing -------------------------------------------------------------------------------
 
-async function route() {
+// A live refresh renders only if the person is still on its page; a page the person opens
+// waits for a refresh in flight, so it always renders last.
+let inflight = Promise.resolve();
+let opening = 0; // pages being opened by the person (no live refresh meanwhile)
+async function route(quiet) {
   if (!sessionStorage.getItem(KEY)) return loginView();
+  if (quiet === true) {
+    routing = true;
+    refreshing = location.hash;
+    inflight = show(true).finally(() => { routing = false; refreshing = null; });
+    await inflight;
+  } else {
+    opening += 1;
+    try {
+      await inflight.catch(() => {});
+      await show(false);
+    } finally { opening -= 1; }
+  }
+  stamp();
+}
+
+async function show(quiet) {
   document.getElementById("nav").hidden = false;
   const [path, query] = (location.hash.slice(1) || "/").split("?");
   const params = new URLSearchParams(query || "");
@@ -456,12 +661,18 @@ async function route() {
     else if (parts[0] === "task") await taskView(parts[1]);
     else if (parts[0] === "dead") await tasksView(params, "Dead tasks", "Dead");
     else if (parts[0] === "queues") await queuesView();
+    else if (parts[0] === "workers") await workersView();
+    else if (parts[0] === "audit") await auditView(params);
     else if (parts[0] === "dags") await dagsView();
     else if (parts[0] === "dag") await dagView(parts[1]);
     else if (parts[0] === "datasets") await datasetsView();
     else if (parts[0] === "dataset") await datasetView(parts[1]);
     else render(h("div", { class: "empty" }, "No such page."));
   } catch (error) {
+    if (quiet && !(error instanceof ApiError && error.status === 401)) {
+      document.getElementById("updated").textContent = `refresh failed: ${error.message}`;
+      return;
+    }
     if (error instanceof ApiError && error.status === 401) {
       sessionStorage.removeItem(KEY);
       return loginView("The API key was refused; log in again.");
@@ -475,5 +686,51 @@ document.getElementById("logout").addEventListener("click", () => {
   location.hash = "#/";
   loginView();
 });
-window.addEventListener("hashchange", route);
+window.addEventListener("hashchange", () => { window.scrollTo(0, 0); route(); });
+
+// ---- live refresh and search ---------------------------------------------------------------
+
+function stamp() {
+  const live = sessionStorage.getItem(LIVE) !== "off";
+  const toggle = document.getElementById("live");
+  toggle.textContent = live ? "Live" : "Paused";
+  toggle.classList.toggle("on", live);
+  toggle.setAttribute("aria-pressed", String(live));
+  document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+}
+function editing() {
+  const el = document.activeElement;
+  return el && main.contains(el) && ["INPUT", "SELECT", "TEXTAREA"].includes(el.tagName);
+}
+document.getElementById("live").addEventListener("click", () => {
+  const live = sessionStorage.getItem(LIVE) !== "off";
+  sessionStorage.setItem(LIVE, live ? "off" : "on");
+  stamp();
+});
+setInterval(() => {
+  if (sessionStorage.getItem(LIVE) === "off" || document.hidden || routing || opening || editing()) {
+    return;
+  }
+  if (!sessionStorage.getItem(KEY) || document.getElementById("nav").hidden) return;
+  route(true);
+}, REFRESH_MS);
+
+document.getElementById("search").addEventListener("submit", act(async (event) => {
+  event.preventDefault();
+  const input = document.getElementById("search-input");
+  const wanted = input.value.trim();
+  if (!wanted) return;
+  if (UUID.test(wanted)) {
+    try {
+      await api("GET", `/tasks/${encodeURIComponent(wanted)}`);
+      input.value = "";
+      location.hash = `#/task/${wanted.toLowerCase()}`;
+      return;
+    } catch (error) { if (!(error instanceof ApiError && error.status === 404)) throw error; }
+  }
+  const page = await api("GET", `/tasks?${new URLSearchParams({ idempotency_key: wanted })}`);
+  if (!page.tasks.length) return toast(`No task has the id or idempotency key "${wanted}"`, true);
+  input.value = "";
+  location.hash = `#/task/${page.tasks[0].task_id}`;
+}));
 route();
