@@ -217,7 +217,9 @@ def test_every_operate_and_admin_route_writes_its_audit_row(
             path = path.format(dataset=dataset)
         if action == "make_dataset_version_current":  # a rollback to the version it replaced
             versions = d.api.get(path.removesuffix("/current")).json()["versions"]
-            body = {"dataset_version": next(v for v in versions if not v["current"])["dataset_version"]}
+            body = {
+                "dataset_version": next(v for v in versions if not v["current"])["dataset_version"]
+            }
         before = len(audit_rows(db_url))
         response = d.api.request(method, path, json=body)
         assert response.status_code < 300, (action, response.text)

@@ -290,11 +290,6 @@ class DeletedDag(Model):
     deleted: bool
 
 
-class NewVersionResponse(Model):
-    dataset: DatasetView
-    canceled_tasks: int
-
-
 Scope = Literal["read", "submit", "operate", "admin"]
 
 

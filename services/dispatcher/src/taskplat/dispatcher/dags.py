@@ -445,7 +445,10 @@ class DagService:
                 await audit.record(
                     conn,
                     outcome,
-                    detail={"dataset_version": str(dataset_version), "canceled_tasks": len(canceled)},
+                    detail={
+                        "dataset_version": str(dataset_version),
+                        "canceled_tasks": len(canceled),
+                    },
                     now=now,
                 )
             view = await self._dataset_view(conn, dataset_uuid)
