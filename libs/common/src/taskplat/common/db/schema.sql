@@ -6,6 +6,89 @@
 --
 
 --
+-- Name: taskplat_claim(uuid[], text, double precision, integer, timestamp with time zone, uuid, text, double precision); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_claim(p_task_ids uuid[], p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone, p_lease_token uuid DEFAULT NULL::uuid, p_function_prefix text DEFAULT NULL::text, p_grace_seconds double precision DEFAULT 0) RETURNS TABLE(task_id uuid, attempt integer, job jsonb, operator text, queue text, config jsonb, inputs jsonb, timeout_seconds integer, deadline_at timestamp with time zone, lease_token uuid, lease_expires_at timestamp with time zone, worker_id text, started_at timestamp with time zone, queued_at timestamp with time zone, created_at timestamp with time zone, replay_offset integer, outputs jsonb, trust text, steps jsonb, trace_context jsonb)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := coalesce(p_now, now());
+    v_locked uuid[];
+BEGIN
+    -- Guard: claimable (Queued, unexpired, queue not paused), locked in task_id order.
+    v_locked := ARRAY(
+        SELECT t.task_id
+        FROM tasks AS t
+        WHERE t.task_id = ANY(p_task_ids)
+          AND (t.status = 'Queued') IS TRUE  -- by primary key, never the Queued index (see top)
+          AND (t.expires_at IS NULL OR t.expires_at > v_now)
+          AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.name = t.queue AND q.paused)
+        ORDER BY t.task_id
+        FOR UPDATE OF t);
+    IF cardinality(v_locked) = 0 THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT * FROM taskplat_start_attempts(v_locked, v_now, p_worker_id, p_lease_seconds,
+                                          p_default_timeout_seconds, p_lease_token,
+                                          p_function_prefix, p_grace_seconds);
+END
+$$;
+
+--
+-- Name: FUNCTION taskplat_claim(p_task_ids uuid[], p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone, p_lease_token uuid, p_function_prefix text, p_grace_seconds double precision); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_claim(p_task_ids uuid[], p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone, p_lease_token uuid, p_function_prefix text, p_grace_seconds double precision) IS 'Claims the named tasks that are Queued, unexpired and of an unpaused queue (task_id order).';
+
+--
+-- Name: taskplat_claim_next(text, integer, text, double precision, integer, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_claim_next(p_queue text, p_max integer, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(task_id uuid, attempt integer, job jsonb, operator text, queue text, config jsonb, inputs jsonb, timeout_seconds integer, deadline_at timestamp with time zone, lease_token uuid, lease_expires_at timestamp with time zone, worker_id text, started_at timestamp with time zone, queued_at timestamp with time zone, created_at timestamp with time zone, replay_offset integer, outputs jsonb, trust text, steps jsonb, trace_context jsonb)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := coalesce(p_now, now());
+    v_picked uuid[];
+BEGIN
+    -- Guard: claimable (Queued, unexpired, queue not paused) and not a `runtime: lambda` job's
+    -- task (the relay claims those for their function); rows others are claiming are skipped.
+    v_picked := ARRAY(
+        SELECT t.task_id
+        FROM tasks AS t
+        WHERE t.status = 'Queued'
+          AND t.queue = p_queue
+          AND (t.expires_at IS NULL OR t.expires_at > v_now)
+          AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.name = p_queue AND q.paused)
+          AND (t.job IS NULL
+               OR NOT EXISTS (SELECT 1 FROM jobs AS j
+                              WHERE j.dag_name = t.job ->> 'dag_name'
+                                AND j.name = t.job ->> 'name'
+                                AND j.runtime = 'lambda'))
+        ORDER BY t.queued_at
+        LIMIT p_max
+        FOR UPDATE OF t SKIP LOCKED);
+    IF cardinality(v_picked) = 0 THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT s.* FROM taskplat_start_attempts(v_picked, v_now, p_worker_id, p_lease_seconds,
+                                            p_default_timeout_seconds) AS s
+    ORDER BY s.queued_at, s.task_id;
+END
+$$;
+
+--
+-- Name: FUNCTION taskplat_claim_next(p_queue text, p_max integer, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_claim_next(p_queue text, p_max integer, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone) IS 'Claims up to p_max claimable tasks of a queue, oldest first, skipping locked rows and the tasks of runtime: lambda jobs.';
+
+--
 -- Name: taskplat_create_dataset_table(text, jsonb); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -309,6 +392,59 @@ CREATE FUNCTION public.taskplat_sink_store_event(p_dataset_uuid uuid, p_dataset_
     )
     SELECT count(*)::integer FROM stored
 $$;
+
+--
+-- Name: taskplat_start_attempts(uuid[], timestamp with time zone, text, double precision, integer, uuid, text, double precision); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_start_attempts(p_task_ids uuid[], p_now timestamp with time zone, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_lease_token uuid DEFAULT NULL::uuid, p_function_prefix text DEFAULT NULL::text, p_grace_seconds double precision DEFAULT 0) RETURNS TABLE(task_id uuid, attempt integer, job jsonb, operator text, queue text, config jsonb, inputs jsonb, timeout_seconds integer, deadline_at timestamp with time zone, lease_token uuid, lease_expires_at timestamp with time zone, worker_id text, started_at timestamp with time zone, queued_at timestamp with time zone, created_at timestamp with time zone, replay_offset integer, outputs jsonb, trust text, steps jsonb, trace_context jsonb)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+BEGIN
+    -- The caller locked p_task_ids as claimable (see top): no status test here.
+    -- p_lease_token: the lease of a single claimed task (a fresh one per task when NULL).
+    RETURN QUERY
+    WITH claimed AS (
+        UPDATE tasks AS t
+        SET status = 'Running',
+            lease_token = coalesce(p_lease_token, gen_random_uuid()),
+            lease_expires_at = p_now + make_interval(secs => CASE
+                WHEN p_function_prefix IS NULL THEN p_lease_seconds
+                ELSE coalesce(t.timeout_seconds, p_default_timeout_seconds) + p_grace_seconds
+            END),
+            deadline_at = p_now + make_interval(
+                secs => coalesce(t.timeout_seconds, p_default_timeout_seconds)),
+            worker_id = CASE WHEN p_function_prefix IS NULL THEN p_worker_id
+                             ELSE 'lambda:' || p_function_prefix || t.operator END,
+            started_at = p_now,
+            attempt_outcome = NULL,
+            next_retry_at = NULL,
+            updated_at = p_now
+        WHERE t.task_id = ANY(p_task_ids)
+        RETURNING t.task_id, t.attempt, t.job, t.operator, t.queue, t.config, t.inputs,
+                  t.timeout_seconds, t.deadline_at, t.lease_token, t.lease_expires_at,
+                  t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset,
+                  taskplat_job_outputs(t.job) AS outputs, taskplat_job_trust(t.job) AS trust,
+                  taskplat_task_steps(t.task_id, t.attempt) AS steps, t.trace_context
+    ),
+    history AS (
+        INSERT INTO task_attempts (task_id, attempt, worker_id, lease_token, started_at)
+        SELECT c.task_id, c.attempt, c.worker_id, c.lease_token, c.started_at FROM claimed AS c
+    )
+    SELECT c.task_id, c.attempt, c.job, c.operator, c.queue, c.config, c.inputs,
+           c.timeout_seconds, c.deadline_at, c.lease_token, c.lease_expires_at, c.worker_id,
+           c.started_at, c.queued_at, c.created_at, c.replay_offset, c.outputs, c.trust,
+           c.steps, c.trace_context
+    FROM claimed AS c;
+END
+$$;
+
+--
+-- Name: FUNCTION taskplat_start_attempts(p_task_ids uuid[], p_now timestamp with time zone, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_lease_token uuid, p_function_prefix text, p_grace_seconds double precision); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_start_attempts(p_task_ids uuid[], p_now timestamp with time zone, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_lease_token uuid, p_function_prefix text, p_grace_seconds double precision) IS 'Queued -> Running of rows the caller locked as claimable, with their attempt records.';
 
 --
 -- Name: taskplat_start_job_run(text, text, jsonb, jsonb, text, timestamp with time zone, jsonb, uuid); Type: FUNCTION; Schema: public; Owner: -

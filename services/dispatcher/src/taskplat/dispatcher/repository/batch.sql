@@ -1,102 +1,20 @@
 -- The dispatcher's batch statements: several tasks in one statement.
 --
--- Invariants: a batch claim locks its rows in task_id order before it moves them (so concurrent
--- batch claims of overlapping tasks wait for each other instead of deadlocking) and claims only
--- what is still Queued once locked; claim-next takes free Queued rows (SKIP LOCKED) of one queue,
--- oldest first; every claim records its attempt in the same statement. Time is
--- coalesce(%(now)s::timestamptz, now()). Claim-next never takes a task of a `runtime: lambda` job.
---
--- The UPDATE of a claim finds its rows by primary key only (`= ANY(ARRAY(...))`, an Index Cond
--- whatever the statistics say; a join could be planned as a scan). `FOR UPDATE` re-tests the WHERE of
--- the locking CTE on the newest version of each row, so a locked row is Queued (and unexpired)
--- until this transaction ends. Testing `status = 'Queued'` again in the UPDATE would be
--- redundant, and harmful: it lets the planner read the whole Queued partial index instead of the
--- primary key, which statistics taken while the queue was empty make look cheap (under a backlog
--- that read 4,120 entries to update 4 rows).
+-- Invariants: the claims are the SQL functions of migration 0020 (taskplat_claim: the named tasks
+-- still claimable once locked, locked in task_id order so concurrent batch claims of overlapping
+-- tasks wait for each other instead of deadlocking; taskplat_claim_next: free Queued rows of one
+-- queue, SKIP LOCKED, oldest first, never a task of a `runtime: lambda` job); every claim records
+-- its attempt in the same statement. Time is coalesce(%(now)s::timestamptz, now()).
 
 -- name: claim_tasks
-WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
-locked AS MATERIALIZED (
-    SELECT t.task_id
-    FROM tasks AS t, n
-    WHERE t.task_id = ANY(%(task_ids)s::uuid[])
-      -- `IS TRUE`: the same test, in a form no partial index matches, so the rows are found by
-      -- primary key and never by reading the whole Queued index (see top).
-      AND (t.status = 'Queued') IS TRUE
-      AND (t.expires_at IS NULL OR t.expires_at > n.now)
-      AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.name = t.queue AND q.paused)
-    ORDER BY t.task_id
-    FOR UPDATE OF t
-),
-claimed AS (
-    UPDATE tasks AS t
-    SET status = 'Running',
-        lease_token = gen_random_uuid(),
-        lease_expires_at = n.now + make_interval(secs => %(lease_seconds)s),
-        deadline_at = n.now + make_interval(secs => coalesce(t.timeout_seconds,
-                                                             %(default_timeout_seconds)s)),
-        worker_id = %(worker_id)s,
-        started_at = n.now,
-        attempt_outcome = NULL,
-        next_retry_at = NULL,
-        updated_at = n.now
-    FROM n
-    WHERE t.task_id = ANY(ARRAY(SELECT task_id FROM locked))  -- locked as Queued (see top)
-    RETURNING t.task_id, t.attempt, t.job, t.operator, t.queue, t.config, t.inputs,
-              t.timeout_seconds, t.deadline_at, t.lease_token, t.lease_expires_at,
-              t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset,
-              taskplat_job_outputs(t.job) AS outputs, taskplat_job_trust(t.job) AS trust,
-              taskplat_task_steps(t.task_id, t.attempt) AS steps, t.trace_context
-),
-history AS (
-    INSERT INTO task_attempts (task_id, attempt, worker_id, lease_token, started_at)
-    SELECT task_id, attempt, worker_id, lease_token, started_at FROM claimed
-)
-SELECT * FROM claimed
+SELECT * FROM taskplat_claim(%(task_ids)s::uuid[], %(worker_id)s,
+                             %(lease_seconds)s::double precision,
+                             %(default_timeout_seconds)s::integer, %(now)s::timestamptz)
 
 -- name: claim_next
-WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
-picked AS MATERIALIZED (
-    SELECT t.task_id
-    FROM tasks AS t, n
-    WHERE t.status = 'Queued'
-      AND t.queue = %(queue)s
-      AND (t.expires_at IS NULL OR t.expires_at > n.now)
-      AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.name = %(queue)s AND q.paused)
-      -- A task of a `runtime: lambda` job is its function's (the relay claims it for it).
-      AND (t.job IS NULL
-           OR NOT EXISTS (SELECT 1 FROM jobs AS j
-                          WHERE j.dag_name = t.job ->> 'dag_name' AND j.name = t.job ->> 'name'
-                            AND j.runtime = 'lambda'))
-    ORDER BY t.queued_at
-    LIMIT %(max)s
-    FOR UPDATE OF t SKIP LOCKED
-),
-claimed AS (
-    UPDATE tasks AS t
-    SET status = 'Running',
-        lease_token = gen_random_uuid(),
-        lease_expires_at = n.now + make_interval(secs => %(lease_seconds)s),
-        deadline_at = n.now + make_interval(secs => coalesce(t.timeout_seconds,
-                                                             %(default_timeout_seconds)s)),
-        worker_id = %(worker_id)s,
-        started_at = n.now,
-        attempt_outcome = NULL,
-        next_retry_at = NULL,
-        updated_at = n.now
-    FROM n
-    WHERE t.task_id = ANY(ARRAY(SELECT task_id FROM picked))  -- locked as Queued (see top)
-    RETURNING t.task_id, t.attempt, t.job, t.operator, t.queue, t.config, t.inputs,
-              t.timeout_seconds, t.deadline_at, t.lease_token, t.lease_expires_at,
-              t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset,
-              taskplat_job_outputs(t.job) AS outputs, taskplat_job_trust(t.job) AS trust,
-              taskplat_task_steps(t.task_id, t.attempt) AS steps, t.trace_context
-),
-history AS (
-    INSERT INTO task_attempts (task_id, attempt, worker_id, lease_token, started_at)
-    SELECT task_id, attempt, worker_id, lease_token, started_at FROM claimed
-)
-SELECT * FROM claimed ORDER BY queued_at, task_id
+SELECT * FROM taskplat_claim_next(%(queue)s::text, %(max)s::integer, %(worker_id)s::text,
+                                  %(lease_seconds)s::double precision,
+                                  %(default_timeout_seconds)s::integer, %(now)s::timestamptz)
 
 -- name: read_fences
 SELECT t.task_id, t.status, t.attempt, t.lease_token, t.attempt_outcome,

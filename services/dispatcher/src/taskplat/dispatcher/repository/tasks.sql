@@ -116,35 +116,11 @@ WHERE t.task_id = %(task_id)s
 FOR UPDATE OF t
 
 -- name: claim_task
-WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
-claimed AS (
-    UPDATE tasks AS t
-    SET status = 'Running',
-        lease_token = %(lease_token)s,
-        lease_expires_at = n.now + make_interval(secs => %(lease_seconds)s),
-        deadline_at = n.now + make_interval(secs => coalesce(t.timeout_seconds,
-                                                             %(default_timeout_seconds)s)),
-        worker_id = %(worker_id)s,
-        started_at = n.now,
-        attempt_outcome = NULL,
-        next_retry_at = NULL,
-        updated_at = n.now
-    FROM n
-    WHERE t.task_id = %(task_id)s
-      AND t.status = 'Queued'
-      AND (t.expires_at IS NULL OR t.expires_at > n.now)
-      AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.name = t.queue AND q.paused)
-    RETURNING t.task_id, t.attempt, t.job, t.operator, t.queue, t.config, t.inputs,
-              t.timeout_seconds, t.deadline_at, t.lease_token, t.lease_expires_at,
-              t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset,
-              taskplat_job_outputs(t.job) AS outputs, taskplat_job_trust(t.job) AS trust,
-              taskplat_task_steps(t.task_id, t.attempt) AS steps, t.trace_context
-),
-history AS (
-    INSERT INTO task_attempts (task_id, attempt, worker_id, lease_token, started_at)
-    SELECT task_id, attempt, worker_id, lease_token, started_at FROM claimed
-)
-SELECT * FROM claimed
+-- The claim (taskplat_claim, migration 0020) of one task, with the caller's lease token.
+SELECT * FROM taskplat_claim(ARRAY[%(task_id)s::uuid], %(worker_id)s,
+                             %(lease_seconds)s::double precision,
+                             %(default_timeout_seconds)s::integer,
+                             %(now)s::timestamptz, %(lease_token)s::uuid)
 
 -- name: fetch_task
 SELECT task_id, status, attempt, job, operator, queue, config, inputs, timeout_seconds,

@@ -1,0 +1,191 @@
+-- The claim, one home: every claim of every service is a call of these functions.
+--
+-- Until now the Queued -> Running transition was written four times (the dispatcher's single,
+-- batch and claim-next statements, and the relay's claim for a Lambda function), each with its own
+-- copy of the guards. Now:
+--   * taskplat_start_attempts(ids, ...): the transition itself, for rows the caller has locked as
+--     claimable: a fresh lease, the attempt's deadline, the worker, and the attempt record;
+--   * taskplat_claim(ids, ...): claims the named tasks that are claimable, locking them in
+--     task_id order (concurrent claims of overlapping ids wait for each other, never deadlock);
+--   * taskplat_claim_next(queue, max, ...): claims up to `max` claimable tasks of one queue that
+--     no one else is claiming (SKIP LOCKED), oldest first, never a task of a `runtime: lambda` job.
+--
+-- Invariants:
+--   * claimable = Queued, not past expires_at, and its queue not paused. A row is locked with
+--     FOR UPDATE before it moves, and FOR UPDATE re-tests the guard on the newest version of the
+--     row, so a locked row stays claimable until the transaction ends;
+--   * every started attempt gets its task_attempts row in the same statement;
+--   * a claim for a Lambda function (p_function_prefix given) differs only in its times and
+--     worker: the worker is 'lambda:' || prefix || operator and the first lease is the attempt's
+--     timeout plus p_grace_seconds (the function cannot heartbeat before it starts);
+--   * the returned row is what a claim answers (the columns of the claim payload);
+--   * time is coalesce(p_now, now()).
+--
+-- Plan shape (these are the hottest statements): the moving UPDATE finds its rows by primary key
+-- only (`= ANY(ids)`), never by the Queued partial index, which statistics taken while the queue
+-- was empty make look cheap (under a backlog it read 4,120 entries to update 4 rows); the lock of
+-- named ids tests `(status = 'Queued') IS TRUE`, the same test in a form no partial index matches,
+-- for the same reason. PL/pgSQL keeps each statement's plan for the session
+-- (tests/schema/test_hot_plans.py checks the plans inside these functions too).
+
+CREATE FUNCTION taskplat_start_attempts(
+    p_task_ids uuid[],
+    p_now timestamptz,
+    p_worker_id text,
+    p_lease_seconds double precision,
+    p_default_timeout_seconds integer,
+    p_lease_token uuid DEFAULT NULL,
+    p_function_prefix text DEFAULT NULL,
+    p_grace_seconds double precision DEFAULT 0
+) RETURNS TABLE (
+    task_id uuid, attempt integer, job jsonb, operator text, queue text, config jsonb,
+    inputs jsonb, timeout_seconds integer, deadline_at timestamptz, lease_token uuid,
+    lease_expires_at timestamptz, worker_id text, started_at timestamptz, queued_at timestamptz,
+    created_at timestamptz, replay_offset integer, outputs jsonb, trust text, steps jsonb,
+    trace_context jsonb
+)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+BEGIN
+    -- The caller locked p_task_ids as claimable (see top): no status test here.
+    -- p_lease_token: the lease of a single claimed task (a fresh one per task when NULL).
+    RETURN QUERY
+    WITH claimed AS (
+        UPDATE tasks AS t
+        SET status = 'Running',
+            lease_token = coalesce(p_lease_token, gen_random_uuid()),
+            lease_expires_at = p_now + make_interval(secs => CASE
+                WHEN p_function_prefix IS NULL THEN p_lease_seconds
+                ELSE coalesce(t.timeout_seconds, p_default_timeout_seconds) + p_grace_seconds
+            END),
+            deadline_at = p_now + make_interval(
+                secs => coalesce(t.timeout_seconds, p_default_timeout_seconds)),
+            worker_id = CASE WHEN p_function_prefix IS NULL THEN p_worker_id
+                             ELSE 'lambda:' || p_function_prefix || t.operator END,
+            started_at = p_now,
+            attempt_outcome = NULL,
+            next_retry_at = NULL,
+            updated_at = p_now
+        WHERE t.task_id = ANY(p_task_ids)
+        RETURNING t.task_id, t.attempt, t.job, t.operator, t.queue, t.config, t.inputs,
+                  t.timeout_seconds, t.deadline_at, t.lease_token, t.lease_expires_at,
+                  t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset,
+                  taskplat_job_outputs(t.job) AS outputs, taskplat_job_trust(t.job) AS trust,
+                  taskplat_task_steps(t.task_id, t.attempt) AS steps, t.trace_context
+    ),
+    history AS (
+        INSERT INTO task_attempts (task_id, attempt, worker_id, lease_token, started_at)
+        SELECT c.task_id, c.attempt, c.worker_id, c.lease_token, c.started_at FROM claimed AS c
+    )
+    SELECT c.task_id, c.attempt, c.job, c.operator, c.queue, c.config, c.inputs,
+           c.timeout_seconds, c.deadline_at, c.lease_token, c.lease_expires_at, c.worker_id,
+           c.started_at, c.queued_at, c.created_at, c.replay_offset, c.outputs, c.trust,
+           c.steps, c.trace_context
+    FROM claimed AS c;
+END
+$$;
+
+COMMENT ON FUNCTION taskplat_start_attempts(uuid[], timestamptz, text, double precision, integer,
+                                            uuid, text, double precision) IS
+    'Queued -> Running of rows the caller locked as claimable, with their attempt records.';
+
+CREATE FUNCTION taskplat_claim(
+    p_task_ids uuid[],
+    p_worker_id text,
+    p_lease_seconds double precision,
+    p_default_timeout_seconds integer,
+    p_now timestamptz DEFAULT NULL,
+    p_lease_token uuid DEFAULT NULL,
+    p_function_prefix text DEFAULT NULL,
+    p_grace_seconds double precision DEFAULT 0
+) RETURNS TABLE (
+    task_id uuid, attempt integer, job jsonb, operator text, queue text, config jsonb,
+    inputs jsonb, timeout_seconds integer, deadline_at timestamptz, lease_token uuid,
+    lease_expires_at timestamptz, worker_id text, started_at timestamptz, queued_at timestamptz,
+    created_at timestamptz, replay_offset integer, outputs jsonb, trust text, steps jsonb,
+    trace_context jsonb
+)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := coalesce(p_now, now());
+    v_locked uuid[];
+BEGIN
+    -- Guard: claimable (Queued, unexpired, queue not paused), locked in task_id order.
+    v_locked := ARRAY(
+        SELECT t.task_id
+        FROM tasks AS t
+        WHERE t.task_id = ANY(p_task_ids)
+          AND (t.status = 'Queued') IS TRUE  -- by primary key, never the Queued index (see top)
+          AND (t.expires_at IS NULL OR t.expires_at > v_now)
+          AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.name = t.queue AND q.paused)
+        ORDER BY t.task_id
+        FOR UPDATE OF t);
+    IF cardinality(v_locked) = 0 THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT * FROM taskplat_start_attempts(v_locked, v_now, p_worker_id, p_lease_seconds,
+                                          p_default_timeout_seconds, p_lease_token,
+                                          p_function_prefix, p_grace_seconds);
+END
+$$;
+
+COMMENT ON FUNCTION taskplat_claim(uuid[], text, double precision, integer, timestamptz, uuid, text,
+                                   double precision) IS
+    'Claims the named tasks that are Queued, unexpired and of an unpaused queue (task_id order).';
+
+CREATE FUNCTION taskplat_claim_next(
+    p_queue text,
+    p_max integer,
+    p_worker_id text,
+    p_lease_seconds double precision,
+    p_default_timeout_seconds integer,
+    p_now timestamptz DEFAULT NULL
+) RETURNS TABLE (
+    task_id uuid, attempt integer, job jsonb, operator text, queue text, config jsonb,
+    inputs jsonb, timeout_seconds integer, deadline_at timestamptz, lease_token uuid,
+    lease_expires_at timestamptz, worker_id text, started_at timestamptz, queued_at timestamptz,
+    created_at timestamptz, replay_offset integer, outputs jsonb, trust text, steps jsonb,
+    trace_context jsonb
+)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := coalesce(p_now, now());
+    v_picked uuid[];
+BEGIN
+    -- Guard: claimable (Queued, unexpired, queue not paused) and not a `runtime: lambda` job's
+    -- task (the relay claims those for their function); rows others are claiming are skipped.
+    v_picked := ARRAY(
+        SELECT t.task_id
+        FROM tasks AS t
+        WHERE t.status = 'Queued'
+          AND t.queue = p_queue
+          AND (t.expires_at IS NULL OR t.expires_at > v_now)
+          AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.name = p_queue AND q.paused)
+          AND (t.job IS NULL
+               OR NOT EXISTS (SELECT 1 FROM jobs AS j
+                              WHERE j.dag_name = t.job ->> 'dag_name'
+                                AND j.name = t.job ->> 'name'
+                                AND j.runtime = 'lambda'))
+        ORDER BY t.queued_at
+        LIMIT p_max
+        FOR UPDATE OF t SKIP LOCKED);
+    IF cardinality(v_picked) = 0 THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT s.* FROM taskplat_start_attempts(v_picked, v_now, p_worker_id, p_lease_seconds,
+                                            p_default_timeout_seconds) AS s
+    ORDER BY s.queued_at, s.task_id;
+END
+$$;
+
+COMMENT ON FUNCTION taskplat_claim_next(text, integer, text, double precision, integer,
+                                        timestamptz) IS
+    'Claims up to p_max claimable tasks of a queue, oldest first, skipping locked rows and '
+    'the tasks of runtime: lambda jobs.';
