@@ -53,10 +53,9 @@ TERMINAL_INDEXES = {f"tasks_{status}_created_idx" for status in ("completed", "d
 HISTORY_INDEXES = {"tasks_finished_at_idx", "outbox_sent_idx"}
 # Running rows are bounded by the workers' slots, unlike Queued ones (a backlog has no bound).
 RUNNING_INDEXES = {"tasks_running_lease_idx", "tasks_running_deadline_idx"}
-# Known and bounded: on statistics taken before any task died, the dispatcher's dead-letter insert
-# (`WHERE task_id = $1 AND status = 'Dead'`, once per task that dies) reads the Dead listing index
-# whole instead of the primary key, until the next autoanalyze. Nothing else may.
-STALE_TOLERATED = {("tasks.sql", "insert_outbox_dead_letter"): {"tasks_dead_created_idx"}}
+# Plans tolerated on stale statistics only, by statement: none (the dead-letter record, which
+# read the Dead listing index whole there, now finds its rows by primary key: migration 0020).
+STALE_TOLERATED: dict[tuple[str, str], set[str]] = {}
 _PARAM = re.compile(r"%\((\w+)\)s")
 
 Conn = psycopg.Connection[dict[str, Any]]

@@ -2,8 +2,8 @@
 --
 -- Each transition is one statement: a bounded FOR UPDATE SKIP LOCKED selection, an UPDATE guarded by
 -- the status, attempt and lease token it selected, the attempt history row closed, and a
--- `dead_letter` outbox row (same payload as the dispatcher's insert_outbox_dead_letter) for each task
--- that became Dead. A completion or heartbeat that holds the row lock makes the reaper skip the row;
+-- `dead_letter` outbox row (taskplat_dead_letter, migration 0020, like every dead-letter record) for
+-- each task that became Dead. A completion or heartbeat that holds the row lock makes the reaper skip the row;
 -- one that committed after this statement's snapshot is seen when the lock is taken, and the
 -- re-checked predicate and guard then exclude the row, so the reaper never overwrites it.
 -- Time is coalesce(%(now)s::timestamptz, now()). Jitter for the retry delay comes from the caller,
@@ -68,19 +68,13 @@ closed AS (
     WHERE a.task_id = m.task_id AND a.attempt = m.attempt AND a.lease_token = m.lease_token
       AND a.outcome IS NULL
 ),
-dead AS (
-    INSERT INTO outbox (kind, task_id, queue, payload, created_at, available_at)
-    SELECT 'dead_letter', m.task_id, m.queue,
-           jsonb_build_object(
-               'task_id', m.task_id, 'queue', m.queue, 'operator', m.operator,
-               'attempt', m.attempt, 'max_attempts', m.max_attempts,
-               'dead_reason', m.dead_reason, 'last_error', m.last_error, 'died_at', m.finished_at),
-           n.now, n.now
-    FROM moved AS m, n
-    WHERE m.status = 'Dead' AND taskplat_dead_letter_wanted(m.task_id)
+dead AS (  -- taskplat_dead_letter (migration 0020)
+    SELECT count(*) AS written
+    FROM n, taskplat_dead_letter(ARRAY(SELECT m.task_id FROM moved AS m WHERE m.status = 'Dead'),
+                                 n.now)
 )
 SELECT task_id, attempt, status, queue, operator, worker_id, dead_reason, next_retry_at, ended
-FROM moved
+FROM moved, dead  -- dead: one row, read so that it runs
 
 -- name: expire_unstarted
 -- Queued or Scheduled past expires_at: Dead (Expired). A Running task is never expired.
@@ -112,18 +106,11 @@ moved AS (
     RETURNING t.task_id, t.attempt, t.status, t.queue, t.operator, t.max_attempts,
               t.dead_reason, t.last_error, t.finished_at, due.status AS expired_from
 ),
-dead AS (
-    INSERT INTO outbox (kind, task_id, queue, payload, created_at, available_at)
-    SELECT 'dead_letter', m.task_id, m.queue,
-           jsonb_build_object(
-               'task_id', m.task_id, 'queue', m.queue, 'operator', m.operator,
-               'attempt', m.attempt, 'max_attempts', m.max_attempts,
-               'dead_reason', m.dead_reason, 'last_error', m.last_error, 'died_at', m.finished_at),
-           n.now, n.now
-    FROM moved AS m, n
-    WHERE taskplat_dead_letter_wanted(m.task_id)
+dead AS (  -- taskplat_dead_letter (migration 0020)
+    SELECT count(*) AS written
+    FROM n, taskplat_dead_letter(ARRAY(SELECT m.task_id FROM moved AS m), n.now)
 )
-SELECT task_id, attempt, status, queue, operator, dead_reason, expired_from FROM moved
+SELECT task_id, attempt, status, queue, operator, dead_reason, expired_from FROM moved, dead
 
 -- name: prune_finished_tasks
 -- Terminal tasks finished longer ago than the retention; attempts, outputs and events go with them

@@ -2,7 +2,7 @@
 --
 -- Each query is one statement that selects a bounded batch with FOR UPDATE SKIP LOCKED, moves the
 -- rows with an UPDATE guarded by the status and attempt it selected, and writes one `enqueue_task`
--- outbox row per moved task (same shape as the dispatcher's insert_outbox_enqueue). Selection,
+-- outbox row per moved task (taskplat_enqueue_wakeups, migration 0020, like every wake-up). Selection,
 -- transition and outbox row therefore commit together or not at all, and two replicas never move the
 -- same row: a locked row is skipped, and a row another replica moved after this statement's snapshot
 -- fails the re-checked predicate. Time is coalesce(%(now)s::timestamptz, now()). Each returns the
@@ -60,14 +60,12 @@ moved AS (
     WHERE t.task_id = ANY(ARRAY(SELECT task_id FROM due))
     RETURNING t.task_id, t.attempt, t.queue, t.operator
 ),
-ob AS (
-    INSERT INTO outbox (kind, task_id, queue, payload, created_at, available_at)
-    SELECT 'enqueue_task', m.task_id, m.queue, jsonb_build_object('task_id', m.task_id::text),
-           n.now, n.now
-    FROM moved AS m, n
+ob AS (  -- taskplat_enqueue_wakeups (migration 0020)
+    SELECT count(*) AS written
+    FROM n, taskplat_enqueue_wakeups(ARRAY(SELECT m.task_id FROM moved AS m), n.now)
 )
 SELECT m.task_id, m.attempt, m.queue, m.operator, d.status AS moved_from
-FROM moved AS m JOIN due AS d ON d.task_id = m.task_id
+FROM moved AS m JOIN due AS d ON d.task_id = m.task_id, ob  -- ob: one row, read so it runs
 
 -- name: republish_unclaimed
 -- A Queued task unclaimed for requeue_after_seconds probably lost its wake-up: write a fresh one and
@@ -124,15 +122,14 @@ moved AS (
     WHERE t.task_id = ANY(ARRAY(SELECT task_id FROM picked))
     RETURNING t.task_id, t.attempt, t.queue, t.operator
 ),
-ob AS (
-    INSERT INTO outbox (kind, task_id, queue, payload, created_at, available_at)
-    SELECT 'enqueue_task', m.task_id, m.queue, jsonb_build_object('task_id', m.task_id::text),
-           n.now, n.now
-    FROM moved AS m, n
+ob AS (  -- taskplat_enqueue_wakeups (migration 0020)
+    SELECT count(*) AS written
+    FROM n, taskplat_enqueue_wakeups(ARRAY(SELECT m.task_id FROM moved AS m), n.now)
 )
 SELECT m.task_id, m.attempt, m.queue, m.operator, p.busy
 FROM moved AS m
 JOIN picked AS p USING (task_id)
+CROSS JOIN ob  -- one row, read so that it runs
 
 -- name: busy_queues
 -- Queues with a Running task (the partial Running index: bounded by the workers' slots).

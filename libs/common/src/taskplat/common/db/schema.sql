@@ -127,18 +127,37 @@ END
 $_$;
 
 --
--- Name: taskplat_dead_letter_wanted(uuid); Type: FUNCTION; Schema: public; Owner: -
+-- Name: taskplat_dead_letter(uuid[], timestamp with time zone, jsonb); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.taskplat_dead_letter_wanted(p_task_id uuid) RETURNS boolean
-    LANGUAGE sql STABLE PARALLEL SAFE
+CREATE FUNCTION public.taskplat_dead_letter(p_task_ids uuid[], p_now timestamp with time zone, p_trace_context jsonb DEFAULT NULL::jsonb) RETURNS SETOF text
+    LANGUAGE plpgsql
     AS $$
-    SELECT coalesce(j.on_exhausted, t.on_exhausted) = 'dead_letter'
+BEGIN
+    -- Guard: a record only for a named task that is Dead and whose job (or task) says
+    -- `on_exhausted: dead_letter`. Returns the queue of each record written.
+    RETURN QUERY
+    WITH written AS (
+    INSERT INTO outbox AS o (kind, task_id, queue, payload, trace_context, created_at,
+                             available_at)
+    SELECT 'dead_letter', t.task_id, t.queue, taskplat_dead_letter_payload(t), p_trace_context,
+           p_now, p_now
     FROM tasks AS t
-    LEFT JOIN jobs AS j ON t.job IS NOT NULL
-        AND j.dag_name = t.job ->> 'dag_name' AND j.name = t.job ->> 'name'
-    WHERE t.task_id = p_task_id
+    WHERE t.task_id = ANY(p_task_ids)
+      AND (t.status = 'Dead') IS TRUE  -- by primary key, never the Dead listing index
+      AND taskplat_dead_letter_wanted(t.task_id)
+    ORDER BY t.task_id
+    RETURNING o.queue
+    )
+    SELECT w.queue FROM written AS w;
+END
 $$;
+
+--
+-- Name: FUNCTION taskplat_dead_letter(p_task_ids uuid[], p_now timestamp with time zone, p_trace_context jsonb); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_dead_letter(p_task_ids uuid[], p_now timestamp with time zone, p_trace_context jsonb) IS 'The dead_letter outbox row of each named Dead task whose exhaustion policy wants one.';
 
 --
 -- Name: tasks; Type: TABLE; Schema: public; Owner: -
@@ -200,6 +219,39 @@ CREATE TABLE public.tasks (
 WITH (autovacuum_vacuum_scale_factor='0.05', autovacuum_analyze_scale_factor='0.02');
 
 --
+-- Name: taskplat_dead_letter_payload(public.tasks); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_dead_letter_payload(t public.tasks) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT jsonb_build_object(
+        'task_id', t.task_id, 'queue', t.queue, 'operator', t.operator,
+        'attempt', t.attempt, 'max_attempts', t.max_attempts,
+        'dead_reason', t.dead_reason, 'last_error', t.last_error, 'died_at', t.finished_at)
+$$;
+
+--
+-- Name: FUNCTION taskplat_dead_letter_payload(t public.tasks); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_dead_letter_payload(t public.tasks) IS 'The dead-letter record of a Dead task (docs/contracts.md).';
+
+--
+-- Name: taskplat_dead_letter_wanted(uuid); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_dead_letter_wanted(p_task_id uuid) RETURNS boolean
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT coalesce(j.on_exhausted, t.on_exhausted) = 'dead_letter'
+    FROM tasks AS t
+    LEFT JOIN jobs AS j ON t.job IS NOT NULL
+        AND j.dag_name = t.job ->> 'dag_name' AND j.name = t.job ->> 'name'
+    WHERE t.task_id = p_task_id
+$$;
+
+--
 -- Name: taskplat_dead_reason(public.tasks, text, boolean); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -230,6 +282,44 @@ CREATE FUNCTION public.taskplat_ended_status(t public.tasks, ended text, retryab
         ELSE 'Dead'
     END
 $$;
+
+--
+-- Name: taskplat_enqueue_wakeups(uuid[], timestamp with time zone, jsonb, double precision); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_enqueue_wakeups(p_task_ids uuid[], p_now timestamp with time zone, p_trace_context jsonb DEFAULT NULL::jsonb, p_hold_seconds double precision DEFAULT 0) RETURNS TABLE(queue text, held boolean)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+BEGIN
+    -- Guard: one `enqueue_task` row per named task that is Queued, in the order named. With
+    -- p_hold_seconds > 0, the row of a task whose queue's workers wait on the dispatcher
+    -- (`queues.polled_until` ahead, migration 0016) is written held, due p_hold_seconds later.
+    RETURN QUERY
+    WITH written AS (
+    INSERT INTO outbox AS o (kind, task_id, queue, payload, trace_context, created_at,
+                             available_at, held)
+    SELECT 'enqueue_task', t.task_id, t.queue, jsonb_build_object('task_id', t.task_id::text),
+           p_trace_context, p_now,
+           p_now + CASE WHEN q.name IS NOT NULL THEN make_interval(secs => p_hold_seconds)
+                        ELSE interval '0' END,
+           q.name IS NOT NULL
+    FROM unnest(p_task_ids) WITH ORDINALITY AS i(task_id, position)
+    JOIN tasks AS t ON t.task_id = i.task_id
+    LEFT JOIN queues AS q ON q.name = t.queue AND q.polled_until > p_now AND p_hold_seconds > 0
+    WHERE (t.status = 'Queued') IS TRUE  -- by primary key, never the Queued index
+    ORDER BY i.position
+    RETURNING o.queue, o.held
+    )
+    SELECT w.queue, w.held FROM written AS w;
+END
+$$;
+
+--
+-- Name: FUNCTION taskplat_enqueue_wakeups(p_task_ids uuid[], p_now timestamp with time zone, p_trace_context jsonb, p_hold_seconds double precision); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_enqueue_wakeups(p_task_ids uuid[], p_now timestamp with time zone, p_trace_context jsonb, p_hold_seconds double precision) IS 'The enqueue_task outbox row of each named Queued task (held for a polled queue).';
 
 --
 -- Name: taskplat_job_outputs(jsonb); Type: FUNCTION; Schema: public; Owner: -

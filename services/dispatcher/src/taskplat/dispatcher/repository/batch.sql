@@ -62,22 +62,13 @@ inserted AS (
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING task_id, status, queue, operator, attempt
 ),
-outboxed AS (
-    INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at,
-                        held)
-    SELECT 'enqueue_task', i.task_id, i.queue, jsonb_build_object('task_id', i.task_id::text),
-           %(trace_context)s, n.now,
-           n.now + CASE WHEN q.name IS NOT NULL
-                        THEN make_interval(secs => %(polled_wakeup_delay_seconds)s)
-                        ELSE interval '0' END,
-           q.name IS NOT NULL
-    FROM inserted AS i CROSS JOIN n
-    LEFT JOIN queues AS q
-           ON q.name = i.queue AND q.polled_until > n.now
-          AND %(polled_wakeup_delay_seconds)s::double precision > 0
-    WHERE i.status = 'Queued'
+outboxed AS (  -- taskplat_enqueue_wakeups (migration 0020): the Queued tasks' only
+    SELECT count(*) AS written
+    FROM n, taskplat_enqueue_wakeups(ARRAY(SELECT i.task_id FROM inserted AS i), n.now,
+                                     %(trace_context)s::jsonb,
+                                     %(polled_wakeup_delay_seconds)s::double precision)
 )
-SELECT * FROM inserted
+SELECT i.* FROM inserted AS i, outboxed  -- outboxed: one row, read so that it runs
 
 -- name: notify_queues
 -- The relay, and the claims waiting on the dispatcher for these queues' tasks (they hear it too).

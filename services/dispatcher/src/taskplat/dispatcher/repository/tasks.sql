@@ -34,24 +34,11 @@ inserted AS (
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING task_id, status, queue, operator, attempt
 ),
-polled AS (
-    SELECT true AS polled
-    FROM queues AS q, n
-    WHERE q.name = %(queue)s AND q.polled_until > n.now
-      AND %(polled_wakeup_delay_seconds)s::double precision > 0
-),
-wakeup AS (
-    INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at,
-                        held)
-    SELECT 'enqueue_task', i.task_id, i.queue, jsonb_build_object('task_id', i.task_id::text),
-           %(trace_context)s, n.now,
-           n.now + CASE WHEN p.polled
-                        THEN make_interval(secs => %(polled_wakeup_delay_seconds)s)
-                        ELSE interval '0' END,
-           coalesce(p.polled, false)
-    FROM inserted AS i CROSS JOIN n LEFT JOIN polled AS p ON true
-    WHERE i.status = 'Queued'
-    RETURNING queue, held
+wakeup AS (  -- taskplat_enqueue_wakeups (migration 0020): a Queued task's only
+    SELECT w.queue, w.held
+    FROM n, taskplat_enqueue_wakeups(ARRAY(SELECT i.task_id FROM inserted AS i), n.now,
+                                     %(trace_context)s::jsonb,
+                                     %(polled_wakeup_delay_seconds)s::double precision) AS w
 )
 -- The NOTIFY runs in the answer's row, once per wake-up written (a SELECT in a CTE that nothing
 -- reads would not run at all).
@@ -65,21 +52,16 @@ FROM inserted AS i
 SELECT task_id FROM tasks WHERE idempotency_key = %(idempotency_key)s
 
 -- name: insert_outbox_enqueue
-INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at)
-SELECT 'enqueue_task', %(task_id)s, %(queue)s,
-       jsonb_build_object('task_id', %(task_id)s::text), %(trace_context)s, n.now, n.now
-FROM (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS n
+-- The wake-up of a task that is Queued (taskplat_enqueue_wakeups, migration 0020).
+SELECT count(*) AS written
+FROM taskplat_enqueue_wakeups(ARRAY[%(task_id)s::uuid], coalesce(%(now)s::timestamptz, now()),
+                              %(trace_context)s::jsonb)
 
 -- name: insert_outbox_dead_letter
-INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at)
-SELECT 'dead_letter', t.task_id, t.queue,
-       jsonb_build_object(
-           'task_id', t.task_id, 'queue', t.queue, 'operator', t.operator,
-           'attempt', t.attempt, 'max_attempts', t.max_attempts,
-           'dead_reason', t.dead_reason, 'last_error', t.last_error, 'died_at', t.finished_at),
-       %(trace_context)s, n.now, n.now
-FROM tasks AS t, (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS n
-WHERE t.task_id = %(task_id)s AND t.status = 'Dead' AND taskplat_dead_letter_wanted(t.task_id)
+-- The dead-letter record of a task that is Dead (taskplat_dead_letter, migration 0020).
+SELECT count(*) AS written
+FROM taskplat_dead_letter(ARRAY[%(task_id)s::uuid], coalesce(%(now)s::timestamptz, now()),
+                          %(trace_context)s::jsonb)
 
 -- name: notify_outbox
 SELECT pg_notify('taskplat_outbox', %(queue)s)
@@ -254,16 +236,11 @@ outputs AS (
         (EXCLUDED.attempt, EXCLUDED.dataset_uuid, EXCLUDED.dataset_version, EXCLUDED.location,
          EXCLUDED."cursor", EXCLUDED.row_count, EXCLUDED.committed_at)
 ),
-dead_letter AS (
-    INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at)
-    SELECT 'dead_letter', d.task_id, d.queue,
-           jsonb_build_object('task_id', d.task_id, 'queue', d.queue, 'operator', d.operator,
-               'attempt', d.attempt, 'max_attempts', d.max_attempts, 'dead_reason',
-               d.dead_reason, 'last_error', d.last_error, 'died_at', d.finished_at),
-           %(trace_context)s, d.ended_at, d.ended_at
-    FROM done AS d
-    WHERE d.status = 'Dead' AND taskplat_dead_letter_wanted(d.task_id)
-    RETURNING queue
+dead_letter AS (  -- taskplat_dead_letter (migration 0020)
+    SELECT l.queue
+    FROM done AS d, taskplat_dead_letter(ARRAY[d.task_id], d.ended_at, %(trace_context)s::jsonb)
+         AS l(queue)
+    WHERE d.status = 'Dead'
 ),
 notified AS (SELECT pg_notify('taskplat_outbox', queue) FROM dead_letter)
 SELECT d.*, (SELECT count(*) FROM notified) AS notified FROM done AS d

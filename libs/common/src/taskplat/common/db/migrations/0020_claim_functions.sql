@@ -189,3 +189,88 @@ COMMENT ON FUNCTION taskplat_claim_next(text, integer, text, double precision, i
                                         timestamptz) IS
     'Claims up to p_max claimable tasks of a queue, oldest first, skipping locked rows and '
     'the tasks of runtime: lambda jobs.';
+
+-- The wake-up and the dead-letter record, one home each: every statement that makes a task Queued
+-- (a create, a due schedule or retry, a re-announcement) writes its `enqueue_task` row through
+-- taskplat_enqueue_wakeups, and every statement that makes a task Dead writes its `dead_letter`
+-- row through taskplat_dead_letter. Both read the tasks they are given by primary key (a
+-- volatile function sees what the calling statement has written so far), so they are called with
+-- the ids the calling statement moved, in the same statement.
+
+CREATE FUNCTION taskplat_enqueue_wakeups(
+    p_task_ids uuid[],
+    p_now timestamptz,
+    p_trace_context jsonb DEFAULT NULL,
+    p_hold_seconds double precision DEFAULT 0
+) RETURNS TABLE (queue text, held boolean)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+BEGIN
+    -- Guard: one `enqueue_task` row per named task that is Queued, in the order named. With
+    -- p_hold_seconds > 0, the row of a task whose queue's workers wait on the dispatcher
+    -- (`queues.polled_until` ahead, migration 0016) is written held, due p_hold_seconds later.
+    RETURN QUERY
+    WITH written AS (
+    INSERT INTO outbox AS o (kind, task_id, queue, payload, trace_context, created_at,
+                             available_at, held)
+    SELECT 'enqueue_task', t.task_id, t.queue, jsonb_build_object('task_id', t.task_id::text),
+           p_trace_context, p_now,
+           p_now + CASE WHEN q.name IS NOT NULL THEN make_interval(secs => p_hold_seconds)
+                        ELSE interval '0' END,
+           q.name IS NOT NULL
+    FROM unnest(p_task_ids) WITH ORDINALITY AS i(task_id, position)
+    JOIN tasks AS t ON t.task_id = i.task_id
+    LEFT JOIN queues AS q ON q.name = t.queue AND q.polled_until > p_now AND p_hold_seconds > 0
+    WHERE (t.status = 'Queued') IS TRUE  -- by primary key, never the Queued index
+    ORDER BY i.position
+    RETURNING o.queue, o.held
+    )
+    SELECT w.queue, w.held FROM written AS w;
+END
+$$;
+
+COMMENT ON FUNCTION taskplat_enqueue_wakeups(uuid[], timestamptz, jsonb, double precision) IS
+    'The enqueue_task outbox row of each named Queued task (held for a polled queue).';
+
+CREATE FUNCTION taskplat_dead_letter_payload(t tasks) RETURNS jsonb
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT jsonb_build_object(
+        'task_id', t.task_id, 'queue', t.queue, 'operator', t.operator,
+        'attempt', t.attempt, 'max_attempts', t.max_attempts,
+        'dead_reason', t.dead_reason, 'last_error', t.last_error, 'died_at', t.finished_at)
+$$;
+
+COMMENT ON FUNCTION taskplat_dead_letter_payload(tasks) IS
+    'The dead-letter record of a Dead task (docs/contracts.md).';
+
+CREATE FUNCTION taskplat_dead_letter(
+    p_task_ids uuid[],
+    p_now timestamptz,
+    p_trace_context jsonb DEFAULT NULL
+) RETURNS SETOF text
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    -- Guard: a record only for a named task that is Dead and whose job (or task) says
+    -- `on_exhausted: dead_letter`. Returns the queue of each record written.
+    RETURN QUERY
+    WITH written AS (
+    INSERT INTO outbox AS o (kind, task_id, queue, payload, trace_context, created_at,
+                             available_at)
+    SELECT 'dead_letter', t.task_id, t.queue, taskplat_dead_letter_payload(t), p_trace_context,
+           p_now, p_now
+    FROM tasks AS t
+    WHERE t.task_id = ANY(p_task_ids)
+      AND (t.status = 'Dead') IS TRUE  -- by primary key, never the Dead listing index
+      AND taskplat_dead_letter_wanted(t.task_id)
+    ORDER BY t.task_id
+    RETURNING o.queue
+    )
+    SELECT w.queue FROM written AS w;
+END
+$$;
+
+COMMENT ON FUNCTION taskplat_dead_letter(uuid[], timestamptz, jsonb) IS
+    'The dead_letter outbox row of each named Dead task whose exhaustion policy wants one.';
