@@ -2,11 +2,8 @@
 -- dispatcher, the scheduler or the reaper would, without touching its outbox rows.
 
 -- name: claim_tasks
--- As the dispatcher's claim: Queued -> Running (e.g. a wrapper claiming ahead of its wake-up).
-UPDATE tasks
-SET status = 'Running', lease_token = gen_random_uuid(),
-    lease_expires_at = now() + interval '30 seconds', worker_id = 'w-test', started_at = now()
-WHERE task_id = ANY(%(task_ids)s::uuid[]) AND status = 'Queued'
+-- The claim every service makes (taskplat_claim, migration 0020): e.g. a wrapper claiming ahead.
+SELECT task_id FROM taskplat_claim(%(task_ids)s::uuid[], 'w-test', 30, 3600)
 
 -- name: cancel_tasks
 UPDATE tasks
