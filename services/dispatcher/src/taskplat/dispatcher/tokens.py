@@ -17,12 +17,12 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
+from taskplat.common.claim_answer import attempt_token, token_expiry
 from taskplat.common.clock import Clock
 from taskplat.common.contracts.internal import Trust
 from taskplat.common.tokens.attempt import (
     AttemptScope,
     attempt_key_ring,
-    issue_attempt_token,
     verify_attempt_token,
 )
 from taskplat.common.tokens.capability import (
@@ -52,18 +52,10 @@ class TokenIssuer:
         return "trusted"
 
     def _expiry(self, row: Row) -> datetime:
-        lease_end: datetime = row["lease_expires_at"]
-        deadline: datetime | None = row["deadline_at"]
-        return max(deadline or lease_end, lease_end) + self._lease
+        return token_expiry(row, self._lease)
 
     def attempt_token(self, row: Row) -> str:
-        return issue_attempt_token(
-            self._attempts,
-            row["task_id"],
-            row["attempt"],
-            now=row["started_at"],
-            expires_at=self._expiry(row),
-        )
+        return attempt_token(self._attempts, row, self._lease)
 
     def capability_token(self, row: Row) -> str | None:
         if self._capabilities is None or self.trust(row) != "untrusted":

@@ -66,14 +66,15 @@ from psycopg.rows import DictRow
 from psycopg_pool import ConnectionPool
 
 from taskplat.common.backoff import full_jitter_delay
+from taskplat.common.claim_answer import attempt_token as claim_attempt_token
+from taskplat.common.claim_answer import claimed_response
 from taskplat.common.clock import Clock, SystemClock
-from taskplat.common.contracts import ClaimedResponse, ClaimTask
 from taskplat.common.db.notify import INVOKE_CHANNEL, PgNotifyWaker
 from taskplat.common.db.queries import load_queries
 from taskplat.common.logging import get_logger
 from taskplat.common.loops import LoopHealth, run_loop
 from taskplat.common.telemetry import Telemetry
-from taskplat.common.tokens.attempt import attempt_key_ring, issue_attempt_token
+from taskplat.common.tokens.attempt import attempt_key_ring
 from taskplat.common.tokens.keys import KeyRing
 from taskplat.outbox_relay import outbox
 from taskplat.outbox_relay.metrics import RelayMetrics
@@ -94,7 +95,6 @@ NO_KEYS = (
     "attempt token keys are not configured (TASKPLAT_ATTEMPT_TOKEN_KEYS and "
     "TASKPLAT_ATTEMPT_TOKEN_ACTIVE_KID): a Lambda attempt needs a signed attempt token"
 )
-_CLAIM_TASK_FIELDS = tuple(ClaimTask.model_fields)
 
 
 class InvokeFailed(Exception):
@@ -117,16 +117,7 @@ def function_name(settings: RelaySettings, operator: str) -> str:
 def invocation_payload(row: dict[str, Any], attempt_token: str) -> bytes:
     """The event the function receives: the claim as `task-claim` answers it (the `task-fetch`
     task, the attempt, its lease token and expiry) plus the attempt token."""
-    task = {field: row[field] for field in _CLAIM_TASK_FIELDS if field in row}
-    claimed = ClaimedResponse(
-        attempt=row["attempt"],
-        lease_token=row["lease_token"],
-        lease_expires_at=row["lease_expires_at"],
-        task=ClaimTask.model_validate(task),
-        attempt_token=attempt_token,
-        trace_context=row.get("trace_context"),
-    )
-    return claimed.model_dump_json().encode()
+    return claimed_response(row, attempt_token=attempt_token).model_dump_json().encode()
 
 
 def lambda_client(settings: RelaySettings, *, max_pool_connections: int = 10) -> LambdaClient:
@@ -275,15 +266,7 @@ class Invoker:
 
     def _invoke(self, claimed: dict[str, Any]) -> None:
         assert self._ring is not None
-        lease_end: datetime = claimed["lease_expires_at"]
-        deadline: datetime | None = claimed["deadline_at"]
-        token = issue_attempt_token(
-            self._ring,
-            claimed["task_id"],
-            claimed["attempt"],
-            now=claimed["started_at"],
-            expires_at=max(deadline or lease_end, lease_end) + self._grace,
-        )
+        token = claim_attempt_token(self._ring, claimed, self._grace)
         name = function_name(self._settings, claimed["operator"])
         try:
             answer = self._client.invoke(

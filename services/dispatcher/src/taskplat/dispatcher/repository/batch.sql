@@ -81,73 +81,11 @@ SELECT task_id, idempotency_key FROM tasks WHERE idempotency_key = ANY(%(keys)s:
 SELECT * FROM task_details WHERE task_id = ANY(%(task_ids)s::uuid[])
 
 -- name: complete_many
-WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
-c AS (
-    SELECT * FROM unnest(%(task_ids)s::uuid[], %(attempts)s::integer[], %(lease_tokens)s::uuid[],
-        %(statuses)s::text[], %(results)s::jsonb[], %(errors)s::text[], %(retry_afters)s::float8[],
-        %(jitters)s::float8[], %(digests)s::text[], %(events)s::jsonb[], %(outputs)s::jsonb[],
-        %(retryables)s::boolean[])
-        AS c(task_id, attempt, lease_token, status, result, error, retry_after, jitter, digest,
-             events, outputs, retryable)
-),
-locked AS MATERIALIZED (
-    SELECT t.task_id FROM tasks AS t JOIN c USING (task_id)
-    WHERE t.status = 'Running' AND t.attempt = c.attempt AND t.lease_token = c.lease_token
-    ORDER BY t.task_id
-    FOR UPDATE OF t
-),
-done AS (
-    UPDATE tasks AS t
-    SET status = taskplat_ended_status(t, c.status, c.retryable),
-        attempt_outcome = c.status,
-        result = CASE WHEN c.status = 'Completed' THEN c.result ELSE t.result END,
-        last_error = CASE WHEN c.status = 'Completed' THEN t.last_error ELSE c.error END,
-        dead_reason = taskplat_dead_reason(t, c.status, c.retryable),
-        processing_attempts = t.processing_attempts + (c.status = 'Drained')::int,
-        next_retry_at = taskplat_retry_at(t, c.status, c.retryable, n.now, c.retry_after,
-            c.jitter),
-        finished_at = CASE WHEN taskplat_ended_status(t, c.status, c.retryable) = 'Failed'
-            THEN NULL ELSE n.now END,
-        lease_expires_at = NULL,
-        updated_at = n.now
-    FROM n, c, locked AS l
-    WHERE t.task_id = c.task_id AND l.task_id = t.task_id AND t.status = 'Running'
-      AND t.attempt = c.attempt AND t.lease_token = c.lease_token
-    RETURNING t.task_id, t.status, t.queue, t.operator, t.attempt, t.worker_id, t.started_at,
-        t.dead_reason, t.next_retry_at, n.now AS ended_at, c.status AS reported, c.error,
-        c.digest, c.lease_token, c.events, c.outputs
-),
-closed AS (
-    UPDATE task_attempts AS a
-    SET finished_at = d.ended_at, outcome = d.reported, completion_digest = d.digest,
-        error = CASE WHEN d.reported IN ('Failed', 'Drained') THEN d.error END
-    FROM done AS d
-    WHERE a.task_id = d.task_id AND a.attempt = d.attempt AND a.lease_token = d.lease_token
-),
-events AS (
-    INSERT INTO task_events (task_id, attempt, dataset_uuid, dataset_version, "cursor",
-        partition_key, range_start, range_end, created_at)
-    SELECT d.task_id, d.attempt, e.dataset_uuid, e.dataset_version, e.cursor, e.partition_key,
-        e.start, e.end, d.ended_at
-    FROM done AS d, jsonb_to_recordset(d.events) AS e(
-        dataset_uuid uuid, dataset_version uuid, "cursor" bigint, partition_key text,
-        "start" bigint, "end" bigint)
-    ON CONFLICT (task_id, dataset_uuid, dataset_version, event_key) DO NOTHING
-),
-outputs AS (
-    INSERT INTO task_outputs (task_id, output_index, attempt, dataset_uuid, dataset_version,
-        location, "cursor", row_count, committed_at)
-    SELECT d.task_id, x.output_index, d.attempt, x.dataset_uuid, x.dataset_version, x.location,
-        x.cursor, x.row_count, d.ended_at
-    FROM done AS d, jsonb_to_recordset(d.outputs) AS x(
-        output_index integer, dataset_uuid uuid, dataset_version uuid, location text,
-        "cursor" bigint, row_count bigint)
-    WHERE d.status = 'Completed'
-    ON CONFLICT (task_id, output_index) DO UPDATE
-    SET (attempt, dataset_uuid, dataset_version, location, "cursor", row_count, committed_at) =
-        (EXCLUDED.attempt, EXCLUDED.dataset_uuid, EXCLUDED.dataset_version, EXCLUDED.location,
-         EXCLUDED."cursor", EXCLUDED.row_count, EXCLUDED.committed_at)
-)
+-- The completion (taskplat_end_attempts, migration 0020) of several attempts of distinct tasks.
 SELECT task_id, status, queue, operator, attempt, worker_id, started_at, dead_reason,
-    next_retry_at, ended_at
-FROM done
+       next_retry_at, ended_at
+FROM taskplat_end_attempts(
+    %(task_ids)s::uuid[], %(attempts)s::integer[], %(lease_tokens)s::uuid[], %(statuses)s::text[],
+    %(retryables)s::boolean[], %(results)s::jsonb[], %(errors)s::text[],
+    %(retry_afters)s::double precision[], %(jitters)s::double precision[], %(digests)s::text[],
+    %(events)s::jsonb[], %(outputs)s::jsonb[], %(now)s::timestamptz)

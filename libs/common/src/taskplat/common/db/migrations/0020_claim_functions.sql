@@ -274,3 +274,118 @@ $$;
 
 COMMENT ON FUNCTION taskplat_dead_letter(uuid[], timestamptz, jsonb) IS
     'The dead_letter outbox row of each named Dead task whose exhaustion policy wants one.';
+
+-- The completion, one home: how a running attempt ends when its holder reports it (the
+-- dispatcher's single and batch completions call this one function).
+
+CREATE FUNCTION taskplat_end_attempts(
+    p_task_ids uuid[],
+    p_attempts integer[],
+    p_lease_tokens uuid[],
+    p_ended text[],
+    p_retryables boolean[],
+    p_results jsonb[],
+    p_errors text[],
+    p_retry_afters double precision[],
+    p_jitters double precision[],
+    p_digests text[],
+    p_events jsonb[],
+    p_outputs jsonb[],
+    p_now timestamptz DEFAULT NULL
+) RETURNS TABLE (
+    task_id uuid, status text, queue text, operator text, attempt integer, max_attempts integer,
+    worker_id text, started_at timestamptz, dead_reason text, last_error text,
+    next_retry_at timestamptz, finished_at timestamptz, ended_at timestamptz
+)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+BEGIN
+    -- Guard (fencing): an element moves its task only while the task is Running the named
+    -- attempt under the named lease token; the rows are locked in task_id order (concurrent
+    -- batches of overlapping tasks wait for each other, never deadlock). For each element that
+    -- matched, in this statement: the task's fate by the rule every ended attempt follows
+    -- (taskplat_ended_status: Completed, Failed with a retry at now + backoff, or Dead), the
+    -- attempt record closed with its digest (and error, for Failed and Drained), its events
+    -- stored and, for Completed, its outputs (replacing those of an earlier completion of a
+    -- replayed task). p_ended: Completed, Failed or Drained. Elements name distinct tasks.
+    RETURN QUERY
+    WITH n AS (SELECT coalesce(p_now, now()) AS now),
+    c AS (
+        SELECT * FROM unnest(p_task_ids, p_attempts, p_lease_tokens, p_ended, p_results,
+                             p_errors, p_retry_afters, p_jitters, p_digests, p_events, p_outputs,
+                             p_retryables)
+            AS c(task_id, attempt, lease_token, status, result, error, retry_after, jitter,
+                 digest, events, outputs, retryable)
+    ),
+    locked AS MATERIALIZED (
+        SELECT t.task_id FROM tasks AS t JOIN c ON c.task_id = t.task_id
+        WHERE t.status = 'Running' AND t.attempt = c.attempt AND t.lease_token = c.lease_token
+        ORDER BY t.task_id
+        FOR UPDATE OF t
+    ),
+    done AS (
+        UPDATE tasks AS t
+        SET status = taskplat_ended_status(t, c.status, c.retryable),
+            attempt_outcome = c.status,
+            result = CASE WHEN c.status = 'Completed' THEN c.result ELSE t.result END,
+            last_error = CASE WHEN c.status = 'Completed' THEN t.last_error ELSE c.error END,
+            dead_reason = taskplat_dead_reason(t, c.status, c.retryable),
+            processing_attempts = t.processing_attempts + (c.status = 'Drained')::int,
+            next_retry_at = taskplat_retry_at(t, c.status, c.retryable, n.now, c.retry_after,
+                c.jitter),
+            finished_at = CASE WHEN taskplat_ended_status(t, c.status, c.retryable) = 'Failed'
+                THEN NULL ELSE n.now END,
+            lease_expires_at = NULL,
+            updated_at = n.now
+        FROM n, c, locked AS l
+        WHERE t.task_id = c.task_id AND l.task_id = t.task_id AND t.status = 'Running'
+          AND t.attempt = c.attempt AND t.lease_token = c.lease_token
+        RETURNING t.task_id, t.status, t.queue, t.operator, t.attempt, t.max_attempts,
+            t.worker_id, t.started_at, t.dead_reason, t.last_error, t.next_retry_at,
+            t.finished_at, n.now AS ended_at, c.status AS reported, c.error, c.digest,
+            c.lease_token, c.events, c.outputs
+    ),
+    closed AS (
+        UPDATE task_attempts AS a
+        SET finished_at = d.ended_at, outcome = d.reported, completion_digest = d.digest,
+            error = CASE WHEN d.reported IN ('Failed', 'Drained') THEN d.error END
+        FROM done AS d
+        WHERE a.task_id = d.task_id AND a.attempt = d.attempt AND a.lease_token = d.lease_token
+    ),
+    events AS (
+        INSERT INTO task_events (task_id, attempt, dataset_uuid, dataset_version, "cursor",
+            partition_key, range_start, range_end, created_at)
+        SELECT d.task_id, d.attempt, e.dataset_uuid, e.dataset_version, e.cursor,
+            e.partition_key, e.start, e.end, d.ended_at
+        FROM done AS d, jsonb_to_recordset(d.events) AS e(
+            dataset_uuid uuid, dataset_version uuid, "cursor" bigint, partition_key text,
+            "start" bigint, "end" bigint)
+        ON CONFLICT (task_id, dataset_uuid, dataset_version, event_key) DO NOTHING
+    ),
+    outputs AS (
+        INSERT INTO task_outputs (task_id, output_index, attempt, dataset_uuid, dataset_version,
+            location, "cursor", row_count, committed_at)
+        SELECT d.task_id, x.output_index, d.attempt, x.dataset_uuid, x.dataset_version,
+            x.location, x.cursor, x.row_count, d.ended_at
+        FROM done AS d, jsonb_to_recordset(d.outputs) AS x(
+            output_index integer, dataset_uuid uuid, dataset_version uuid, location text,
+            "cursor" bigint, row_count bigint)
+        WHERE d.status = 'Completed'
+        ON CONFLICT (task_id, output_index) DO UPDATE
+        SET (attempt, dataset_uuid, dataset_version, location, "cursor", row_count,
+             committed_at) =
+            (EXCLUDED.attempt, EXCLUDED.dataset_uuid, EXCLUDED.dataset_version,
+             EXCLUDED.location, EXCLUDED."cursor", EXCLUDED.row_count, EXCLUDED.committed_at)
+    )
+    SELECT d.task_id, d.status, d.queue, d.operator, d.attempt, d.max_attempts, d.worker_id,
+           d.started_at, d.dead_reason, d.last_error, d.next_retry_at, d.finished_at, d.ended_at
+    FROM done AS d
+    ORDER BY d.task_id;
+END
+$$;
+
+COMMENT ON FUNCTION taskplat_end_attempts(uuid[], integer[], uuid[], text[], boolean[], jsonb[],
+                                          text[], double precision[], double precision[], text[],
+                                          jsonb[], jsonb[], timestamptz) IS
+    'Ends the named Running attempts their lease holders report (fenced by attempt and lease).';
