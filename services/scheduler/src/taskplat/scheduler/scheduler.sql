@@ -9,63 +9,12 @@
 -- moved tasks' task_id, attempt (after the move), queue and operator, for logs and metrics.
 
 -- name: queue_due
--- Scheduled -> Queued once scheduled_for has come, and Failed -> Queued at next_retry_at, in one
--- shape: each kind is selected and locked in its own bounded batch (%(promote_limit)s,
--- %(retry_limit)s), both move with one UPDATE of the locked rows and get their wake-ups from one
--- INSERT. A retry is the same row,
--- attempt + 1, with the ended attempt's lease fields cleared (a Queued task holds no lease; a late
--- reply of the old attempt is stale by its attempt number); a Scheduled task never had them set.
--- replay_offset, processing_attempts, last_error and the attempt history are kept. A Scheduled
--- task already past expires_at is left for the reaper, which expires it. Returns `moved_from`
--- (Scheduled or Failed) per task.
-WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
-due_scheduled AS (
-    SELECT t.task_id, t.attempt, t.status
-    FROM tasks AS t, n
-    WHERE t.status = 'Scheduled'
-      AND t.scheduled_for <= n.now
-      AND (t.expires_at IS NULL OR t.expires_at > n.now)
-    ORDER BY t.scheduled_for
-    LIMIT %(promote_limit)s
-    FOR UPDATE OF t SKIP LOCKED
-),
-due_failed AS (
-    SELECT t.task_id, t.attempt, t.status
-    FROM tasks AS t, n
-    WHERE t.status = 'Failed'
-      AND t.next_retry_at <= n.now
-    ORDER BY t.next_retry_at
-    LIMIT %(retry_limit)s
-    FOR UPDATE OF t SKIP LOCKED
-),
-due AS (SELECT * FROM due_scheduled UNION ALL SELECT * FROM due_failed),
-moved AS (
-    UPDATE tasks AS t
-    SET status = 'Queued',
-        -- t.status: the status the row was locked in (Scheduled or Failed).
-        attempt = t.attempt + (t.status = 'Failed')::integer,
-        attempt_outcome = NULL,
-        next_retry_at = NULL,
-        lease_token = NULL,
-        lease_expires_at = NULL,
-        deadline_at = NULL,
-        worker_id = NULL,
-        started_at = NULL,
-        finished_at = NULL,
-        queued_at = n.now,
-        updated_at = n.now
-    FROM n
-    -- Locked as due by `due_scheduled` / `due_failed` (FOR UPDATE re-tests their WHERE), so no
-    -- status test here: by primary key only, whatever the statistics (see republish_unclaimed).
-    WHERE t.task_id = ANY(ARRAY(SELECT task_id FROM due))
-    RETURNING t.task_id, t.attempt, t.queue, t.operator
-),
-ob AS (  -- taskplat_enqueue_wakeups (migration 0020)
-    SELECT count(*) AS written
-    FROM n, taskplat_enqueue_wakeups(ARRAY(SELECT m.task_id FROM moved AS m), n.now)
-)
-SELECT m.task_id, m.attempt, m.queue, m.operator, d.status AS moved_from
-FROM moved AS m JOIN due AS d ON d.task_id = m.task_id, ob  -- ob: one row, read so it runs
+-- Scheduled -> Queued once scheduled_for has come, and Failed -> Queued at next_retry_at, each kind
+-- in its own bounded batch (%(promote_limit)s, %(retry_limit)s), with their wake-ups: the
+-- function taskplat_queue_due (migration 0020) states the rule. Returns `moved_from` (Scheduled
+-- or Failed) per task.
+SELECT * FROM taskplat_queue_due(%(now)s::timestamptz, %(promote_limit)s::integer,
+                                 %(retry_limit)s::integer)
 
 -- name: republish_unclaimed
 -- A Queued task unclaimed for requeue_after_seconds probably lost its wake-up: write a fresh one and

@@ -389,3 +389,214 @@ COMMENT ON FUNCTION taskplat_end_attempts(uuid[], integer[], uuid[], text[], boo
                                           text[], double precision[], double precision[], text[],
                                           jsonb[], jsonb[], timestamptz) IS
     'Ends the named Running attempts their lease holders report (fenced by attempt and lease).';
+
+-- The timeouts and the retry, one home each: the reaper's and the scheduler's transitions, as
+-- functions any caller (their loops, another service's tests) runs the same way.
+
+CREATE FUNCTION taskplat_reap_timeouts(
+    p_now timestamptz,
+    p_grace_seconds double precision,
+    p_limit integer,
+    p_jitters double precision[]
+) RETURNS TABLE (
+    task_id uuid, attempt integer, status text, queue text, operator text, worker_id text,
+    dead_reason text, next_retry_at timestamptz, ended text
+)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+BEGIN
+    -- Running attempts that timed out, at most p_limit, earliest first: the lease ran out
+    -- (LeaseExpired: the worker vanished, not the task's fault), or deadline_at + grace passed
+    -- even while heartbeats kept the lease fresh (DeadlineExceeded); both: LeaseExpired.
+    -- Guard: rows held by a completion or heartbeat are skipped (SKIP LOCKED); a row one of them
+    -- changed after this snapshot fails the re-checked status, attempt, lease token and timeout.
+    -- The task's fate is the rule every ended attempt follows (taskplat_ended_status); the lease
+    -- token stays on the row so a late success of this attempt can still be recognised; a task
+    -- that became Dead gets its dead-letter record. p_jitters: one retry jitter per row, in order.
+    RETURN QUERY
+    WITH n AS (
+        SELECT coalesce(p_now, now()) AS now,
+               coalesce(p_now, now()) - make_interval(secs => p_grace_seconds) AS overrun
+    ),
+    due AS (
+        SELECT t.task_id, t.attempt, t.lease_token,
+               CASE WHEN t.lease_expires_at < n.now THEN 'LeaseExpired'
+                    ELSE 'DeadlineExceeded' END AS ended
+        FROM tasks AS t, n
+        WHERE t.status = 'Running'
+          AND (t.lease_expires_at < n.now OR t.deadline_at < n.overrun)
+        ORDER BY least(t.lease_expires_at, t.deadline_at)
+        LIMIT p_limit
+        FOR UPDATE OF t SKIP LOCKED
+    ),
+    jittered AS (
+        SELECT due.*, p_jitters[row_number() OVER ()] AS jitter FROM due
+    ),
+    moved AS (
+        UPDATE tasks AS t
+        SET status = taskplat_ended_status(t, j.ended, true),
+            attempt_outcome = j.ended,
+            last_error = CASE j.ended WHEN 'LeaseExpired' THEN 'lease expired'
+                                      ELSE 'deadline exceeded' END,
+            dead_reason = taskplat_dead_reason(t, j.ended, true),
+            processing_attempts = t.processing_attempts + (j.ended = 'LeaseExpired')::int,
+            next_retry_at = taskplat_retry_at(t, j.ended, true, n.now, NULL,
+                                              coalesce(j.jitter, 1.0)),
+            finished_at = CASE WHEN taskplat_ended_status(t, j.ended, true) = 'Dead'
+                               THEN n.now END,
+            lease_expires_at = NULL,
+            updated_at = n.now
+        FROM jittered AS j, n
+        WHERE t.task_id = j.task_id
+          AND t.status = 'Running'
+          AND t.attempt = j.attempt
+          AND t.lease_token = j.lease_token
+          AND (t.lease_expires_at < n.now OR t.deadline_at < n.overrun)
+        RETURNING t.task_id, t.attempt, t.lease_token, t.status, t.queue, t.operator,
+                  t.worker_id, t.dead_reason, t.last_error, t.next_retry_at, j.ended
+    ),
+    closed AS (
+        UPDATE task_attempts AS a
+        SET finished_at = n.now, outcome = m.ended, error = m.last_error
+        FROM moved AS m, n
+        WHERE a.task_id = m.task_id AND a.attempt = m.attempt AND a.lease_token = m.lease_token
+          AND a.outcome IS NULL
+    ),
+    dead AS (
+        SELECT count(*) AS written
+        FROM n, taskplat_dead_letter(
+            ARRAY(SELECT m.task_id FROM moved AS m WHERE m.status = 'Dead'), n.now)
+    )
+    SELECT m.task_id, m.attempt, m.status, m.queue, m.operator, m.worker_id, m.dead_reason,
+           m.next_retry_at, m.ended
+    FROM moved AS m, dead;  -- dead: one row, read so that it runs
+END
+$$;
+
+COMMENT ON FUNCTION taskplat_reap_timeouts(timestamptz, double precision, integer,
+                                           double precision[]) IS
+    'Ends Running attempts whose lease ran out or whose deadline + grace passed.';
+
+CREATE FUNCTION taskplat_expire_unstarted(p_now timestamptz, p_limit integer)
+RETURNS TABLE (
+    task_id uuid, attempt integer, status text, queue text, operator text, dead_reason text,
+    expired_from text
+)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+BEGIN
+    -- Queued or Scheduled tasks past expires_at, at most p_limit, earliest first: Dead
+    -- (Expired), with their dead-letter records. A Running task is never expired. Guard: locked
+    -- rows are skipped; the status, attempt and expiry are re-checked when moving.
+    RETURN QUERY
+    WITH n AS (SELECT coalesce(p_now, now()) AS now),
+    due AS (
+        SELECT t.task_id, t.attempt, t.status
+        FROM tasks AS t, n
+        WHERE t.status IN ('Queued', 'Scheduled')
+          AND t.expires_at IS NOT NULL
+          AND t.expires_at <= n.now
+        ORDER BY t.expires_at
+        LIMIT p_limit
+        FOR UPDATE OF t SKIP LOCKED
+    ),
+    moved AS (
+        UPDATE tasks AS t
+        SET status = 'Dead',
+            dead_reason = 'Expired',
+            last_error = 'expired before it started',
+            next_retry_at = NULL,
+            lease_expires_at = NULL,
+            finished_at = n.now,
+            updated_at = n.now
+        FROM due, n
+        WHERE t.task_id = due.task_id
+          AND t.status = due.status
+          AND t.attempt = due.attempt
+          AND t.expires_at <= n.now
+        RETURNING t.task_id, t.attempt, t.status, t.queue, t.operator, t.dead_reason,
+                  due.status AS expired_from
+    ),
+    dead AS (
+        SELECT count(*) AS written
+        FROM n, taskplat_dead_letter(ARRAY(SELECT m.task_id FROM moved AS m), n.now)
+    )
+    SELECT m.task_id, m.attempt, m.status, m.queue, m.operator, m.dead_reason, m.expired_from
+    FROM moved AS m, dead;  -- dead: one row, read so that it runs
+END
+$$;
+
+COMMENT ON FUNCTION taskplat_expire_unstarted(timestamptz, integer) IS
+    'Queued or Scheduled tasks past expires_at become Dead (Expired).';
+
+CREATE FUNCTION taskplat_queue_due(
+    p_now timestamptz,
+    p_promote_limit integer,
+    p_retry_limit integer
+) RETURNS TABLE (task_id uuid, attempt integer, queue text, operator text, moved_from text)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+BEGIN
+    -- Scheduled -> Queued once scheduled_for has come (at most p_promote_limit), and
+    -- Failed -> Queued at next_retry_at (at most p_retry_limit), each with its wake-up
+    -- (taskplat_enqueue_wakeups). A retry is the same row, attempt + 1, with the ended attempt's
+    -- lease fields cleared (a Queued task holds no lease; a late reply of the old attempt is
+    -- stale by its attempt number). replay_offset, processing_attempts, last_error and the
+    -- attempt history are kept. A Scheduled task already past expires_at is left to expire.
+    -- Guard: locked rows are skipped (SKIP LOCKED), and FOR UPDATE re-tests each selection's
+    -- WHERE on the newest row version, so the move itself goes by primary key only.
+    RETURN QUERY
+    WITH n AS (SELECT coalesce(p_now, now()) AS now),
+    due_scheduled AS (
+        SELECT t.task_id, t.attempt, t.status
+        FROM tasks AS t, n
+        WHERE t.status = 'Scheduled'
+          AND t.scheduled_for <= n.now
+          AND (t.expires_at IS NULL OR t.expires_at > n.now)
+        ORDER BY t.scheduled_for
+        LIMIT p_promote_limit
+        FOR UPDATE OF t SKIP LOCKED
+    ),
+    due_failed AS (
+        SELECT t.task_id, t.attempt, t.status
+        FROM tasks AS t, n
+        WHERE t.status = 'Failed'
+          AND t.next_retry_at <= n.now
+        ORDER BY t.next_retry_at
+        LIMIT p_retry_limit
+        FOR UPDATE OF t SKIP LOCKED
+    ),
+    due AS (SELECT * FROM due_scheduled UNION ALL SELECT * FROM due_failed),
+    moved AS (
+        UPDATE tasks AS t
+        SET status = 'Queued',
+            -- t.status: the status the row was locked in (Scheduled or Failed).
+            attempt = t.attempt + (t.status = 'Failed')::integer,
+            attempt_outcome = NULL,
+            next_retry_at = NULL,
+            lease_token = NULL,
+            lease_expires_at = NULL,
+            deadline_at = NULL,
+            worker_id = NULL,
+            started_at = NULL,
+            finished_at = NULL,
+            queued_at = n.now,
+            updated_at = n.now
+        FROM n
+        WHERE t.task_id = ANY(ARRAY(SELECT d.task_id FROM due AS d))
+        RETURNING t.task_id, t.attempt, t.queue, t.operator
+    ),
+    woken AS (
+        SELECT count(*) AS written
+        FROM n, taskplat_enqueue_wakeups(ARRAY(SELECT m.task_id FROM moved AS m), n.now)
+    )
+    SELECT m.task_id, m.attempt, m.queue, m.operator, d.status AS moved_from
+    FROM moved AS m JOIN due AS d ON d.task_id = m.task_id, woken;  -- woken: read so it runs
+END
+$$;
+
+COMMENT ON FUNCTION taskplat_queue_due(timestamptz, integer, integer) IS
+    'Scheduled tasks whose time came and Failed tasks whose retry is due become Queued.';
