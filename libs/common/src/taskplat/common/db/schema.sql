@@ -134,19 +134,23 @@ CREATE FUNCTION public.taskplat_dead_letter(p_task_ids uuid[], p_now timestamp w
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    IF coalesce(cardinality(p_task_ids), 0) = 0 THEN
+        RETURN;
+    END IF;
     -- Guard: a record only for a named task that is Dead and whose job (or task) says
     -- `on_exhausted: dead_letter`. Returns the queue of each record written.
     RETURN QUERY
     WITH written AS (
     INSERT INTO outbox AS o (kind, task_id, queue, payload, trace_context, created_at,
                              available_at)
-    SELECT 'dead_letter', t.task_id, t.queue, taskplat_dead_letter_payload(t), p_trace_context,
-           p_now, p_now
-    FROM tasks AS t
-    WHERE t.task_id = ANY(p_task_ids)
-      AND (t.status = 'Dead') IS TRUE  -- by primary key, never the Dead listing index
-      AND taskplat_dead_letter_wanted(t.task_id)
-    ORDER BY t.task_id
+    SELECT 'dead_letter', (x.task).task_id, (x.task).queue,
+           taskplat_dead_letter_payload(x.task), p_trace_context, p_now, p_now
+    -- By primary key only (OFFSET 0 keeps the status test out of the scan, so the Dead listing
+    -- index is never read whole, whatever the statistics).
+    FROM (SELECT t AS task FROM tasks AS t WHERE t.task_id = ANY(p_task_ids) OFFSET 0) AS x
+    WHERE (x.task).status = 'Dead'
+      AND taskplat_dead_letter_wanted((x.task).task_id)
+    ORDER BY (x.task).task_id
     RETURNING o.queue
     )
     SELECT w.queue FROM written AS w;
@@ -391,6 +395,9 @@ CREATE FUNCTION public.taskplat_enqueue_wakeups(p_task_ids uuid[], p_now timesta
     AS $$
 #variable_conflict use_column
 BEGIN
+    IF coalesce(cardinality(p_task_ids), 0) = 0 THEN
+        RETURN;
+    END IF;
     -- Guard: one `enqueue_task` row per named task that is Queued, in the order named. With
     -- p_hold_seconds > 0, the row of a task whose queue's workers wait on the dispatcher
     -- (`queues.polled_until` ahead, migration 0016) is written held, due p_hold_seconds later.
@@ -398,15 +405,19 @@ BEGIN
     WITH written AS (
     INSERT INTO outbox AS o (kind, task_id, queue, payload, trace_context, created_at,
                              available_at, held)
-    SELECT 'enqueue_task', t.task_id, t.queue, jsonb_build_object('task_id', t.task_id::text),
-           p_trace_context, p_now,
+    SELECT 'enqueue_task', (x.task).task_id, (x.task).queue,
+           jsonb_build_object('task_id', (x.task).task_id::text), p_trace_context, p_now,
            p_now + CASE WHEN q.name IS NOT NULL THEN make_interval(secs => p_hold_seconds)
                         ELSE interval '0' END,
            q.name IS NOT NULL
     FROM unnest(p_task_ids) WITH ORDINALITY AS i(task_id, position)
-    JOIN tasks AS t ON t.task_id = i.task_id
-    LEFT JOIN queues AS q ON q.name = t.queue AND q.polled_until > p_now AND p_hold_seconds > 0
-    WHERE (t.status = 'Queued') IS TRUE  -- by primary key, never the Queued index
+    -- By primary key only (OFFSET 0 keeps the status test out of the scan, so no partial index
+    -- over Queued rows is ever read whole, whatever the statistics).
+    CROSS JOIN LATERAL (SELECT t AS task FROM tasks AS t WHERE t.task_id = i.task_id OFFSET 0)
+        AS x
+    LEFT JOIN queues AS q
+           ON q.name = (x.task).queue AND q.polled_until > p_now AND p_hold_seconds > 0
+    WHERE (x.task).status = 'Queued'
     ORDER BY i.position
     RETURNING o.queue, o.held
     )
