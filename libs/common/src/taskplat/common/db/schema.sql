@@ -11,13 +11,22 @@
 
 CREATE FUNCTION public.taskplat_claim(p_task_ids uuid[], p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone, p_lease_token uuid DEFAULT NULL::uuid, p_function_prefix text DEFAULT NULL::text, p_grace_seconds double precision DEFAULT 0) RETURNS TABLE(task_id uuid, attempt integer, job jsonb, operator text, queue text, config jsonb, inputs jsonb, timeout_seconds integer, deadline_at timestamp with time zone, lease_token uuid, lease_expires_at timestamp with time zone, worker_id text, started_at timestamp with time zone, queued_at timestamp with time zone, created_at timestamp with time zone, replay_offset integer, outputs jsonb, trust text, steps jsonb, trace_context jsonb)
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := coalesce(p_now, now());
     v_locked uuid[];
 BEGIN
-    -- Guard: claimable (Queued, unexpired, queue not paused), locked in task_id order.
+    -- Guard: claimable (Queued, unexpired, queue not paused; taskplat_start_attempts tests it).
+    -- Several tasks are locked in task_id order first; one is locked by its UPDATE alone.
+    IF cardinality(p_task_ids) = 1 THEN
+        RETURN QUERY
+        SELECT * FROM taskplat_start_attempts(p_task_ids, v_now, p_worker_id, p_lease_seconds,
+                                              p_default_timeout_seconds, p_lease_token,
+                                              p_function_prefix, p_grace_seconds);
+        RETURN;
+    END IF;
     v_locked := ARRAY(
         SELECT t.task_id
         FROM tasks AS t
@@ -49,6 +58,7 @@ COMMENT ON FUNCTION public.taskplat_claim(p_task_ids uuid[], p_worker_id text, p
 
 CREATE FUNCTION public.taskplat_claim_next(p_queue text, p_max integer, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(task_id uuid, attempt integer, job jsonb, operator text, queue text, config jsonb, inputs jsonb, timeout_seconds integer, deadline_at timestamp with time zone, lease_token uuid, lease_expires_at timestamp with time zone, worker_id text, started_at timestamp with time zone, queued_at timestamp with time zone, created_at timestamp with time zone, replay_offset integer, outputs jsonb, trust text, steps jsonb, trace_context jsonb)
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -132,6 +142,7 @@ $_$;
 
 CREATE FUNCTION public.taskplat_dead_letter(p_task_ids uuid[], p_now timestamp with time zone, p_trace_context jsonb DEFAULT NULL::jsonb) RETURNS SETOF text
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 BEGIN
     IF coalesce(cardinality(p_task_ids), 0) = 0 THEN
@@ -279,6 +290,7 @@ $$;
 
 CREATE FUNCTION public.taskplat_end_attempts(p_task_ids uuid[], p_attempts integer[], p_lease_tokens uuid[], p_ended text[], p_retryables boolean[], p_results jsonb[], p_errors text[], p_retry_afters double precision[], p_jitters double precision[], p_digests text[], p_events jsonb[], p_outputs jsonb[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(task_id uuid, status text, queue text, operator text, attempt integer, max_attempts integer, worker_id text, started_at timestamp with time zone, dead_reason text, last_error text, next_retry_at timestamp with time zone, finished_at timestamp with time zone, ended_at timestamp with time zone)
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 #variable_conflict use_column
 BEGIN
@@ -392,6 +404,7 @@ $$;
 
 CREATE FUNCTION public.taskplat_enqueue_wakeups(p_task_ids uuid[], p_now timestamp with time zone, p_trace_context jsonb DEFAULT NULL::jsonb, p_hold_seconds double precision DEFAULT 0) RETURNS TABLE(queue text, held boolean)
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 #variable_conflict use_column
 BEGIN
@@ -437,6 +450,7 @@ COMMENT ON FUNCTION public.taskplat_enqueue_wakeups(p_task_ids uuid[], p_now tim
 
 CREATE FUNCTION public.taskplat_expire_unstarted(p_now timestamp with time zone, p_limit integer) RETURNS TABLE(task_id uuid, attempt integer, status text, queue text, operator text, dead_reason text, expired_from text)
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 #variable_conflict use_column
 BEGIN
@@ -571,6 +585,7 @@ $$;
 
 CREATE FUNCTION public.taskplat_queue_due(p_now timestamp with time zone, p_promote_limit integer, p_retry_limit integer) RETURNS TABLE(task_id uuid, attempt integer, queue text, operator text, moved_from text)
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 #variable_conflict use_column
 BEGIN
@@ -644,6 +659,7 @@ COMMENT ON FUNCTION public.taskplat_queue_due(p_now timestamp with time zone, p_
 
 CREATE FUNCTION public.taskplat_reap_timeouts(p_now timestamp with time zone, p_grace_seconds double precision, p_limit integer, p_jitters double precision[]) RETURNS TABLE(task_id uuid, attempt integer, status text, queue text, operator text, worker_id text, dead_reason text, next_retry_at timestamp with time zone, ended text)
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 #variable_conflict use_column
 BEGIN
@@ -811,10 +827,12 @@ $$;
 
 CREATE FUNCTION public.taskplat_start_attempts(p_task_ids uuid[], p_now timestamp with time zone, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_lease_token uuid DEFAULT NULL::uuid, p_function_prefix text DEFAULT NULL::text, p_grace_seconds double precision DEFAULT 0) RETURNS TABLE(task_id uuid, attempt integer, job jsonb, operator text, queue text, config jsonb, inputs jsonb, timeout_seconds integer, deadline_at timestamp with time zone, lease_token uuid, lease_expires_at timestamp with time zone, worker_id text, started_at timestamp with time zone, queued_at timestamp with time zone, created_at timestamp with time zone, replay_offset integer, outputs jsonb, trust text, steps jsonb, trace_context jsonb)
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 #variable_conflict use_column
 BEGIN
-    -- The caller locked p_task_ids as claimable (see top): no status test here.
+    -- Guard: only the named rows still claimable move (Queued, unexpired, queue not paused);
+    -- the UPDATE re-tests it on the newest version of each row it locks, so one claim wins.
     -- p_lease_token: the lease of a single claimed task (a fresh one per task when NULL).
     RETURN QUERY
     WITH claimed AS (
@@ -834,6 +852,9 @@ BEGIN
             next_retry_at = NULL,
             updated_at = p_now
         WHERE t.task_id = ANY(p_task_ids)
+          AND (t.status = 'Queued') IS TRUE  -- by primary key, never the Queued index (top)
+          AND (t.expires_at IS NULL OR t.expires_at > p_now)
+          AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.name = t.queue AND q.paused)
         RETURNING t.task_id, t.attempt, t.job, t.operator, t.queue, t.config, t.inputs,
                   t.timeout_seconds, t.deadline_at, t.lease_token, t.lease_expires_at,
                   t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset,
