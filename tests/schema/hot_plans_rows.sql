@@ -138,6 +138,19 @@ SELECT name FROM pg_prepared_statements WHERE NOT from_sql ORDER BY prepare_time
 -- name: force_generic_plan
 SET LOCAL plan_cache_mode = force_generic_plan
 
+-- name: load_auto_explain
+LOAD 'auto_explain'
+
+-- name: explain_nested
+-- Every statement's plan, those run inside functions included, sent to the client as a NOTICE.
+SELECT set_config('auto_explain.log_min_duration', '0', true),
+       set_config('auto_explain.log_nested_statements', 'on', true),
+       set_config('auto_explain.log_format', 'json', true),
+       set_config('auto_explain.log_level', 'notice', true)
+
+-- name: plan_cache_mode
+SELECT set_config('plan_cache_mode', %(mode)s, true)
+
 -- name: history_counts
 SELECT (SELECT count(*) FROM tasks) AS tasks,
        (SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL) AS sent

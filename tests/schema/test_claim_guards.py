@@ -1,93 +1,188 @@
-"""The relay's claim on a function's behalf (`claim_for_function`, taskplat.outbox_relay) keeps
-the dispatcher's claim guards (`claim_task`): the two services share no code, so this test holds
-the two statements to the same answer, the same attempt record and the same returned columns on
-every kind of task (Queued, expired, on a paused queue, in each other status, missing). A guard
-added to one and not the other fails here."""
+"""Every claim statement of every service is the one claim (taskplat_claim / taskplat_claim_next,
+migration 0020) and keeps its guards.
+
+Each caller (the dispatcher's single, batch and claim-next statements, the relay's claim for a
+Lambda function) runs on every kind of task: Queued, expired, on a paused queue, of a
+`runtime: lambda` job, in each other status, missing. It claims exactly the claimable ones
+(Queued, unexpired, queue not paused; claim-next also skips a `runtime: lambda` job's task),
+records one attempt for each, and answers the same columns with the same values (only the lease,
+its expiry and the worker differ for a Lambda function). A caller that re-states the transition
+instead of calling the function, or a guard lost from the function, fails here.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, LiteralString
 from uuid import UUID, uuid4
 
 import psycopg
 import pytest
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 from taskplat.common.db.queries import load_queries, parse_queries
 
 _SQL_PATH = Path(__file__).with_name("claim_guards_rows.sql")
 ROWS = parse_queries(_SQL_PATH.read_text(encoding="utf-8"), source=str(_SQL_PATH))
-DISPATCHER = load_queries("taskplat.dispatcher.repository", "tasks.sql")["claim_task"]
-RELAY = load_queries("taskplat.outbox_relay", "invoke.sql")["claim_for_function"]
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
+WORKER = "w-1"
 
-# (status, expired, paused queue, claimable)
+
+@dataclass(frozen=True)
+class Caller:
+    package: str
+    filename: str
+    name: str
+    function: str  # the claim function it must call
+    claims_lambda_jobs: bool
+
+    @property
+    def statement(self) -> LiteralString:
+        return load_queries(self.package, self.filename)[self.name]
+
+
+CALLERS = [
+    Caller("taskplat.dispatcher.repository", "tasks.sql", "claim_task", "taskplat_claim", True),
+    Caller("taskplat.dispatcher.repository", "batch.sql", "claim_tasks", "taskplat_claim", True),
+    Caller(
+        "taskplat.dispatcher.repository", "batch.sql", "claim_next", "taskplat_claim_next", False
+    ),
+    Caller("taskplat.outbox_relay", "invoke.sql", "claim_for_function", "taskplat_claim", True),
+]
+LAMBDA = "claim_for_function"
+
+# (status, expired, paused queue, of a runtime: lambda job, claimable by every caller)
 CASES = [
-    ("Queued", False, False, True),
-    ("Queued", True, False, False),
-    ("Queued", False, True, False),
-    ("Scheduled", False, False, False),
-    ("Running", False, False, False),
-    ("Failed", False, False, False),
-    ("Completed", False, False, False),
-    ("Dead", False, False, False),
-    ("Canceled", False, False, False),
-    (None, False, False, False),  # no such task
+    ("Queued", False, False, False, True),
+    ("Queued", True, False, False, False),
+    ("Queued", False, True, False, False),
+    ("Queued", False, False, True, True),  # but not by claim-next
+    ("Scheduled", False, False, False, False),
+    ("Running", False, False, False, False),
+    ("Failed", False, False, False, False),
+    ("Completed", False, False, False, False),
+    ("Dead", False, False, False, False),
+    ("Canceled", False, False, False, False),
+    (None, False, False, False, False),  # no such task
 ]
 
 
-def _claim(url: str, statement: Any, task_id: UUID) -> tuple[dict[str, Any] | None, int]:
-    params = {
+def _params(caller: Caller, task_id: UUID, queue: str) -> dict[str, Any]:
+    return {
         "task_id": task_id,
+        "task_ids": [task_id],
+        "queue": queue,
+        "max": 10,
         "lease_token": uuid4(),
-        "worker_id": "w-1",
+        "worker_id": WORKER,
         "function_prefix": "taskplat-",
-        "lease_seconds": 30,
+        "lease_seconds": 20,
         "default_timeout_seconds": 60,
         "grace_seconds": 5,
         "now": NOW,
     }
+
+
+def _claim(url: str, caller: Caller, task_id: UUID, queue: str) -> tuple[list[Any], int]:
     with psycopg.connect(url, row_factory=dict_row) as conn:
         try:
-            row = conn.execute(statement, params).fetchone()
+            rows = conn.execute(caller.statement, _params(caller, task_id, queue)).fetchall()
             attempts = conn.execute(ROWS["attempts"], {"task_id": task_id}).fetchone()
             assert attempts is not None
-            return row, attempts["attempts"]
+            return rows, attempts["attempts"]
         finally:
             conn.rollback()
 
 
-@pytest.mark.parametrize(("status", "expired", "paused", "claimable"), CASES)
-def test_the_relay_claims_exactly_what_the_dispatcher_claims(
-    db_url: str, status: str | None, expired: bool, paused: bool, claimable: bool
+@pytest.mark.parametrize("caller", CALLERS, ids=[caller.name for caller in CALLERS])
+def test_the_caller_calls_the_claim_function_and_restates_nothing(caller: Caller) -> None:
+    statement = caller.statement
+    assert f"{caller.function}(" in statement
+    assert "UPDATE" not in statement.upper() and "task_attempts" not in statement
+
+
+@pytest.mark.parametrize(("status", "expired", "paused", "lambda_job", "claimable"), CASES)
+def test_every_caller_claims_exactly_the_claimable_tasks(
+    db_url: str,
+    status: str | None,
+    expired: bool,
+    paused: bool,
+    lambda_job: bool,
+    claimable: bool,
 ) -> None:
     task_id = uuid4()
-    queue = "paused-q" if paused else "default"
+    queue = f"q-{task_id.hex[:12]}"  # a queue of its own: claim-next sees this task only
+    job = None
     with psycopg.connect(db_url, autocommit=True) as conn:
         if paused:
             conn.execute(ROWS["pause_queue"], {"queue": queue})
+        if lambda_job:
+            dag = f"dag-{task_id.hex[:12]}"
+            conn.execute(ROWS["insert_lambda_job"], {"dag": dag, "queue": queue})
+            job = Jsonb({"dag_name": dag, "name": "fn"})
         if status is not None:
             expires_at = NOW - timedelta(seconds=1) if expired else None
             conn.execute(
                 ROWS["insert_task"],
-                {"task_id": task_id, "status": status, "queue": queue,
+                {"task_id": task_id, "status": status, "queue": queue, "job": job,
                  "expires_at": expires_at, "now": NOW},
             )  # fmt: skip
-    dispatcher_row, dispatcher_attempts = _claim(db_url, DISPATCHER, task_id)
-    relay_row, relay_attempts = _claim(db_url, RELAY, task_id)
-    assert (dispatcher_row is not None) is claimable
-    assert (relay_row is not None) is claimable
-    assert relay_attempts == dispatcher_attempts == (1 if claimable else 0)
-    if dispatcher_row is not None and relay_row is not None:
-        assert list(relay_row) == list(dispatcher_row)
-        differ = {"lease_token", "lease_expires_at", "worker_id"}
-        assert {k: v for k, v in relay_row.items() if k not in differ} == {
-            k: v for k, v in dispatcher_row.items() if k not in differ
-        }
-        assert relay_row["worker_id"] == "lambda:taskplat-probe"
-        assert (
-            relay_row["deadline_at"] == dispatcher_row["deadline_at"] == NOW + timedelta(seconds=30)
-        )
-        assert relay_row["lease_expires_at"] == NOW + timedelta(seconds=35)
+    answers: dict[str, dict[str, Any]] = {}
+    for caller in CALLERS:
+        expected = claimable and (caller.claims_lambda_jobs or not lambda_job)
+        rows, attempts = _claim(db_url, caller, task_id, queue)
+        assert [row["task_id"] for row in rows] == ([task_id] if expected else []), caller.name
+        assert attempts == (1 if expected else 0), caller.name
+        if rows:
+            answers[caller.name] = rows[0]
+    if not answers:
+        return
+    dispatcher = answers["claim_task"]
+    assert dispatcher["worker_id"] == WORKER
+    assert dispatcher["deadline_at"] == NOW + timedelta(seconds=30)  # the task's timeout
+    assert dispatcher["lease_expires_at"] == NOW + timedelta(seconds=20)
+    lease_fields = {"lease_token", "lease_expires_at", "worker_id"}
+    for name, row in answers.items():
+        assert list(row) == list(dispatcher), name
+        if name == LAMBDA:
+            assert row["worker_id"] == "lambda:taskplat-probe"
+            assert row["lease_expires_at"] == NOW + timedelta(seconds=35)  # timeout + grace
+            row = {k: v for k, v in row.items() if k not in lease_fields}
+            expect = {k: v for k, v in dispatcher.items() if k not in lease_fields}
+        else:
+            row = {k: v for k, v in row.items() if k != "lease_token"}
+            expect = {k: v for k, v in dispatcher.items() if k != "lease_token"}
+        assert row == expect, name
+
+
+def test_a_single_claim_keeps_the_callers_lease_token_and_a_batch_gets_one_per_task(
+    db_url: str,
+) -> None:
+    first, second = sorted([uuid4(), uuid4()])
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        for task_id in (first, second):
+            conn.execute(
+                ROWS["insert_task"],
+                {"task_id": task_id, "status": "Queued", "queue": "default", "job": None,
+                 "expires_at": None, "now": NOW},
+            )  # fmt: skip
+    single = CALLERS[0]
+    params = _params(single, first, "default")
+    with psycopg.connect(db_url, row_factory=dict_row) as conn:
+        try:
+            row = conn.execute(single.statement, params).fetchone()
+            assert row is not None and row["lease_token"] == params["lease_token"]
+        finally:
+            conn.rollback()
+    batch = CALLERS[1]
+    params = {**_params(batch, first, "default"), "task_ids": [second, first, first]}
+    with psycopg.connect(db_url, row_factory=dict_row) as conn:
+        try:
+            rows = conn.execute(batch.statement, params).fetchall()
+        finally:
+            conn.rollback()
+    assert sorted(row["task_id"] for row in rows) == [first, second]  # each once
+    assert len({row["lease_token"] for row in rows}) == 2

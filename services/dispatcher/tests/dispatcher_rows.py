@@ -1,9 +1,9 @@
 """Test setup and inspection: direct database rows for the dispatcher's tests (not product code).
 
-Invariants: `reap_timeout` and `promote_retry` run the reaper's and the scheduler's own statements
-(`reap_timeouts` of reaper.sql, `queue_due` of scheduler.sql, read from the repository: a service
-never imports another) to reach the states the API cannot (a timed-out attempt, a newer attempt
-started by a retry). Those statements work on due batches; to confine one to the task named, every
+Invariants: `reap_timeout` and `promote_retry` run the reaper's and the scheduler's transitions
+(the SQL functions their statements call, `taskplat_reap_timeouts` and `taskplat_queue_due`,
+migration 0020) to reach the states the API cannot (a timed-out attempt, a newer attempt started
+by a retry). Those statements work on due batches; to confine one to the task named, every
 other task row is locked by a second transaction for the duration, and their `SKIP LOCKED`
 selection passes them by. Everything else only reads. Each call commits its own connection.
 """
@@ -22,11 +22,6 @@ from taskplat.common.db.queries import parse_queries
 
 _SQL_PATH = Path(__file__).with_name("dispatcher_rows.sql")
 Q = parse_queries(_SQL_PATH.read_text(encoding="utf-8"), source=str(_SQL_PATH))
-_SERVICES = Path(__file__).resolve().parents[2]
-_REAPER_SQL = _SERVICES / "reaper/src/taskplat/reaper/reaper.sql"
-_SCHEDULER_SQL = _SERVICES / "scheduler/src/taskplat/scheduler/scheduler.sql"
-REAPER = parse_queries(_REAPER_SQL.read_text(encoding="utf-8"), source=str(_REAPER_SQL))
-SCHEDULER = parse_queries(_SCHEDULER_SQL.read_text(encoding="utf-8"), source=str(_SCHEDULER_SQL))
 
 Row = dict[str, Any]
 
@@ -58,8 +53,8 @@ def reap_timeout(
     row = _only(
         db_url,
         task_id,
-        REAPER["reap_timeouts"],
-        {"now": now, "limit": 10, "grace_seconds": 0.0, "jitters": [0.0] * 10},
+        Q["reap_timeouts"],
+        {"now": now},
     )
     if row is None:
         return None
@@ -73,8 +68,8 @@ def promote_retry(db_url: str, task_id: str | UUID, attempt: int, now: datetime)
     row = _only(
         db_url,
         task_id,
-        SCHEDULER["queue_due"],
-        {"now": now, "promote_limit": 10, "retry_limit": 10},
+        Q["queue_due"],
+        {"now": now},
     )
     if row is None:
         return None

@@ -5,6 +5,14 @@
 -- scheduler's SKIP LOCKED selections then see only that one.
 SELECT task_id FROM tasks WHERE task_id <> %(task_id)s::uuid FOR UPDATE
 
+-- name: reap_timeouts
+-- The reaper's timeouts (taskplat_reap_timeouts, migration 0020), jitter 0.
+SELECT * FROM taskplat_reap_timeouts(%(now)s::timestamptz, 0, 10, array_fill(0.0::float8, ARRAY[10]))
+
+-- name: queue_due
+-- The scheduler's promotions and retries (taskplat_queue_due, migration 0020).
+SELECT * FROM taskplat_queue_due(%(now)s::timestamptz, 10, 10)
+
 -- name: row_counts
 SELECT (SELECT count(*) FROM tasks) AS tasks,
        (SELECT count(*) FROM task_attempts) AS task_attempts,

@@ -192,16 +192,13 @@ def test_a_heartbeat_waits_for_the_claim_that_is_committing(
     task_id = create_task(dispatcher)["task_id"]
     lease = Lease(task_id, 1, str(uuid4()))
     with psycopg.connect(db_url) as conn, ThreadPoolExecutor(1) as pool:
-        conn.execute(
-            "UPDATE tasks SET status = 'Running', lease_token = %s, started_at = %s, "
-            "lease_expires_at = %s WHERE task_id = %s",
-            (
-                lease.lease_token,
-                dispatcher.clock.now(),
-                dispatcher.clock.advance(0) + timedelta(seconds=60),
-                task_id,
-            ),
-        )
+        # The relay's claim for a function (taskplat_claim, migration 0020), left uncommitted.
+        claimed = conn.execute(
+            "SELECT task_id FROM taskplat_claim(ARRAY[%s::uuid], NULL, NULL, 60, %s, %s::uuid,"
+            " 'taskplat-', 5)",
+            (task_id, dispatcher.clock.now(), lease.lease_token),
+        ).fetchall()
+        assert len(claimed) == 1
         answer = pool.submit(heartbeat, dispatcher, lease)
         wait_for(
             lambda: conn.execute(

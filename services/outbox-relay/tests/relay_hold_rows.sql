@@ -1,15 +1,13 @@
 -- Setup rows of the relay's hold tests (not product code): a queue's claim-ahead stamp, as the
--- dispatcher writes it on a full claim-next, and a claim as a wrapper claiming ahead makes.
+-- dispatcher writes it on a full claim-next, and the claim (taskplat_claim).
 
 -- name: stamp_claimed_ahead
 INSERT INTO queues (name, claimed_ahead_at) VALUES (%(queue)s, %(at)s)
 ON CONFLICT (name) DO UPDATE SET claimed_ahead_at = EXCLUDED.claimed_ahead_at
 
 -- name: claim_tasks
-UPDATE tasks
-SET status = 'Running', lease_token = gen_random_uuid(),
-    lease_expires_at = now() + interval '30 seconds', worker_id = 'w-test', started_at = now()
-WHERE task_id = ANY(%(task_ids)s::uuid[]) AND status = 'Queued'
+-- The claim every service makes (taskplat_claim, migration 0020): e.g. a wrapper claiming ahead.
+SELECT task_id FROM taskplat_claim(%(task_ids)s::uuid[], 'w-test', 30, 3600)
 
 -- name: hold_marks
 SELECT task_id, created_at, available_at, sent_at, skipped FROM outbox ORDER BY outbox_id

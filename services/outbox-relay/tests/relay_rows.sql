@@ -1,6 +1,6 @@
--- Test setup and inspection rows of the relay's tests (not product code). The inserts write the
--- same shapes the dispatcher writes (services/dispatcher/.../tasks.sql): a Queued task with its
--- `enqueue_task` outbox row, and a Dead task with its `dead_letter` outbox row.
+-- Test setup and inspection rows of the relay's tests (not product code): a Queued task and a
+-- Dead task, as states; their outbox rows come from the functions every service writes them with
+-- (taskplat_enqueue_wakeups, taskplat_dead_letter: migration 0020), never from a copy.
 
 -- name: insert_queued_tasks
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
@@ -11,13 +11,11 @@ new_tasks AS (
     )
     SELECT u.task_id, 'Queued', %(queue)s, 'echo', 3, 1, 60, n.now, n.now, n.now
     FROM unnest(%(task_ids)s::uuid[]) AS u(task_id), n
+    RETURNING task_id
 )
-INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at)
-SELECT 'enqueue_task', u.task_id, %(queue)s, jsonb_build_object('task_id', u.task_id::text),
-       %(trace_context)s, n.now, n.now
-FROM unnest(%(task_ids)s::uuid[]) WITH ORDINALITY AS u(task_id, ord), n
-ORDER BY u.ord
-RETURNING outbox_id
+SELECT count(*) AS written
+FROM n, taskplat_enqueue_wakeups(ARRAY(SELECT t.task_id FROM new_tasks AS t), n.now,
+                                 %(trace_context)s::jsonb)
 
 -- name: insert_dead_task
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
@@ -31,17 +29,9 @@ SELECT %(task_id)s, 'Dead', %(queue)s, 'echo', 3, 3, 1, 60, 'Failed', 'AttemptsE
 FROM n
 
 -- name: insert_dead_letter
--- As the dispatcher's insert_outbox_dead_letter.
-INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at)
-SELECT 'dead_letter', t.task_id, t.queue,
-       jsonb_build_object(
-           'task_id', t.task_id, 'queue', t.queue, 'operator', t.operator,
-           'attempt', t.attempt, 'max_attempts', t.max_attempts,
-           'dead_reason', t.dead_reason, 'last_error', t.last_error, 'died_at', t.finished_at),
-       %(trace_context)s, n.now, n.now
-FROM tasks AS t, (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS n
-WHERE t.task_id = %(task_id)s AND t.status = 'Dead'
-RETURNING outbox_id
+SELECT count(*) AS written
+FROM taskplat_dead_letter(ARRAY[%(task_id)s::uuid], coalesce(%(now)s::timestamptz, now()),
+                          %(trace_context)s::jsonb)
 
 -- name: insert_raw_outbox
 INSERT INTO outbox (kind, task_id, queue, payload, created_at, available_at)

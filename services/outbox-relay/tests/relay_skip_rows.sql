@@ -1,14 +1,13 @@
--- Setup and inspection rows of the relay's skip tests (not product code): move a task the way the
--- dispatcher, the scheduler or the reaper would, without touching its outbox rows.
+-- Setup and inspection rows of the relay's skip tests (not product code): move a task through the
+-- functions the dispatcher, the scheduler and the reaper move it with (migration 0020); a cancel
+-- and a prune are set as states (the relay only reads that the task is no longer Queued).
 
 -- name: claim_tasks
--- As the dispatcher's claim: Queued -> Running (e.g. a wrapper claiming ahead of its wake-up).
-UPDATE tasks
-SET status = 'Running', lease_token = gen_random_uuid(),
-    lease_expires_at = now() + interval '30 seconds', worker_id = 'w-test', started_at = now()
-WHERE task_id = ANY(%(task_ids)s::uuid[]) AND status = 'Queued'
+-- The claim every service makes (taskplat_claim, migration 0020): e.g. a wrapper claiming ahead.
+SELECT task_id FROM taskplat_claim(%(task_ids)s::uuid[], 'w-test', 30, 3600)
 
 -- name: cancel_tasks
+-- A Canceled task, as a state.
 UPDATE tasks
 SET status = 'Canceled', finished_at = now()
 WHERE task_id = ANY(%(task_ids)s::uuid[])
@@ -17,20 +16,18 @@ WHERE task_id = ANY(%(task_ids)s::uuid[])
 -- As the reaper's pruning (the outbox row has no foreign key to its task).
 DELETE FROM tasks WHERE task_id = ANY(%(task_ids)s::uuid[])
 
--- name: requeue_with_wakeup
--- As the scheduler's retry: Running -> Queued as the next attempt, with a new enqueue_task row.
-WITH moved AS (
-    UPDATE tasks
-    SET status = 'Queued', attempt = attempt + 1, lease_token = NULL, lease_expires_at = NULL,
-        worker_id = NULL, started_at = NULL, queued_at = coalesce(%(now)s::timestamptz, now())
-    WHERE task_id = %(task_id)s
-    RETURNING task_id, queue
-)
-INSERT INTO outbox (kind, task_id, queue, payload, created_at, available_at)
-SELECT 'enqueue_task', m.task_id, m.queue, jsonb_build_object('task_id', m.task_id::text),
-       n.now, n.now
-FROM moved AS m, (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS n
-RETURNING outbox_id
+-- name: claim_tasks_at
+SELECT task_id FROM taskplat_claim(%(task_ids)s::uuid[], 'w-test', 30, 3600, %(now)s::timestamptz)
+
+-- name: reap_timeouts
+-- The reaper's timeouts (taskplat_reap_timeouts, migration 0020): a lease that ran out by %(now)s
+-- ends its attempt, and the task waits Failed for its retry.
+SELECT task_id, status FROM taskplat_reap_timeouts(%(now)s::timestamptz, 0, 100, ARRAY[0.5])
+
+-- name: queue_due
+-- The scheduler's retry (taskplat_queue_due, migration 0020): a retry due by %(now)s is Queued as
+-- the next attempt, with a new wake-up.
+SELECT task_id, moved_from FROM taskplat_queue_due(%(now)s::timestamptz, 100, 100)
 
 -- name: skip_marks
 SELECT outbox_id, task_id, kind, sent_at, skipped, send_attempts

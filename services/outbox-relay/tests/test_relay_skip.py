@@ -85,12 +85,19 @@ def test_a_task_queued_again_after_a_skip_is_woken_by_its_new_row(
 ) -> None:
     url = queues.create("default")
     [task_id] = rows.queued_tasks("default")
-    _run(db_url, "claim_tasks", {"task_ids": [task_id]})
+    _run(db_url, "claim_tasks_at", {"task_ids": [task_id], "now": clock.now()})
     assert relay.run_once().skipped == 1
 
-    # The attempt failed and the scheduler queued the next one, writing a new wake-up.
-    clock.advance(5)
-    _run(db_url, "requeue_with_wakeup", {"task_id": task_id, "now": clock.now()})
+    # The attempt's lease ran out (the reaper), and its retry came due (the scheduler queued
+    # the next attempt, writing a new wake-up).
+    clock.advance(60)
+    assert _run(db_url, "reap_timeouts", {"now": clock.now()}) == [
+        {"task_id": task_id, "status": "Failed"}
+    ]
+    clock.advance(120)
+    assert _run(db_url, "queue_due", {"now": clock.now()}) == [
+        {"task_id": task_id, "moved_from": "Failed"}
+    ]
     assert relay.run_once() == RelayBatch(
         claimed=1, sent=1, dead_letters_sent=0, failed=0, more=False
     )

@@ -181,7 +181,10 @@ class LoopRows:
         return int(rows[0]["outbox_id"])
 
     def finish_running_task(self, task_id: UUID, finished_at: datetime) -> None:
-        self._rows("finish_running_task", {"task_id": task_id, "finished_at": finished_at})
+        finished = self._rows(
+            "finish_running_task", {"task_id": task_id, "finished_at": finished_at}
+        )
+        assert finished, "the task was not Running"
 
     def attempts_closed_with(self, outcome: str, finished_at: datetime) -> int:
         params = {"outcome": outcome, "finished_at": finished_at}

@@ -38,10 +38,14 @@ VALUES ('enqueue_task', %(task_id)s, 'default', jsonb_build_object('task_id', %(
 RETURNING outbox_id
 
 -- name: finish_running_task
-UPDATE tasks
-SET status = 'Completed', attempt_outcome = 'Completed', finished_at = %(finished_at)s,
-    lease_expires_at = NULL
-WHERE task_id = %(task_id)s AND status = 'Running'
+-- The holder's completion (taskplat_end_attempts, migration 0020) at %(finished_at)s.
+SELECT e.task_id
+FROM tasks AS t
+CROSS JOIN LATERAL taskplat_end_attempts(
+    ARRAY[t.task_id], ARRAY[t.attempt], ARRAY[t.lease_token], ARRAY['Completed'], ARRAY[true],
+    ARRAY[NULL::jsonb], ARRAY[NULL::text], ARRAY[NULL::double precision], ARRAY[0.5],
+    ARRAY['digest'], ARRAY['[]'::jsonb], ARRAY['[]'::jsonb], %(finished_at)s::timestamptz) AS e
+WHERE t.task_id = %(task_id)s AND t.status = 'Running'
 
 -- name: attempts_closed_with
 SELECT count(*) AS n

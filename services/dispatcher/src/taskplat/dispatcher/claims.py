@@ -41,6 +41,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool
 
+from taskplat.common.claim_answer import claimed_response
 from taskplat.common.clock import Clock
 from taskplat.common.contracts import (
     ClaimedResponse,
@@ -55,7 +56,6 @@ from taskplat.dispatcher.repository import tasks as repo
 from taskplat.dispatcher.service_rules import NOT_CLAIMED_REASONS
 from taskplat.dispatcher.settings import DispatcherSettings
 from taskplat.dispatcher.tokens import TokenIssuer
-from taskplat.dispatcher.views import claim_task_payload
 
 Conn = AsyncConnection[DictRow]
 Row = dict[str, Any]
@@ -92,14 +92,11 @@ class Claims:
         self._polled_stamped_until: dict[str, float] = {}  # queue -> monotonic time
 
     def _claimed(self, row: Row) -> ClaimedResponse:
-        return ClaimedResponse(
-            attempt=row["attempt"],
-            lease_token=row["lease_token"],
-            lease_expires_at=row["lease_expires_at"],
-            task=claim_task_payload(row, trust=self._tokens.trust(row)),
+        return claimed_response(
+            row,
             attempt_token=self._tokens.attempt_token(row),
             capability_token=self._tokens.capability_token(row),
-            trace_context=row.get("trace_context"),
+            trust=self._tokens.trust(row),
         )
 
     def _params(self, worker_id: str) -> dict[str, Any]:

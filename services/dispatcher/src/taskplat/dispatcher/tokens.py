@@ -14,22 +14,20 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
+from taskplat.common.claim_answer import attempt_token, capability_token
 from taskplat.common.clock import Clock
 from taskplat.common.contracts.internal import Trust
 from taskplat.common.tokens.attempt import (
     AttemptScope,
     attempt_key_ring,
-    issue_attempt_token,
     verify_attempt_token,
 )
 from taskplat.common.tokens.capability import (
     StorageLayout,
-    build_capability,
     capability_key_ring,
-    issue_capability_token,
 )
 from taskplat.dispatcher.settings import DispatcherSettings
 
@@ -51,33 +49,13 @@ class TokenIssuer:
             return "untrusted"
         return "trusted"
 
-    def _expiry(self, row: Row) -> datetime:
-        lease_end: datetime = row["lease_expires_at"]
-        deadline: datetime | None = row["deadline_at"]
-        return max(deadline or lease_end, lease_end) + self._lease
-
     def attempt_token(self, row: Row) -> str:
-        return issue_attempt_token(
-            self._attempts,
-            row["task_id"],
-            row["attempt"],
-            now=row["started_at"],
-            expires_at=self._expiry(row),
-        )
+        return attempt_token(self._attempts, row, self._lease)
 
     def capability_token(self, row: Row) -> str | None:
         if self._capabilities is None or self.trust(row) != "untrusted":
             return None
-        capability = build_capability(
-            row["task_id"],
-            row["attempt"],
-            row.get("inputs") or [],
-            row.get("outputs") or [],
-            layout=self._layout,
-        )
-        return issue_capability_token(
-            self._capabilities, capability, now=row["started_at"], expires_at=self._expiry(row)
-        )
+        return capability_token(self._capabilities, row, self._layout, self._lease)
 
     def verify_attempt(self, token: str) -> AttemptScope:
         """The scope of a valid attempt token, else `InvalidToken` (401)."""

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from taskplat.common.claim_answer import claim_task
 from taskplat.common.contracts import ClaimTask, TaskView
 
 _TASK_VIEW_FIELDS = tuple(TaskView.model_fields)
-_CLAIM_TASK_FIELDS = tuple(ClaimTask.model_fields)
 
 
 def task_view(row: dict[str, Any]) -> TaskView:
@@ -19,7 +19,4 @@ def task_view(row: dict[str, Any]) -> TaskView:
 
 
 def claim_task_payload(row: dict[str, Any], *, trust: str | None = None) -> ClaimTask:
-    fields = {field: row[field] for field in _CLAIM_TASK_FIELDS if field in row}
-    if trust is not None:
-        fields["trust"] = trust
-    return ClaimTask.model_validate(fields)
+    return claim_task(row, trust=trust)

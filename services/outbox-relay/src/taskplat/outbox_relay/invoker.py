@@ -70,20 +70,17 @@ from psycopg.rows import DictRow
 from psycopg_pool import ConnectionPool
 
 from taskplat.common.backoff import full_jitter_delay
+from taskplat.common.claim_answer import attempt_token as claim_attempt_token
+from taskplat.common.claim_answer import capability_token as claim_capability_token
+from taskplat.common.claim_answer import claimed_response
 from taskplat.common.clock import Clock, SystemClock
-from taskplat.common.contracts import ClaimedResponse, ClaimTask
 from taskplat.common.db.notify import INVOKE_CHANNEL, PgNotifyWaker
 from taskplat.common.db.queries import load_queries
 from taskplat.common.logging import get_logger
 from taskplat.common.loops import LoopHealth, run_loop
 from taskplat.common.telemetry import Telemetry
-from taskplat.common.tokens.attempt import attempt_key_ring, issue_attempt_token
-from taskplat.common.tokens.capability import (
-    StorageLayout,
-    build_capability,
-    capability_key_ring,
-    issue_capability_token,
-)
+from taskplat.common.tokens.attempt import attempt_key_ring
+from taskplat.common.tokens.capability import StorageLayout, capability_key_ring
 from taskplat.common.tokens.keys import KeyRing
 from taskplat.outbox_relay import outbox
 from taskplat.outbox_relay.metrics import RelayMetrics
@@ -109,7 +106,6 @@ NO_CAPABILITY_KEYS = (
     "TASKPLAT_CAPABILITY_TOKEN_ACTIVE_KID): an untrusted job never runs without its capability "
     "token"
 )
-_CLAIM_TASK_FIELDS = tuple(ClaimTask.model_fields)
 
 
 class InvokeFailed(Exception):
@@ -135,17 +131,8 @@ def invocation_payload(
     """The event the function receives: the claim as `task-claim` answers it (the `task-fetch`
     task, the attempt, its lease token and expiry) plus the attempt token, and for an untrusted
     job its capability token."""
-    task = {field: row[field] for field in _CLAIM_TASK_FIELDS if field in row}
-    claimed = ClaimedResponse(
-        attempt=row["attempt"],
-        lease_token=row["lease_token"],
-        lease_expires_at=row["lease_expires_at"],
-        task=ClaimTask.model_validate(task),
-        attempt_token=attempt_token,
-        capability_token=capability_token,
-        trace_context=row.get("trace_context"),
-    )
-    return claimed.model_dump_json().encode()
+    answer = claimed_response(row, attempt_token=attempt_token, capability_token=capability_token)
+    return answer.model_dump_json().encode()
 
 
 def lambda_client(settings: RelaySettings, *, max_pool_connections: int = 10) -> LambdaClient:
@@ -299,17 +286,8 @@ class Invoker:
 
     def _invoke(self, claimed: dict[str, Any]) -> None:
         assert self._ring is not None
-        lease_end: datetime = claimed["lease_expires_at"]
-        deadline: datetime | None = claimed["deadline_at"]
-        expires_at = max(deadline or lease_end, lease_end) + self._grace
-        token = issue_attempt_token(
-            self._ring,
-            claimed["task_id"],
-            claimed["attempt"],
-            now=claimed["started_at"],
-            expires_at=expires_at,
-        )
-        capability_token = self._capability_token(claimed, expires_at)
+        token = claim_attempt_token(self._ring, claimed, self._grace)
+        capability_token = self._capability_token(claimed)
         name = function_name(self._settings, claimed["operator"])
         try:
             answer = self._client.invoke(
@@ -328,23 +306,14 @@ class Invoker:
         if status != 202:
             raise InvokeFailed(f"invoke {name}: Lambda answered {status}, not 202 (accepted)")
 
-    def _capability_token(self, claimed: dict[str, Any], expires_at: datetime) -> str | None:
+    def _capability_token(self, claimed: dict[str, Any]) -> str | None:
         """An untrusted job's capability token (as the dispatcher's claim issues it); never an
         invocation of an untrusted job without one."""
         if claimed.get("trust") != "untrusted":
             return None
         if self._capability_ring is None:
             raise InvokeFailed(NO_CAPABILITY_KEYS)
-        capability = build_capability(
-            claimed["task_id"],
-            claimed["attempt"],
-            claimed.get("inputs") or [],
-            claimed.get("outputs") or [],
-            layout=self._layout,
-        )
-        return issue_capability_token(
-            self._capability_ring, capability, now=claimed["started_at"], expires_at=expires_at
-        )
+        return claim_capability_token(self._capability_ring, claimed, self._layout, self._grace)
 
     def _count(self, outcome: str) -> None:
         if self._invocations is not None:

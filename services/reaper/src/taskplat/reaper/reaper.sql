@@ -1,129 +1,28 @@
 -- Batches of the reaper loop.
 --
--- Each transition is one statement: a bounded FOR UPDATE SKIP LOCKED selection, an UPDATE guarded by
--- the status, attempt and lease token it selected, the attempt history row closed, and a
--- `dead_letter` outbox row (same payload as the dispatcher's insert_outbox_dead_letter) for each task
--- that became Dead. A completion or heartbeat that holds the row lock makes the reaper skip the row;
--- one that committed after this statement's snapshot is seen when the lock is taken, and the
--- re-checked predicate and guard then exclude the row, so the reaper never overwrites it.
+-- The timeouts are SQL functions of migration 0020 (taskplat_reap_timeouts,
+-- taskplat_expire_unstarted), which state their guards: each is one statement, a bounded
+-- FOR UPDATE SKIP LOCKED selection, an UPDATE guarded by the status, attempt and lease token it
+-- selected, the attempt history row closed, and the dead-letter record (taskplat_dead_letter) of
+-- each task that became Dead. A completion or heartbeat that holds the row lock makes the reaper
+-- skip the row; one that committed after the statement's snapshot is seen when the lock is taken,
+-- and the re-checked guard then excludes the row, so the reaper never overwrites it.
 -- Time is coalesce(%(now)s::timestamptz, now()). Jitter for the retry delay comes from the caller,
 -- one value per selected row (%(jitters)s, indexed by row number). Transitions return each moved
 -- task's task_id, attempt, new status, queue, operator and dead_reason (timeouts also worker_id and
--- next_retry_at), for logs and metrics.
+-- next_retry_at), for logs and metrics. The pruning is the reaper's alone and stays here.
 
 -- name: reap_timeouts
--- Running attempts that timed out: the lease ran out (LeaseExpired: the worker vanished, which is
--- not the task's fault), or deadline_at + grace passed even while heartbeats kept the lease fresh
--- (DeadlineExceeded); an attempt that did both is LeaseExpired. The task's fate is the rule every
--- ended attempt follows (taskplat_ended_status, migration 0008): Failed with a retry at
--- now + backoff, or Dead (AttemptsExhausted after a deadline overrun, ProcessingAttemptsExceeded
--- after too many lost workers). The lease token stays on the row so a late success of this same
--- attempt can still be recognised. Returns `ended` (the attempt's outcome) per task as well.
-WITH n AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS now,
-           coalesce(%(now)s::timestamptz, now())
-               - make_interval(secs => %(grace_seconds)s::double precision) AS overrun
-),
-due AS (
-    SELECT t.task_id, t.attempt, t.lease_token,
-           CASE WHEN t.lease_expires_at < n.now THEN 'LeaseExpired'
-                ELSE 'DeadlineExceeded' END AS ended
-    FROM tasks AS t, n
-    WHERE t.status = 'Running'
-      AND (t.lease_expires_at < n.now OR t.deadline_at < n.overrun)
-    ORDER BY least(t.lease_expires_at, t.deadline_at)
-    LIMIT %(limit)s
-    FOR UPDATE OF t SKIP LOCKED
-),
-jittered AS (
-    SELECT due.*, (%(jitters)s::double precision[])[row_number() OVER ()] AS jitter FROM due
-),
-moved AS (
-    UPDATE tasks AS t
-    SET status = taskplat_ended_status(t, j.ended, true),
-        attempt_outcome = j.ended,
-        last_error = CASE j.ended WHEN 'LeaseExpired' THEN 'lease expired'
-                                  ELSE 'deadline exceeded' END,
-        dead_reason = taskplat_dead_reason(t, j.ended, true),
-        processing_attempts = t.processing_attempts + (j.ended = 'LeaseExpired')::int,
-        next_retry_at = taskplat_retry_at(t, j.ended, true, n.now, NULL,
-                                          coalesce(j.jitter, 1.0)),
-        finished_at = CASE WHEN taskplat_ended_status(t, j.ended, true) = 'Dead' THEN n.now END,
-        lease_expires_at = NULL,
-        updated_at = n.now
-    FROM jittered AS j, n
-    WHERE t.task_id = j.task_id
-      AND t.status = 'Running'
-      AND t.attempt = j.attempt
-      AND t.lease_token = j.lease_token
-      AND (t.lease_expires_at < n.now OR t.deadline_at < n.overrun)
-    RETURNING t.task_id, t.attempt, t.lease_token, t.status, t.queue, t.operator, t.worker_id,
-              t.max_attempts, t.dead_reason, t.last_error, t.finished_at, t.next_retry_at,
-              j.ended
-),
-closed AS (
-    UPDATE task_attempts AS a
-    SET finished_at = n.now, outcome = m.ended, error = m.last_error
-    FROM moved AS m, n
-    WHERE a.task_id = m.task_id AND a.attempt = m.attempt AND a.lease_token = m.lease_token
-      AND a.outcome IS NULL
-),
-dead AS (
-    INSERT INTO outbox (kind, task_id, queue, payload, created_at, available_at)
-    SELECT 'dead_letter', m.task_id, m.queue,
-           jsonb_build_object(
-               'task_id', m.task_id, 'queue', m.queue, 'operator', m.operator,
-               'attempt', m.attempt, 'max_attempts', m.max_attempts,
-               'dead_reason', m.dead_reason, 'last_error', m.last_error, 'died_at', m.finished_at),
-           n.now, n.now
-    FROM moved AS m, n
-    WHERE m.status = 'Dead' AND taskplat_dead_letter_wanted(m.task_id)
-)
-SELECT task_id, attempt, status, queue, operator, worker_id, dead_reason, next_retry_at, ended
-FROM moved
+-- Running attempts that timed out (taskplat_reap_timeouts, migration 0020, states the rule): the
+-- lease ran out (LeaseExpired) or deadline_at + %(grace_seconds)s passed (DeadlineExceeded); the
+-- task is Failed with a retry, or Dead with its dead-letter record. Returns `ended` per task too.
+SELECT * FROM taskplat_reap_timeouts(%(now)s::timestamptz, %(grace_seconds)s::double precision,
+                                     %(limit)s::integer, %(jitters)s::double precision[])
 
 -- name: expire_unstarted
--- Queued or Scheduled past expires_at: Dead (Expired). A Running task is never expired.
-WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
-due AS (
-    SELECT t.task_id, t.attempt, t.status
-    FROM tasks AS t, n
-    WHERE t.status IN ('Queued', 'Scheduled')
-      AND t.expires_at IS NOT NULL
-      AND t.expires_at <= n.now
-    ORDER BY t.expires_at
-    LIMIT %(limit)s
-    FOR UPDATE OF t SKIP LOCKED
-),
-moved AS (
-    UPDATE tasks AS t
-    SET status = 'Dead',
-        dead_reason = 'Expired',
-        last_error = 'expired before it started',
-        next_retry_at = NULL,
-        lease_expires_at = NULL,
-        finished_at = n.now,
-        updated_at = n.now
-    FROM due, n
-    WHERE t.task_id = due.task_id
-      AND t.status = due.status
-      AND t.attempt = due.attempt
-      AND t.expires_at <= n.now
-    RETURNING t.task_id, t.attempt, t.status, t.queue, t.operator, t.max_attempts,
-              t.dead_reason, t.last_error, t.finished_at, due.status AS expired_from
-),
-dead AS (
-    INSERT INTO outbox (kind, task_id, queue, payload, created_at, available_at)
-    SELECT 'dead_letter', m.task_id, m.queue,
-           jsonb_build_object(
-               'task_id', m.task_id, 'queue', m.queue, 'operator', m.operator,
-               'attempt', m.attempt, 'max_attempts', m.max_attempts,
-               'dead_reason', m.dead_reason, 'last_error', m.last_error, 'died_at', m.finished_at),
-           n.now, n.now
-    FROM moved AS m, n
-    WHERE taskplat_dead_letter_wanted(m.task_id)
-)
-SELECT task_id, attempt, status, queue, operator, dead_reason, expired_from FROM moved
+-- Queued or Scheduled past expires_at: Dead (Expired), with the dead-letter record
+-- (taskplat_expire_unstarted, migration 0020). A Running task is never expired.
+SELECT * FROM taskplat_expire_unstarted(%(now)s::timestamptz, %(limit)s::integer)
 
 -- name: prune_finished_tasks
 -- Terminal tasks finished longer ago than the retention; attempts, outputs and events go with them

@@ -2,72 +2,19 @@
 --
 -- Each query is one statement that selects a bounded batch with FOR UPDATE SKIP LOCKED, moves the
 -- rows with an UPDATE guarded by the status and attempt it selected, and writes one `enqueue_task`
--- outbox row per moved task (same shape as the dispatcher's insert_outbox_enqueue). Selection,
+-- outbox row per moved task (taskplat_enqueue_wakeups, migration 0020, like every wake-up). Selection,
 -- transition and outbox row therefore commit together or not at all, and two replicas never move the
 -- same row: a locked row is skipped, and a row another replica moved after this statement's snapshot
 -- fails the re-checked predicate. Time is coalesce(%(now)s::timestamptz, now()). Each returns the
 -- moved tasks' task_id, attempt (after the move), queue and operator, for logs and metrics.
 
 -- name: queue_due
--- Scheduled -> Queued once scheduled_for has come, and Failed -> Queued at next_retry_at, in one
--- shape: each kind is selected and locked in its own bounded batch (%(promote_limit)s,
--- %(retry_limit)s), both move with one UPDATE of the locked rows and get their wake-ups from one
--- INSERT. A retry is the same row,
--- attempt + 1, with the ended attempt's lease fields cleared (a Queued task holds no lease; a late
--- reply of the old attempt is stale by its attempt number); a Scheduled task never had them set.
--- replay_offset, processing_attempts, last_error and the attempt history are kept. A Scheduled
--- task already past expires_at is left for the reaper, which expires it. Returns `moved_from`
--- (Scheduled or Failed) per task.
-WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
-due_scheduled AS (
-    SELECT t.task_id, t.attempt, t.status
-    FROM tasks AS t, n
-    WHERE t.status = 'Scheduled'
-      AND t.scheduled_for <= n.now
-      AND (t.expires_at IS NULL OR t.expires_at > n.now)
-    ORDER BY t.scheduled_for
-    LIMIT %(promote_limit)s
-    FOR UPDATE OF t SKIP LOCKED
-),
-due_failed AS (
-    SELECT t.task_id, t.attempt, t.status
-    FROM tasks AS t, n
-    WHERE t.status = 'Failed'
-      AND t.next_retry_at <= n.now
-    ORDER BY t.next_retry_at
-    LIMIT %(retry_limit)s
-    FOR UPDATE OF t SKIP LOCKED
-),
-due AS (SELECT * FROM due_scheduled UNION ALL SELECT * FROM due_failed),
-moved AS (
-    UPDATE tasks AS t
-    SET status = 'Queued',
-        -- t.status: the status the row was locked in (Scheduled or Failed).
-        attempt = t.attempt + (t.status = 'Failed')::integer,
-        attempt_outcome = NULL,
-        next_retry_at = NULL,
-        lease_token = NULL,
-        lease_expires_at = NULL,
-        deadline_at = NULL,
-        worker_id = NULL,
-        started_at = NULL,
-        finished_at = NULL,
-        queued_at = n.now,
-        updated_at = n.now
-    FROM n
-    -- Locked as due by `due_scheduled` / `due_failed` (FOR UPDATE re-tests their WHERE), so no
-    -- status test here: by primary key only, whatever the statistics (see republish_unclaimed).
-    WHERE t.task_id = ANY(ARRAY(SELECT task_id FROM due))
-    RETURNING t.task_id, t.attempt, t.queue, t.operator
-),
-ob AS (
-    INSERT INTO outbox (kind, task_id, queue, payload, created_at, available_at)
-    SELECT 'enqueue_task', m.task_id, m.queue, jsonb_build_object('task_id', m.task_id::text),
-           n.now, n.now
-    FROM moved AS m, n
-)
-SELECT m.task_id, m.attempt, m.queue, m.operator, d.status AS moved_from
-FROM moved AS m JOIN due AS d ON d.task_id = m.task_id
+-- Scheduled -> Queued once scheduled_for has come, and Failed -> Queued at next_retry_at, each kind
+-- in its own bounded batch (%(promote_limit)s, %(retry_limit)s), with their wake-ups: the
+-- function taskplat_queue_due (migration 0020) states the rule. Returns `moved_from` (Scheduled
+-- or Failed) per task.
+SELECT * FROM taskplat_queue_due(%(now)s::timestamptz, %(promote_limit)s::integer,
+                                 %(retry_limit)s::integer)
 
 -- name: republish_unclaimed
 -- A Queued task unclaimed for requeue_after_seconds probably lost its wake-up: write a fresh one and
@@ -124,15 +71,14 @@ moved AS (
     WHERE t.task_id = ANY(ARRAY(SELECT task_id FROM picked))
     RETURNING t.task_id, t.attempt, t.queue, t.operator
 ),
-ob AS (
-    INSERT INTO outbox (kind, task_id, queue, payload, created_at, available_at)
-    SELECT 'enqueue_task', m.task_id, m.queue, jsonb_build_object('task_id', m.task_id::text),
-           n.now, n.now
-    FROM moved AS m, n
+ob AS (  -- taskplat_enqueue_wakeups (migration 0020)
+    SELECT count(*) AS written
+    FROM n, taskplat_enqueue_wakeups(ARRAY(SELECT m.task_id FROM moved AS m), n.now)
 )
 SELECT m.task_id, m.attempt, m.queue, m.operator, p.busy
 FROM moved AS m
 JOIN picked AS p USING (task_id)
+CROSS JOIN ob  -- one row, read so that it runs
 
 -- name: busy_queues
 -- Queues with a Running task (the partial Running index: bounded by the workers' slots).

@@ -6,6 +6,99 @@
 --
 
 --
+-- Name: taskplat_claim(uuid[], text, double precision, integer, timestamp with time zone, uuid, text, double precision); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_claim(p_task_ids uuid[], p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone, p_lease_token uuid DEFAULT NULL::uuid, p_function_prefix text DEFAULT NULL::text, p_grace_seconds double precision DEFAULT 0) RETURNS TABLE(task_id uuid, attempt integer, job jsonb, operator text, queue text, config jsonb, inputs jsonb, timeout_seconds integer, deadline_at timestamp with time zone, lease_token uuid, lease_expires_at timestamp with time zone, worker_id text, started_at timestamp with time zone, queued_at timestamp with time zone, created_at timestamp with time zone, replay_offset integer, outputs jsonb, trust text, steps jsonb, trace_context jsonb)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := coalesce(p_now, now());
+    v_locked uuid[];
+BEGIN
+    -- Guard: claimable (Queued, unexpired, queue not paused; taskplat_start_attempts tests it).
+    -- Several tasks are locked in task_id order first; one is locked by its UPDATE alone.
+    IF cardinality(p_task_ids) = 1 THEN
+        RETURN QUERY
+        SELECT * FROM taskplat_start_attempts(p_task_ids, v_now, p_worker_id, p_lease_seconds,
+                                              p_default_timeout_seconds, p_lease_token,
+                                              p_function_prefix, p_grace_seconds);
+        RETURN;
+    END IF;
+    v_locked := ARRAY(
+        SELECT t.task_id
+        FROM tasks AS t
+        WHERE t.task_id = ANY(p_task_ids)
+          AND (t.status = 'Queued') IS TRUE  -- by primary key, never the Queued index (see top)
+          AND (t.expires_at IS NULL OR t.expires_at > v_now)
+          AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.name = t.queue AND q.paused)
+        ORDER BY t.task_id
+        FOR UPDATE OF t);
+    IF cardinality(v_locked) = 0 THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT * FROM taskplat_start_attempts(v_locked, v_now, p_worker_id, p_lease_seconds,
+                                          p_default_timeout_seconds, p_lease_token,
+                                          p_function_prefix, p_grace_seconds);
+END
+$$;
+
+--
+-- Name: FUNCTION taskplat_claim(p_task_ids uuid[], p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone, p_lease_token uuid, p_function_prefix text, p_grace_seconds double precision); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_claim(p_task_ids uuid[], p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone, p_lease_token uuid, p_function_prefix text, p_grace_seconds double precision) IS 'Claims the named tasks that are Queued, unexpired and of an unpaused queue (task_id order).';
+
+--
+-- Name: taskplat_claim_next(text, integer, text, double precision, integer, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_claim_next(p_queue text, p_max integer, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(task_id uuid, attempt integer, job jsonb, operator text, queue text, config jsonb, inputs jsonb, timeout_seconds integer, deadline_at timestamp with time zone, lease_token uuid, lease_expires_at timestamp with time zone, worker_id text, started_at timestamp with time zone, queued_at timestamp with time zone, created_at timestamp with time zone, replay_offset integer, outputs jsonb, trust text, steps jsonb, trace_context jsonb)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := coalesce(p_now, now());
+    v_picked uuid[];
+BEGIN
+    -- Guard: claimable (Queued, unexpired, queue not paused) and not a `runtime: lambda` job's
+    -- task (the relay claims those for their function); rows others are claiming are skipped.
+    v_picked := ARRAY(
+        SELECT t.task_id
+        FROM tasks AS t
+        WHERE t.status = 'Queued'
+          AND t.queue = p_queue
+          AND (t.expires_at IS NULL OR t.expires_at > v_now)
+          AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.name = p_queue AND q.paused)
+          AND (t.job IS NULL
+               OR NOT EXISTS (SELECT 1 FROM jobs AS j
+                              WHERE j.dag_name = t.job ->> 'dag_name'
+                                AND j.name = t.job ->> 'name'
+                                AND j.runtime = 'lambda'))
+        ORDER BY t.queued_at
+        LIMIT p_max
+        FOR UPDATE OF t SKIP LOCKED);
+    IF cardinality(v_picked) = 0 THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT s.* FROM taskplat_start_attempts(v_picked, v_now, p_worker_id, p_lease_seconds,
+                                            p_default_timeout_seconds) AS s
+    ORDER BY s.queued_at, s.task_id;
+END
+$$;
+
+--
+-- Name: FUNCTION taskplat_claim_next(p_queue text, p_max integer, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_claim_next(p_queue text, p_max integer, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone) IS 'Claims up to p_max claimable tasks of a queue, oldest first, skipping locked rows and the tasks of runtime: lambda jobs.';
+
+--
 -- Name: taskplat_create_dataset_table(text, jsonb); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -47,18 +140,42 @@ END
 $_$;
 
 --
--- Name: taskplat_dead_letter_wanted(uuid); Type: FUNCTION; Schema: public; Owner: -
+-- Name: taskplat_dead_letter(uuid[], timestamp with time zone, jsonb); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.taskplat_dead_letter_wanted(p_task_id uuid) RETURNS boolean
-    LANGUAGE sql STABLE PARALLEL SAFE
+CREATE FUNCTION public.taskplat_dead_letter(p_task_ids uuid[], p_now timestamp with time zone, p_trace_context jsonb DEFAULT NULL::jsonb) RETURNS SETOF text
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
-    SELECT coalesce(j.on_exhausted, t.on_exhausted) = 'dead_letter'
-    FROM tasks AS t
-    LEFT JOIN jobs AS j ON t.job IS NOT NULL
-        AND j.dag_name = t.job ->> 'dag_name' AND j.name = t.job ->> 'name'
-    WHERE t.task_id = p_task_id
+BEGIN
+    IF coalesce(cardinality(p_task_ids), 0) = 0 THEN
+        RETURN;
+    END IF;
+    -- Guard: a record only for a named task that is Dead and whose job (or task) says
+    -- `on_exhausted: dead_letter`. Returns the queue of each record written.
+    RETURN QUERY
+    WITH written AS (
+    INSERT INTO outbox AS o (kind, task_id, queue, payload, trace_context, created_at,
+                             available_at)
+    SELECT 'dead_letter', (x.task).task_id, (x.task).queue,
+           taskplat_dead_letter_payload(x.task), p_trace_context, p_now, p_now
+    -- By primary key only (OFFSET 0 keeps the status test out of the scan, so the Dead listing
+    -- index is never read whole, whatever the statistics).
+    FROM (SELECT t AS task FROM tasks AS t WHERE t.task_id = ANY(p_task_ids) OFFSET 0) AS x
+    WHERE (x.task).status = 'Dead'
+      AND taskplat_dead_letter_wanted((x.task).task_id)
+    ORDER BY (x.task).task_id
+    RETURNING o.queue
+    )
+    SELECT w.queue FROM written AS w;
+END
 $$;
+
+--
+-- Name: FUNCTION taskplat_dead_letter(p_task_ids uuid[], p_now timestamp with time zone, p_trace_context jsonb); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_dead_letter(p_task_ids uuid[], p_now timestamp with time zone, p_trace_context jsonb) IS 'The dead_letter outbox row of each named Dead task whose exhaustion policy wants one.';
 
 --
 -- Name: tasks; Type: TABLE; Schema: public; Owner: -
@@ -120,6 +237,39 @@ CREATE TABLE public.tasks (
 WITH (autovacuum_vacuum_scale_factor='0.05', autovacuum_analyze_scale_factor='0.02');
 
 --
+-- Name: taskplat_dead_letter_payload(public.tasks); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_dead_letter_payload(t public.tasks) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT jsonb_build_object(
+        'task_id', t.task_id, 'queue', t.queue, 'operator', t.operator,
+        'attempt', t.attempt, 'max_attempts', t.max_attempts,
+        'dead_reason', t.dead_reason, 'last_error', t.last_error, 'died_at', t.finished_at)
+$$;
+
+--
+-- Name: FUNCTION taskplat_dead_letter_payload(t public.tasks); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_dead_letter_payload(t public.tasks) IS 'The dead-letter record of a Dead task (docs/contracts.md).';
+
+--
+-- Name: taskplat_dead_letter_wanted(uuid); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_dead_letter_wanted(p_task_id uuid) RETURNS boolean
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT coalesce(j.on_exhausted, t.on_exhausted) = 'dead_letter'
+    FROM tasks AS t
+    LEFT JOIN jobs AS j ON t.job IS NOT NULL
+        AND j.dag_name = t.job ->> 'dag_name' AND j.name = t.job ->> 'name'
+    WHERE t.task_id = p_task_id
+$$;
+
+--
 -- Name: taskplat_dead_reason(public.tasks, text, boolean); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -138,6 +288,106 @@ CREATE FUNCTION public.taskplat_dead_reason(t public.tasks, ended text, retryabl
 $$;
 
 --
+-- Name: taskplat_end_attempts(uuid[], integer[], uuid[], text[], boolean[], jsonb[], text[], double precision[], double precision[], text[], jsonb[], jsonb[], timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_end_attempts(p_task_ids uuid[], p_attempts integer[], p_lease_tokens uuid[], p_ended text[], p_retryables boolean[], p_results jsonb[], p_errors text[], p_retry_afters double precision[], p_jitters double precision[], p_digests text[], p_events jsonb[], p_outputs jsonb[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(task_id uuid, status text, queue text, operator text, attempt integer, max_attempts integer, worker_id text, started_at timestamp with time zone, dead_reason text, last_error text, next_retry_at timestamp with time zone, finished_at timestamp with time zone, ended_at timestamp with time zone)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    -- Guard (fencing): an element moves its task only while the task is Running the named
+    -- attempt under the named lease token; the rows are locked in task_id order (concurrent
+    -- batches of overlapping tasks wait for each other, never deadlock). For each element that
+    -- matched, in this statement: the task's fate by the rule every ended attempt follows
+    -- (taskplat_ended_status: Completed, Failed with a retry at now + backoff, or Dead), the
+    -- attempt record closed with its digest (and error, for Failed and Drained), its events
+    -- stored and, for Completed, its outputs (replacing those of an earlier completion of a
+    -- replayed task). p_ended: Completed, Failed or Drained. Elements name distinct tasks.
+    RETURN QUERY
+    WITH n AS (SELECT coalesce(p_now, now()) AS now),
+    c AS (
+        SELECT * FROM unnest(p_task_ids, p_attempts, p_lease_tokens, p_ended, p_results,
+                             p_errors, p_retry_afters, p_jitters, p_digests, p_events, p_outputs,
+                             p_retryables)
+            AS c(task_id, attempt, lease_token, status, result, error, retry_after, jitter,
+                 digest, events, outputs, retryable)
+    ),
+    locked AS MATERIALIZED (
+        SELECT t.task_id FROM tasks AS t JOIN c ON c.task_id = t.task_id
+        WHERE t.status = 'Running' AND t.attempt = c.attempt AND t.lease_token = c.lease_token
+        ORDER BY t.task_id
+        FOR UPDATE OF t
+    ),
+    done AS (
+        UPDATE tasks AS t
+        SET status = taskplat_ended_status(t, c.status, c.retryable),
+            attempt_outcome = c.status,
+            result = CASE WHEN c.status = 'Completed' THEN c.result ELSE t.result END,
+            last_error = CASE WHEN c.status = 'Completed' THEN t.last_error ELSE c.error END,
+            dead_reason = taskplat_dead_reason(t, c.status, c.retryable),
+            processing_attempts = t.processing_attempts + (c.status = 'Drained')::int,
+            next_retry_at = taskplat_retry_at(t, c.status, c.retryable, n.now, c.retry_after,
+                c.jitter),
+            finished_at = CASE WHEN taskplat_ended_status(t, c.status, c.retryable) = 'Failed'
+                THEN NULL ELSE n.now END,
+            lease_expires_at = NULL,
+            updated_at = n.now
+        FROM n, c, locked AS l
+        WHERE t.task_id = c.task_id AND l.task_id = t.task_id AND t.status = 'Running'
+          AND t.attempt = c.attempt AND t.lease_token = c.lease_token
+        RETURNING t.task_id, t.status, t.queue, t.operator, t.attempt, t.max_attempts,
+            t.worker_id, t.started_at, t.dead_reason, t.last_error, t.next_retry_at,
+            t.finished_at, n.now AS ended_at, c.status AS reported, c.error, c.digest,
+            c.lease_token, c.events, c.outputs
+    ),
+    closed AS (
+        UPDATE task_attempts AS a
+        SET finished_at = d.ended_at, outcome = d.reported, completion_digest = d.digest,
+            error = CASE WHEN d.reported IN ('Failed', 'Drained') THEN d.error END
+        FROM done AS d
+        WHERE a.task_id = d.task_id AND a.attempt = d.attempt AND a.lease_token = d.lease_token
+    ),
+    events AS (
+        INSERT INTO task_events (task_id, attempt, dataset_uuid, dataset_version, "cursor",
+            partition_key, range_start, range_end, created_at)
+        SELECT d.task_id, d.attempt, e.dataset_uuid, e.dataset_version, e.cursor,
+            e.partition_key, e.start, e.end, d.ended_at
+        FROM done AS d, jsonb_to_recordset(d.events) AS e(
+            dataset_uuid uuid, dataset_version uuid, "cursor" bigint, partition_key text,
+            "start" bigint, "end" bigint)
+        ON CONFLICT (task_id, dataset_uuid, dataset_version, event_key) DO NOTHING
+    ),
+    outputs AS (
+        INSERT INTO task_outputs (task_id, output_index, attempt, dataset_uuid, dataset_version,
+            location, "cursor", row_count, committed_at)
+        SELECT d.task_id, x.output_index, d.attempt, x.dataset_uuid, x.dataset_version,
+            x.location, x.cursor, x.row_count, d.ended_at
+        FROM done AS d, jsonb_to_recordset(d.outputs) AS x(
+            output_index integer, dataset_uuid uuid, dataset_version uuid, location text,
+            "cursor" bigint, row_count bigint)
+        WHERE d.status = 'Completed'
+        ON CONFLICT (task_id, output_index) DO UPDATE
+        SET (attempt, dataset_uuid, dataset_version, location, "cursor", row_count,
+             committed_at) =
+            (EXCLUDED.attempt, EXCLUDED.dataset_uuid, EXCLUDED.dataset_version,
+             EXCLUDED.location, EXCLUDED."cursor", EXCLUDED.row_count, EXCLUDED.committed_at)
+    )
+    SELECT d.task_id, d.status, d.queue, d.operator, d.attempt, d.max_attempts, d.worker_id,
+           d.started_at, d.dead_reason, d.last_error, d.next_retry_at, d.finished_at, d.ended_at
+    FROM done AS d
+    ORDER BY d.task_id;
+END
+$$;
+
+--
+-- Name: FUNCTION taskplat_end_attempts(p_task_ids uuid[], p_attempts integer[], p_lease_tokens uuid[], p_ended text[], p_retryables boolean[], p_results jsonb[], p_errors text[], p_retry_afters double precision[], p_jitters double precision[], p_digests text[], p_events jsonb[], p_outputs jsonb[], p_now timestamp with time zone); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_end_attempts(p_task_ids uuid[], p_attempts integer[], p_lease_tokens uuid[], p_ended text[], p_retryables boolean[], p_results jsonb[], p_errors text[], p_retry_afters double precision[], p_jitters double precision[], p_digests text[], p_events jsonb[], p_outputs jsonb[], p_now timestamp with time zone) IS 'Ends the named Running attempts their lease holders report (fenced by attempt and lease).';
+
+--
 -- Name: taskplat_ended_status(public.tasks, text, boolean); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -150,6 +400,109 @@ CREATE FUNCTION public.taskplat_ended_status(t public.tasks, ended text, retryab
         ELSE 'Dead'
     END
 $$;
+
+--
+-- Name: taskplat_enqueue_wakeups(uuid[], timestamp with time zone, jsonb, double precision); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_enqueue_wakeups(p_task_ids uuid[], p_now timestamp with time zone, p_trace_context jsonb DEFAULT NULL::jsonb, p_hold_seconds double precision DEFAULT 0) RETURNS TABLE(queue text, held boolean)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    IF coalesce(cardinality(p_task_ids), 0) = 0 THEN
+        RETURN;
+    END IF;
+    -- Guard: one `enqueue_task` row per named task that is Queued, in the order named. With
+    -- p_hold_seconds > 0, the row of a task whose queue's workers wait on the dispatcher
+    -- (`queues.polled_until` ahead, migration 0016) is written held, due p_hold_seconds later.
+    RETURN QUERY
+    WITH written AS (
+    INSERT INTO outbox AS o (kind, task_id, queue, payload, trace_context, created_at,
+                             available_at, held)
+    SELECT 'enqueue_task', (x.task).task_id, (x.task).queue,
+           jsonb_build_object('task_id', (x.task).task_id::text), p_trace_context, p_now,
+           p_now + CASE WHEN q.name IS NOT NULL THEN make_interval(secs => p_hold_seconds)
+                        ELSE interval '0' END,
+           q.name IS NOT NULL
+    FROM unnest(p_task_ids) WITH ORDINALITY AS i(task_id, position)
+    -- By primary key only (OFFSET 0 keeps the status test out of the scan, so no partial index
+    -- over Queued rows is ever read whole, whatever the statistics).
+    CROSS JOIN LATERAL (SELECT t AS task FROM tasks AS t WHERE t.task_id = i.task_id OFFSET 0)
+        AS x
+    LEFT JOIN queues AS q
+           ON q.name = (x.task).queue AND q.polled_until > p_now AND p_hold_seconds > 0
+    WHERE (x.task).status = 'Queued'
+    ORDER BY i.position
+    RETURNING o.queue, o.held
+    )
+    SELECT w.queue, w.held FROM written AS w;
+END
+$$;
+
+--
+-- Name: FUNCTION taskplat_enqueue_wakeups(p_task_ids uuid[], p_now timestamp with time zone, p_trace_context jsonb, p_hold_seconds double precision); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_enqueue_wakeups(p_task_ids uuid[], p_now timestamp with time zone, p_trace_context jsonb, p_hold_seconds double precision) IS 'The enqueue_task outbox row of each named Queued task (held for a polled queue).';
+
+--
+-- Name: taskplat_expire_unstarted(timestamp with time zone, integer); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_expire_unstarted(p_now timestamp with time zone, p_limit integer) RETURNS TABLE(task_id uuid, attempt integer, status text, queue text, operator text, dead_reason text, expired_from text)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    -- Queued or Scheduled tasks past expires_at, at most p_limit, earliest first: Dead
+    -- (Expired), with their dead-letter records. A Running task is never expired. Guard: locked
+    -- rows are skipped; the status, attempt and expiry are re-checked when moving.
+    RETURN QUERY
+    WITH n AS (SELECT coalesce(p_now, now()) AS now),
+    due AS (
+        SELECT t.task_id, t.attempt, t.status
+        FROM tasks AS t, n
+        WHERE t.status IN ('Queued', 'Scheduled')
+          AND t.expires_at IS NOT NULL
+          AND t.expires_at <= n.now
+        ORDER BY t.expires_at
+        LIMIT p_limit
+        FOR UPDATE OF t SKIP LOCKED
+    ),
+    moved AS (
+        UPDATE tasks AS t
+        SET status = 'Dead',
+            dead_reason = 'Expired',
+            last_error = 'expired before it started',
+            next_retry_at = NULL,
+            lease_expires_at = NULL,
+            finished_at = n.now,
+            updated_at = n.now
+        FROM due, n
+        WHERE t.task_id = due.task_id
+          AND t.status = due.status
+          AND t.attempt = due.attempt
+          AND t.expires_at <= n.now
+        RETURNING t.task_id, t.attempt, t.status, t.queue, t.operator, t.dead_reason,
+                  due.status AS expired_from
+    ),
+    dead AS (
+        SELECT count(*) AS written
+        FROM n, taskplat_dead_letter(ARRAY(SELECT m.task_id FROM moved AS m), n.now)
+    )
+    SELECT m.task_id, m.attempt, m.status, m.queue, m.operator, m.dead_reason, m.expired_from
+    FROM moved AS m, dead;  -- dead: one row, read so that it runs
+END
+$$;
+
+--
+-- Name: FUNCTION taskplat_expire_unstarted(p_now timestamp with time zone, p_limit integer); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_expire_unstarted(p_now timestamp with time zone, p_limit integer) IS 'Queued or Scheduled tasks past expires_at become Dead (Expired).';
 
 --
 -- Name: taskplat_input_pins(jsonb); Type: FUNCTION; Schema: public; Owner: -
@@ -326,6 +679,164 @@ CREATE FUNCTION public.taskplat_query_inputs(p_datasets uuid[], p_versions uuid[
 $$;
 
 --
+-- Name: taskplat_queue_due(timestamp with time zone, integer, integer); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_queue_due(p_now timestamp with time zone, p_promote_limit integer, p_retry_limit integer) RETURNS TABLE(task_id uuid, attempt integer, queue text, operator text, moved_from text)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    -- Scheduled -> Queued once scheduled_for has come (at most p_promote_limit), and
+    -- Failed -> Queued at next_retry_at (at most p_retry_limit), each with its wake-up
+    -- (taskplat_enqueue_wakeups). A retry is the same row, attempt + 1, with the ended attempt's
+    -- lease fields cleared (a Queued task holds no lease; a late reply of the old attempt is
+    -- stale by its attempt number). replay_offset, processing_attempts, last_error and the
+    -- attempt history are kept. A Scheduled task already past expires_at is left to expire.
+    -- Guard: locked rows are skipped (SKIP LOCKED), and FOR UPDATE re-tests each selection's
+    -- WHERE on the newest row version, so the move itself goes by primary key only.
+    RETURN QUERY
+    WITH n AS (SELECT coalesce(p_now, now()) AS now),
+    due_scheduled AS (
+        SELECT t.task_id, t.attempt, t.status
+        FROM tasks AS t, n
+        WHERE t.status = 'Scheduled'
+          AND t.scheduled_for <= n.now
+          AND (t.expires_at IS NULL OR t.expires_at > n.now)
+        ORDER BY t.scheduled_for
+        LIMIT p_promote_limit
+        FOR UPDATE OF t SKIP LOCKED
+    ),
+    due_failed AS (
+        SELECT t.task_id, t.attempt, t.status
+        FROM tasks AS t, n
+        WHERE t.status = 'Failed'
+          AND t.next_retry_at <= n.now
+        ORDER BY t.next_retry_at
+        LIMIT p_retry_limit
+        FOR UPDATE OF t SKIP LOCKED
+    ),
+    due AS (SELECT * FROM due_scheduled UNION ALL SELECT * FROM due_failed),
+    moved AS (
+        UPDATE tasks AS t
+        SET status = 'Queued',
+            -- t.status: the status the row was locked in (Scheduled or Failed).
+            attempt = t.attempt + (t.status = 'Failed')::integer,
+            attempt_outcome = NULL,
+            next_retry_at = NULL,
+            lease_token = NULL,
+            lease_expires_at = NULL,
+            deadline_at = NULL,
+            worker_id = NULL,
+            started_at = NULL,
+            finished_at = NULL,
+            queued_at = n.now,
+            updated_at = n.now
+        FROM n
+        WHERE t.task_id = ANY(ARRAY(SELECT d.task_id FROM due AS d))
+        RETURNING t.task_id, t.attempt, t.queue, t.operator
+    ),
+    woken AS (
+        SELECT count(*) AS written
+        FROM n, taskplat_enqueue_wakeups(ARRAY(SELECT m.task_id FROM moved AS m), n.now)
+    )
+    SELECT m.task_id, m.attempt, m.queue, m.operator, d.status AS moved_from
+    FROM moved AS m JOIN due AS d ON d.task_id = m.task_id, woken;  -- woken: read so it runs
+END
+$$;
+
+--
+-- Name: FUNCTION taskplat_queue_due(p_now timestamp with time zone, p_promote_limit integer, p_retry_limit integer); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_queue_due(p_now timestamp with time zone, p_promote_limit integer, p_retry_limit integer) IS 'Scheduled tasks whose time came and Failed tasks whose retry is due become Queued.';
+
+--
+-- Name: taskplat_reap_timeouts(timestamp with time zone, double precision, integer, double precision[]); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_reap_timeouts(p_now timestamp with time zone, p_grace_seconds double precision, p_limit integer, p_jitters double precision[]) RETURNS TABLE(task_id uuid, attempt integer, status text, queue text, operator text, worker_id text, dead_reason text, next_retry_at timestamp with time zone, ended text)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    -- Running attempts that timed out, at most p_limit, earliest first: the lease ran out
+    -- (LeaseExpired: the worker vanished, not the task's fault), or deadline_at + grace passed
+    -- even while heartbeats kept the lease fresh (DeadlineExceeded); both: LeaseExpired.
+    -- Guard: rows held by a completion or heartbeat are skipped (SKIP LOCKED); a row one of them
+    -- changed after this snapshot fails the re-checked status, attempt, lease token and timeout.
+    -- The task's fate is the rule every ended attempt follows (taskplat_ended_status); the lease
+    -- token stays on the row so a late success of this attempt can still be recognised; a task
+    -- that became Dead gets its dead-letter record. p_jitters: one retry jitter per row, in order.
+    RETURN QUERY
+    WITH n AS (
+        SELECT coalesce(p_now, now()) AS now,
+               coalesce(p_now, now()) - make_interval(secs => p_grace_seconds) AS overrun
+    ),
+    due AS (
+        SELECT t.task_id, t.attempt, t.lease_token,
+               CASE WHEN t.lease_expires_at < n.now THEN 'LeaseExpired'
+                    ELSE 'DeadlineExceeded' END AS ended
+        FROM tasks AS t, n
+        WHERE t.status = 'Running'
+          AND (t.lease_expires_at < n.now OR t.deadline_at < n.overrun)
+        ORDER BY least(t.lease_expires_at, t.deadline_at)
+        LIMIT p_limit
+        FOR UPDATE OF t SKIP LOCKED
+    ),
+    jittered AS (
+        SELECT due.*, p_jitters[row_number() OVER ()] AS jitter FROM due
+    ),
+    moved AS (
+        UPDATE tasks AS t
+        SET status = taskplat_ended_status(t, j.ended, true),
+            attempt_outcome = j.ended,
+            last_error = CASE j.ended WHEN 'LeaseExpired' THEN 'lease expired'
+                                      ELSE 'deadline exceeded' END,
+            dead_reason = taskplat_dead_reason(t, j.ended, true),
+            processing_attempts = t.processing_attempts + (j.ended = 'LeaseExpired')::int,
+            next_retry_at = taskplat_retry_at(t, j.ended, true, n.now, NULL,
+                                              coalesce(j.jitter, 1.0)),
+            finished_at = CASE WHEN taskplat_ended_status(t, j.ended, true) = 'Dead'
+                               THEN n.now END,
+            lease_expires_at = NULL,
+            updated_at = n.now
+        FROM jittered AS j, n
+        WHERE t.task_id = j.task_id
+          AND t.status = 'Running'
+          AND t.attempt = j.attempt
+          AND t.lease_token = j.lease_token
+          AND (t.lease_expires_at < n.now OR t.deadline_at < n.overrun)
+        RETURNING t.task_id, t.attempt, t.lease_token, t.status, t.queue, t.operator,
+                  t.worker_id, t.dead_reason, t.last_error, t.next_retry_at, j.ended
+    ),
+    closed AS (
+        UPDATE task_attempts AS a
+        SET finished_at = n.now, outcome = m.ended, error = m.last_error
+        FROM moved AS m, n
+        WHERE a.task_id = m.task_id AND a.attempt = m.attempt AND a.lease_token = m.lease_token
+          AND a.outcome IS NULL
+    ),
+    dead AS (
+        SELECT count(*) AS written
+        FROM n, taskplat_dead_letter(
+            ARRAY(SELECT m.task_id FROM moved AS m WHERE m.status = 'Dead'), n.now)
+    )
+    SELECT m.task_id, m.attempt, m.status, m.queue, m.operator, m.worker_id, m.dead_reason,
+           m.next_retry_at, m.ended
+    FROM moved AS m, dead;  -- dead: one row, read so that it runs
+END
+$$;
+
+--
+-- Name: FUNCTION taskplat_reap_timeouts(p_now timestamp with time zone, p_grace_seconds double precision, p_limit integer, p_jitters double precision[]); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_reap_timeouts(p_now timestamp with time zone, p_grace_seconds double precision, p_limit integer, p_jitters double precision[]) IS 'Ends Running attempts whose lease ran out or whose deadline + grace passed.';
+
+--
 -- Name: taskplat_repinned_inputs(jsonb); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -472,6 +983,64 @@ CREATE FUNCTION public.taskplat_sink_store_event(p_dataset_uuid uuid, p_dataset_
 $$;
 
 --
+-- Name: taskplat_start_attempts(uuid[], timestamp with time zone, text, double precision, integer, uuid, text, double precision); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_start_attempts(p_task_ids uuid[], p_now timestamp with time zone, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_lease_token uuid DEFAULT NULL::uuid, p_function_prefix text DEFAULT NULL::text, p_grace_seconds double precision DEFAULT 0) RETURNS TABLE(task_id uuid, attempt integer, job jsonb, operator text, queue text, config jsonb, inputs jsonb, timeout_seconds integer, deadline_at timestamp with time zone, lease_token uuid, lease_expires_at timestamp with time zone, worker_id text, started_at timestamp with time zone, queued_at timestamp with time zone, created_at timestamp with time zone, replay_offset integer, outputs jsonb, trust text, steps jsonb, trace_context jsonb)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    -- Guard: only the named rows still claimable move (Queued, unexpired, queue not paused);
+    -- the UPDATE re-tests it on the newest version of each row it locks, so one claim wins.
+    -- p_lease_token: the lease of a single claimed task (a fresh one per task when NULL).
+    RETURN QUERY
+    WITH claimed AS (
+        UPDATE tasks AS t
+        SET status = 'Running',
+            lease_token = coalesce(p_lease_token, gen_random_uuid()),
+            lease_expires_at = p_now + make_interval(secs => CASE
+                WHEN p_function_prefix IS NULL THEN p_lease_seconds
+                ELSE coalesce(t.timeout_seconds, p_default_timeout_seconds) + p_grace_seconds
+            END),
+            deadline_at = p_now + make_interval(
+                secs => coalesce(t.timeout_seconds, p_default_timeout_seconds)),
+            worker_id = CASE WHEN p_function_prefix IS NULL THEN p_worker_id
+                             ELSE 'lambda:' || p_function_prefix || t.operator END,
+            started_at = p_now,
+            attempt_outcome = NULL,
+            next_retry_at = NULL,
+            updated_at = p_now
+        WHERE t.task_id = ANY(p_task_ids)
+          AND (t.status = 'Queued') IS TRUE  -- by primary key, never the Queued index (top)
+          AND (t.expires_at IS NULL OR t.expires_at > p_now)
+          AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.name = t.queue AND q.paused)
+        RETURNING t.task_id, t.attempt, t.job, t.operator, t.queue, t.config, t.inputs,
+                  t.timeout_seconds, t.deadline_at, t.lease_token, t.lease_expires_at,
+                  t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset,
+                  taskplat_job_outputs(t.job) AS outputs, taskplat_job_trust(t.job) AS trust,
+                  taskplat_task_steps(t.task_id, t.attempt) AS steps, t.trace_context
+    ),
+    history AS (
+        INSERT INTO task_attempts (task_id, attempt, worker_id, lease_token, started_at)
+        SELECT c.task_id, c.attempt, c.worker_id, c.lease_token, c.started_at FROM claimed AS c
+    )
+    SELECT c.task_id, c.attempt, c.job, c.operator, c.queue, c.config, c.inputs,
+           c.timeout_seconds, c.deadline_at, c.lease_token, c.lease_expires_at, c.worker_id,
+           c.started_at, c.queued_at, c.created_at, c.replay_offset, c.outputs, c.trust,
+           c.steps, c.trace_context
+    FROM claimed AS c;
+END
+$$;
+
+--
+-- Name: FUNCTION taskplat_start_attempts(p_task_ids uuid[], p_now timestamp with time zone, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_lease_token uuid, p_function_prefix text, p_grace_seconds double precision); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_start_attempts(p_task_ids uuid[], p_now timestamp with time zone, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_lease_token uuid, p_function_prefix text, p_grace_seconds double precision) IS 'Queued -> Running of rows the caller locked as claimable, with their attempt records.';
+
+--
 -- Name: taskplat_start_job_run(text, text, jsonb, jsonb, text, timestamp with time zone, jsonb, uuid); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -526,6 +1095,48 @@ BEGIN
         WHERE s.task_id = p_task_id), '{}'::jsonb);
 END
 $$;
+
+--
+-- Name: api_keys; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.api_keys (
+    name text NOT NULL,
+    key_hash bytea NOT NULL,
+    scopes text[] NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    created_by text NOT NULL,
+    CONSTRAINT api_keys_key_hash_check CHECK ((length(key_hash) = 32)),
+    CONSTRAINT api_keys_name_check CHECK ((name ~ '^[A-Za-z0-9_.-]{1,64}$'::text)),
+    CONSTRAINT api_keys_scopes_check CHECK (((cardinality(scopes) > 0) AND (scopes <@ ARRAY['read'::text, 'submit'::text, 'operate'::text, 'admin'::text])))
+);
+
+--
+-- Name: audit_log; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.audit_log (
+    audit_id bigint NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    key_name text NOT NULL,
+    action text NOT NULL,
+    target text,
+    outcome text NOT NULL,
+    detail jsonb
+);
+
+--
+-- Name: audit_log_audit_id_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+ALTER TABLE public.audit_log ALTER COLUMN audit_id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.audit_log_audit_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
 
 --
 -- Name: dags; Type: TABLE; Schema: public; Owner: -
@@ -887,6 +1498,42 @@ CREATE TABLE public.task_steps (
 );
 
 --
+-- Name: workers; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.workers (
+    worker_id text NOT NULL,
+    queues text[] NOT NULL,
+    slots integer NOT NULL,
+    version text NOT NULL,
+    running uuid[] DEFAULT '{}'::uuid[] NOT NULL,
+    first_seen timestamp with time zone DEFAULT now() NOT NULL,
+    last_seen timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT workers_slots_check CHECK ((slots >= 0))
+);
+
+--
+-- Name: api_keys api_keys_key_hash_key; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.api_keys
+    ADD CONSTRAINT api_keys_key_hash_key UNIQUE (key_hash);
+
+--
+-- Name: api_keys api_keys_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.api_keys
+    ADD CONSTRAINT api_keys_pkey PRIMARY KEY (name);
+
+--
+-- Name: audit_log audit_log_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.audit_log
+    ADD CONSTRAINT audit_log_pkey PRIMARY KEY (audit_id);
+
+--
 -- Name: dags dags_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -1055,6 +1702,31 @@ ALTER TABLE ONLY public.tasks
     ADD CONSTRAINT tasks_pkey PRIMARY KEY (task_id);
 
 --
+-- Name: workers workers_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.workers
+    ADD CONSTRAINT workers_pkey PRIMARY KEY (worker_id);
+
+--
+-- Name: audit_log_action_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX audit_log_action_idx ON public.audit_log USING btree (action, audit_id DESC);
+
+--
+-- Name: audit_log_at_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX audit_log_at_idx ON public.audit_log USING btree (at DESC, audit_id DESC);
+
+--
+-- Name: audit_log_key_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX audit_log_key_idx ON public.audit_log USING btree (key_name, audit_id DESC);
+
+--
 -- Name: event_routes_event_idx; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -1185,6 +1857,12 @@ CREATE INDEX tasks_running_lease_idx ON public.tasks USING btree (lease_expires_
 --
 
 CREATE INDEX tasks_scheduled_due_idx ON public.tasks USING btree (scheduled_for) WHERE (status = 'Scheduled'::text);
+
+--
+-- Name: workers_last_seen_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX workers_last_seen_idx ON public.workers USING btree (last_seen DESC);
 
 --
 -- Name: outbox outbox_lambda_wakeups; Type: TRIGGER; Schema: public; Owner: -

@@ -1,102 +1,20 @@
 -- The dispatcher's batch statements: several tasks in one statement.
 --
--- Invariants: a batch claim locks its rows in task_id order before it moves them (so concurrent
--- batch claims of overlapping tasks wait for each other instead of deadlocking) and claims only
--- what is still Queued once locked; claim-next takes free Queued rows (SKIP LOCKED) of one queue,
--- oldest first; every claim records its attempt in the same statement. Time is
--- coalesce(%(now)s::timestamptz, now()). Claim-next never takes a task of a `runtime: lambda` job.
---
--- The UPDATE of a claim finds its rows by primary key only (`= ANY(ARRAY(...))`, an Index Cond
--- whatever the statistics say; a join could be planned as a scan). `FOR UPDATE` re-tests the WHERE of
--- the locking CTE on the newest version of each row, so a locked row is Queued (and unexpired)
--- until this transaction ends. Testing `status = 'Queued'` again in the UPDATE would be
--- redundant, and harmful: it lets the planner read the whole Queued partial index instead of the
--- primary key, which statistics taken while the queue was empty make look cheap (under a backlog
--- that read 4,120 entries to update 4 rows).
+-- Invariants: the claims are the SQL functions of migration 0020 (taskplat_claim: the named tasks
+-- still claimable once locked, locked in task_id order so concurrent batch claims of overlapping
+-- tasks wait for each other instead of deadlocking; taskplat_claim_next: free Queued rows of one
+-- queue, SKIP LOCKED, oldest first, never a task of a `runtime: lambda` job); every claim records
+-- its attempt in the same statement. Time is coalesce(%(now)s::timestamptz, now()).
 
 -- name: claim_tasks
-WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
-locked AS MATERIALIZED (
-    SELECT t.task_id
-    FROM tasks AS t, n
-    WHERE t.task_id = ANY(%(task_ids)s::uuid[])
-      -- `IS TRUE`: the same test, in a form no partial index matches, so the rows are found by
-      -- primary key and never by reading the whole Queued index (see top).
-      AND (t.status = 'Queued') IS TRUE
-      AND (t.expires_at IS NULL OR t.expires_at > n.now)
-      AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.name = t.queue AND q.paused)
-    ORDER BY t.task_id
-    FOR UPDATE OF t
-),
-claimed AS (
-    UPDATE tasks AS t
-    SET status = 'Running',
-        lease_token = gen_random_uuid(),
-        lease_expires_at = n.now + make_interval(secs => %(lease_seconds)s),
-        deadline_at = n.now + make_interval(secs => coalesce(t.timeout_seconds,
-                                                             %(default_timeout_seconds)s)),
-        worker_id = %(worker_id)s,
-        started_at = n.now,
-        attempt_outcome = NULL,
-        next_retry_at = NULL,
-        updated_at = n.now
-    FROM n
-    WHERE t.task_id = ANY(ARRAY(SELECT task_id FROM locked))  -- locked as Queued (see top)
-    RETURNING t.task_id, t.attempt, t.job, t.operator, t.queue, t.config, t.inputs,
-              t.timeout_seconds, t.deadline_at, t.lease_token, t.lease_expires_at,
-              t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset,
-              taskplat_job_outputs(t.job) AS outputs, taskplat_job_trust(t.job) AS trust,
-              taskplat_task_steps(t.task_id, t.attempt) AS steps, t.trace_context
-),
-history AS (
-    INSERT INTO task_attempts (task_id, attempt, worker_id, lease_token, started_at)
-    SELECT task_id, attempt, worker_id, lease_token, started_at FROM claimed
-)
-SELECT * FROM claimed
+SELECT * FROM taskplat_claim(%(task_ids)s::uuid[], %(worker_id)s,
+                             %(lease_seconds)s::double precision,
+                             %(default_timeout_seconds)s::integer, %(now)s::timestamptz)
 
 -- name: claim_next
-WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
-picked AS MATERIALIZED (
-    SELECT t.task_id
-    FROM tasks AS t, n
-    WHERE t.status = 'Queued'
-      AND t.queue = %(queue)s
-      AND (t.expires_at IS NULL OR t.expires_at > n.now)
-      AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.name = %(queue)s AND q.paused)
-      -- A task of a `runtime: lambda` job is its function's (the relay claims it for it).
-      AND (t.job IS NULL
-           OR NOT EXISTS (SELECT 1 FROM jobs AS j
-                          WHERE j.dag_name = t.job ->> 'dag_name' AND j.name = t.job ->> 'name'
-                            AND j.runtime = 'lambda'))
-    ORDER BY t.queued_at
-    LIMIT %(max)s
-    FOR UPDATE OF t SKIP LOCKED
-),
-claimed AS (
-    UPDATE tasks AS t
-    SET status = 'Running',
-        lease_token = gen_random_uuid(),
-        lease_expires_at = n.now + make_interval(secs => %(lease_seconds)s),
-        deadline_at = n.now + make_interval(secs => coalesce(t.timeout_seconds,
-                                                             %(default_timeout_seconds)s)),
-        worker_id = %(worker_id)s,
-        started_at = n.now,
-        attempt_outcome = NULL,
-        next_retry_at = NULL,
-        updated_at = n.now
-    FROM n
-    WHERE t.task_id = ANY(ARRAY(SELECT task_id FROM picked))  -- locked as Queued (see top)
-    RETURNING t.task_id, t.attempt, t.job, t.operator, t.queue, t.config, t.inputs,
-              t.timeout_seconds, t.deadline_at, t.lease_token, t.lease_expires_at,
-              t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset,
-              taskplat_job_outputs(t.job) AS outputs, taskplat_job_trust(t.job) AS trust,
-              taskplat_task_steps(t.task_id, t.attempt) AS steps, t.trace_context
-),
-history AS (
-    INSERT INTO task_attempts (task_id, attempt, worker_id, lease_token, started_at)
-    SELECT task_id, attempt, worker_id, lease_token, started_at FROM claimed
-)
-SELECT * FROM claimed ORDER BY queued_at, task_id
+SELECT * FROM taskplat_claim_next(%(queue)s::text, %(max)s::integer, %(worker_id)s::text,
+                                  %(lease_seconds)s::double precision,
+                                  %(default_timeout_seconds)s::integer, %(now)s::timestamptz)
 
 -- name: read_fences
 SELECT t.task_id, t.status, t.attempt, t.lease_token, t.attempt_outcome,
@@ -151,22 +69,14 @@ pins AS (
     FROM inserted AS i,
          taskplat_input_pins(CASE WHEN i.job IS NOT NULL THEN i.inputs END) AS p
 ),
-outboxed AS (
-    INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at,
-                        held)
-    SELECT 'enqueue_task', i.task_id, i.queue, jsonb_build_object('task_id', i.task_id::text),
-           %(trace_context)s, n.now,
-           n.now + CASE WHEN q.name IS NOT NULL
-                        THEN make_interval(secs => %(polled_wakeup_delay_seconds)s)
-                        ELSE interval '0' END,
-           q.name IS NOT NULL
-    FROM inserted AS i CROSS JOIN n
-    LEFT JOIN queues AS q
-           ON q.name = i.queue AND q.polled_until > n.now
-          AND %(polled_wakeup_delay_seconds)s::double precision > 0
-    WHERE i.status = 'Queued'
+outboxed AS (  -- taskplat_enqueue_wakeups (migration 0020): the Queued tasks' only
+    SELECT count(*) AS written
+    FROM n, taskplat_enqueue_wakeups(ARRAY(SELECT i.task_id FROM inserted AS i), n.now,
+                                     %(trace_context)s::jsonb,
+                                     %(polled_wakeup_delay_seconds)s::double precision)
 )
-SELECT task_id, status, queue, operator, attempt FROM inserted
+SELECT i.task_id, i.status, i.queue, i.operator, i.attempt
+FROM inserted AS i, outboxed  -- outboxed: one row, read so that it runs
 
 -- name: notify_queues
 -- The relay, and the claims waiting on the dispatcher for these queues' tasks (they hear it too).
@@ -179,73 +89,11 @@ SELECT task_id, idempotency_key FROM tasks WHERE idempotency_key = ANY(%(keys)s:
 SELECT * FROM task_details WHERE task_id = ANY(%(task_ids)s::uuid[])
 
 -- name: complete_many
-WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
-c AS (
-    SELECT * FROM unnest(%(task_ids)s::uuid[], %(attempts)s::integer[], %(lease_tokens)s::uuid[],
-        %(statuses)s::text[], %(results)s::jsonb[], %(errors)s::text[], %(retry_afters)s::float8[],
-        %(jitters)s::float8[], %(digests)s::text[], %(events)s::jsonb[], %(outputs)s::jsonb[],
-        %(retryables)s::boolean[])
-        AS c(task_id, attempt, lease_token, status, result, error, retry_after, jitter, digest,
-             events, outputs, retryable)
-),
-locked AS MATERIALIZED (
-    SELECT t.task_id FROM tasks AS t JOIN c USING (task_id)
-    WHERE t.status = 'Running' AND t.attempt = c.attempt AND t.lease_token = c.lease_token
-    ORDER BY t.task_id
-    FOR UPDATE OF t
-),
-done AS (
-    UPDATE tasks AS t
-    SET status = taskplat_ended_status(t, c.status, c.retryable),
-        attempt_outcome = c.status,
-        result = CASE WHEN c.status = 'Completed' THEN c.result ELSE t.result END,
-        last_error = CASE WHEN c.status = 'Completed' THEN t.last_error ELSE c.error END,
-        dead_reason = taskplat_dead_reason(t, c.status, c.retryable),
-        processing_attempts = t.processing_attempts + (c.status = 'Drained')::int,
-        next_retry_at = taskplat_retry_at(t, c.status, c.retryable, n.now, c.retry_after,
-            c.jitter),
-        finished_at = CASE WHEN taskplat_ended_status(t, c.status, c.retryable) = 'Failed'
-            THEN NULL ELSE n.now END,
-        lease_expires_at = NULL,
-        updated_at = n.now
-    FROM n, c, locked AS l
-    WHERE t.task_id = c.task_id AND l.task_id = t.task_id AND t.status = 'Running'
-      AND t.attempt = c.attempt AND t.lease_token = c.lease_token
-    RETURNING t.task_id, t.status, t.queue, t.operator, t.attempt, t.worker_id, t.started_at,
-        t.dead_reason, t.next_retry_at, n.now AS ended_at, c.status AS reported, c.error,
-        c.digest, c.lease_token, c.events, c.outputs
-),
-closed AS (
-    UPDATE task_attempts AS a
-    SET finished_at = d.ended_at, outcome = d.reported, completion_digest = d.digest,
-        error = CASE WHEN d.reported IN ('Failed', 'Drained') THEN d.error END
-    FROM done AS d
-    WHERE a.task_id = d.task_id AND a.attempt = d.attempt AND a.lease_token = d.lease_token
-),
-events AS (
-    INSERT INTO task_events (task_id, attempt, dataset_uuid, dataset_version, "cursor",
-        partition_key, range_start, range_end, created_at)
-    SELECT d.task_id, d.attempt, e.dataset_uuid, e.dataset_version, e.cursor, e.partition_key,
-        e.start, e.end, d.ended_at
-    FROM done AS d, jsonb_to_recordset(d.events) AS e(
-        dataset_uuid uuid, dataset_version uuid, "cursor" bigint, partition_key text,
-        "start" bigint, "end" bigint)
-    ON CONFLICT (task_id, dataset_uuid, dataset_version, event_key) DO NOTHING
-),
-outputs AS (
-    INSERT INTO task_outputs (task_id, output_index, attempt, dataset_uuid, dataset_version,
-        location, "cursor", row_count, committed_at)
-    SELECT d.task_id, x.output_index, d.attempt, x.dataset_uuid, x.dataset_version, x.location,
-        x.cursor, x.row_count, d.ended_at
-    FROM done AS d, jsonb_to_recordset(d.outputs) AS x(
-        output_index integer, dataset_uuid uuid, dataset_version uuid, location text,
-        "cursor" bigint, row_count bigint)
-    WHERE d.status = 'Completed'
-    ON CONFLICT (task_id, output_index) DO UPDATE
-    SET (attempt, dataset_uuid, dataset_version, location, "cursor", row_count, committed_at) =
-        (EXCLUDED.attempt, EXCLUDED.dataset_uuid, EXCLUDED.dataset_version, EXCLUDED.location,
-         EXCLUDED."cursor", EXCLUDED.row_count, EXCLUDED.committed_at)
-)
+-- The completion (taskplat_end_attempts, migration 0020) of several attempts of distinct tasks.
 SELECT task_id, status, queue, operator, attempt, worker_id, started_at, dead_reason,
-    next_retry_at, ended_at
-FROM done
+       next_retry_at, ended_at
+FROM taskplat_end_attempts(
+    %(task_ids)s::uuid[], %(attempts)s::integer[], %(lease_tokens)s::uuid[], %(statuses)s::text[],
+    %(retryables)s::boolean[], %(results)s::jsonb[], %(errors)s::text[],
+    %(retry_afters)s::double precision[], %(jitters)s::double precision[], %(digests)s::text[],
+    %(events)s::jsonb[], %(outputs)s::jsonb[], %(now)s::timestamptz)

@@ -68,13 +68,12 @@ announced AS (
     WHERE t.task_id = ANY(ARRAY(SELECT task_id FROM due))
     RETURNING t.task_id, t.queue
 ),
-ob AS (
-    INSERT INTO outbox (kind, task_id, queue, payload, created_at, available_at)
-    SELECT 'enqueue_task', a.task_id, a.queue, jsonb_build_object('task_id', a.task_id::text),
-           n.now, n.now
-    FROM announced AS a, n
+ob AS (  -- taskplat_enqueue_wakeups (migration 0020)
+    SELECT count(*) AS written
+    FROM n, taskplat_enqueue_wakeups(ARRAY(SELECT a.task_id FROM announced AS a), n.now)
 )
-SELECT (SELECT count(*) FROM resumed) AS resumed, (SELECT count(*) FROM announced) AS announced
+SELECT (SELECT count(*) FROM resumed) AS resumed, (SELECT count(*) FROM announced) AS announced,
+       (SELECT written FROM ob) AS announced_wakeups
 
 -- name: mark_claimed_ahead
 -- A claim-next of the queue came back full (migration 0013): the relay may hold back wake-ups.

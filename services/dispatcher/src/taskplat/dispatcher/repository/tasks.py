@@ -199,7 +199,6 @@ def completion_params(
         "retryable": request.retryable,
         "result": Jsonb(request.result) if request.result is not None else None,
         "error_message": request.error_message,
-        "attempt_error": request.error_message if request.status == "Failed" else None,
         "retry_after_seconds": request.retry_after_seconds,
         "jitter": jitter,
         "completion_digest": digest,

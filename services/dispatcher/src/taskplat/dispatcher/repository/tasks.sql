@@ -42,24 +42,11 @@ pins AS (
     FROM inserted AS i,
          taskplat_input_pins(CASE WHEN i.job IS NOT NULL THEN i.inputs END) AS p
 ),
-polled AS (
-    SELECT true AS polled
-    FROM queues AS q, n
-    WHERE q.name = %(queue)s AND q.polled_until > n.now
-      AND %(polled_wakeup_delay_seconds)s::double precision > 0
-),
-wakeup AS (
-    INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at,
-                        held)
-    SELECT 'enqueue_task', i.task_id, i.queue, jsonb_build_object('task_id', i.task_id::text),
-           %(trace_context)s, n.now,
-           n.now + CASE WHEN p.polled
-                        THEN make_interval(secs => %(polled_wakeup_delay_seconds)s)
-                        ELSE interval '0' END,
-           coalesce(p.polled, false)
-    FROM inserted AS i CROSS JOIN n LEFT JOIN polled AS p ON true
-    WHERE i.status = 'Queued'
-    RETURNING queue, held
+wakeup AS (  -- taskplat_enqueue_wakeups (migration 0020): a Queued task's only
+    SELECT w.queue, w.held
+    FROM n, taskplat_enqueue_wakeups(ARRAY(SELECT i.task_id FROM inserted AS i), n.now,
+                                     %(trace_context)s::jsonb,
+                                     %(polled_wakeup_delay_seconds)s::double precision) AS w
 )
 -- The NOTIFY runs in the answer's row, once per wake-up written (a SELECT in a CTE that nothing
 -- reads would not run at all).
@@ -73,21 +60,16 @@ FROM inserted AS i
 SELECT task_id FROM tasks WHERE idempotency_key = %(idempotency_key)s
 
 -- name: insert_outbox_enqueue
-INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at)
-SELECT 'enqueue_task', %(task_id)s, %(queue)s,
-       jsonb_build_object('task_id', %(task_id)s::text), %(trace_context)s, n.now, n.now
-FROM (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS n
+-- The wake-up of a task that is Queued (taskplat_enqueue_wakeups, migration 0020).
+SELECT count(*) AS written
+FROM taskplat_enqueue_wakeups(ARRAY[%(task_id)s::uuid], coalesce(%(now)s::timestamptz, now()),
+                              %(trace_context)s::jsonb)
 
 -- name: insert_outbox_dead_letter
-INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at)
-SELECT 'dead_letter', t.task_id, t.queue,
-       jsonb_build_object(
-           'task_id', t.task_id, 'queue', t.queue, 'operator', t.operator,
-           'attempt', t.attempt, 'max_attempts', t.max_attempts,
-           'dead_reason', t.dead_reason, 'last_error', t.last_error, 'died_at', t.finished_at),
-       %(trace_context)s, n.now, n.now
-FROM tasks AS t, (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS n
-WHERE t.task_id = %(task_id)s AND t.status = 'Dead' AND taskplat_dead_letter_wanted(t.task_id)
+-- The dead-letter record of a task that is Dead (taskplat_dead_letter, migration 0020).
+SELECT count(*) AS written
+FROM taskplat_dead_letter(ARRAY[%(task_id)s::uuid], coalesce(%(now)s::timestamptz, now()),
+                          %(trace_context)s::jsonb)
 
 -- name: notify_outbox
 SELECT pg_notify('taskplat_outbox', %(queue)s)
@@ -126,35 +108,11 @@ WHERE t.task_id = %(task_id)s
 FOR UPDATE OF t
 
 -- name: claim_task
-WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
-claimed AS (
-    UPDATE tasks AS t
-    SET status = 'Running',
-        lease_token = %(lease_token)s,
-        lease_expires_at = n.now + make_interval(secs => %(lease_seconds)s),
-        deadline_at = n.now + make_interval(secs => coalesce(t.timeout_seconds,
-                                                             %(default_timeout_seconds)s)),
-        worker_id = %(worker_id)s,
-        started_at = n.now,
-        attempt_outcome = NULL,
-        next_retry_at = NULL,
-        updated_at = n.now
-    FROM n
-    WHERE t.task_id = %(task_id)s
-      AND t.status = 'Queued'
-      AND (t.expires_at IS NULL OR t.expires_at > n.now)
-      AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.name = t.queue AND q.paused)
-    RETURNING t.task_id, t.attempt, t.job, t.operator, t.queue, t.config, t.inputs,
-              t.timeout_seconds, t.deadline_at, t.lease_token, t.lease_expires_at,
-              t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset,
-              taskplat_job_outputs(t.job) AS outputs, taskplat_job_trust(t.job) AS trust,
-              taskplat_task_steps(t.task_id, t.attempt) AS steps, t.trace_context
-),
-history AS (
-    INSERT INTO task_attempts (task_id, attempt, worker_id, lease_token, started_at)
-    SELECT task_id, attempt, worker_id, lease_token, started_at FROM claimed
-)
-SELECT * FROM claimed
+-- The claim (taskplat_claim, migration 0020) of one task, with the caller's lease token.
+SELECT * FROM taskplat_claim(ARRAY[%(task_id)s::uuid], %(worker_id)s,
+                             %(lease_seconds)s::double precision,
+                             %(default_timeout_seconds)s::integer,
+                             %(now)s::timestamptz, %(lease_token)s::uuid)
 
 -- name: fetch_task
 SELECT task_id, status, attempt, job, operator, queue, config, inputs, timeout_seconds,
@@ -232,72 +190,23 @@ SET attempt = EXCLUDED.attempt,
     committed_at = EXCLUDED.committed_at
 
 -- name: complete_running
--- See tasks.complete_running. Keep it under 4 KiB: psycopg caches only shorter queries.
--- %(ended)s: how the attempt ended (Completed, Failed, Drained); the task's fate is the rule of
--- taskplat_ended_status (migration 0008).
-WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
-done AS (
-    UPDATE tasks AS t
-    SET status = taskplat_ended_status(t, %(ended)s, %(retryable)s),
-        attempt_outcome = %(ended)s,
-        result = CASE WHEN %(ended)s = 'Completed' THEN %(result)s::jsonb ELSE t.result END,
-        last_error = CASE WHEN %(ended)s = 'Completed' THEN t.last_error ELSE %(error_message)s END,
-        dead_reason = taskplat_dead_reason(t, %(ended)s, %(retryable)s),
-        processing_attempts = t.processing_attempts + (%(ended)s = 'Drained')::int,
-        next_retry_at = taskplat_retry_at(t, %(ended)s, %(retryable)s, n.now,
-            %(retry_after_seconds)s::float8, %(jitter)s),
-        finished_at = CASE WHEN taskplat_ended_status(t, %(ended)s, %(retryable)s) = 'Failed'
-            THEN NULL ELSE n.now END,
-        lease_expires_at = NULL,
-        updated_at = n.now
-    FROM n
-    WHERE t.task_id = %(task_id)s AND t.status = 'Running'
-      AND t.attempt = %(attempt)s AND t.lease_token = %(lease_token)s
-    RETURNING t.task_id, t.status, t.queue, t.operator, t.attempt, t.max_attempts, t.worker_id,
-        t.started_at, t.dead_reason, t.last_error, t.next_retry_at, t.finished_at,
-        n.now AS ended_at
-),
-closed AS (
-    UPDATE task_attempts AS a
-    SET finished_at = d.ended_at, outcome = %(ended)s, error = %(attempt_error)s,
-        completion_digest = %(completion_digest)s
-    FROM done AS d
-    WHERE a.task_id = d.task_id AND a.attempt = d.attempt AND a.lease_token = %(lease_token)s
-),
-events AS (
-    INSERT INTO task_events (task_id, attempt, dataset_uuid, dataset_version, "cursor",
-        partition_key, range_start, range_end, created_at)
-    SELECT d.task_id, d.attempt, e.dataset_uuid, e.dataset_version, e.cursor, e.partition_key,
-        e.start, e.end, d.ended_at
-    FROM done AS d, jsonb_to_recordset(%(events)s::jsonb) AS e(
-        dataset_uuid uuid, dataset_version uuid, "cursor" bigint, partition_key text,
-        "start" bigint, "end" bigint)
-    ON CONFLICT (task_id, dataset_uuid, dataset_version, event_key) DO NOTHING
-),
-outputs AS (
-    INSERT INTO task_outputs (task_id, output_index, attempt, dataset_uuid, dataset_version,
-        location, "cursor", row_count, committed_at)
-    SELECT d.task_id, x.output_index, d.attempt, x.dataset_uuid, x.dataset_version, x.location,
-        x.cursor, x.row_count, d.ended_at
-    FROM done AS d, jsonb_to_recordset(%(outputs)s::jsonb) AS x(
-        output_index integer, dataset_uuid uuid, dataset_version uuid, location text,
-        "cursor" bigint, row_count bigint)
-    WHERE d.status = 'Completed'
-    ON CONFLICT (task_id, output_index) DO UPDATE
-    SET (attempt, dataset_uuid, dataset_version, location, "cursor", row_count, committed_at) =
-        (EXCLUDED.attempt, EXCLUDED.dataset_uuid, EXCLUDED.dataset_version, EXCLUDED.location,
-         EXCLUDED."cursor", EXCLUDED.row_count, EXCLUDED.committed_at)
+-- See tasks.complete_running: the completion (taskplat_end_attempts, migration 0020) of one
+-- attempt and, for a task that became Dead, its dead-letter record (taskplat_dead_letter) and the
+-- relay's NOTIFY. %(ended)s: how the attempt ended (Completed, Failed, Drained).
+WITH done AS MATERIALIZED (
+    SELECT e.*
+    FROM taskplat_end_attempts(
+        ARRAY[%(task_id)s::uuid], ARRAY[%(attempt)s::integer], ARRAY[%(lease_token)s::uuid],
+        ARRAY[%(ended)s::text], ARRAY[%(retryable)s::boolean], ARRAY[%(result)s::jsonb],
+        ARRAY[%(error_message)s::text], ARRAY[%(retry_after_seconds)s::double precision],
+        ARRAY[%(jitter)s::double precision], ARRAY[%(completion_digest)s::text],
+        ARRAY[%(events)s::jsonb], ARRAY[%(outputs)s::jsonb], %(now)s::timestamptz) AS e
 ),
 dead_letter AS (
-    INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at)
-    SELECT 'dead_letter', d.task_id, d.queue,
-           jsonb_build_object('task_id', d.task_id, 'queue', d.queue, 'operator', d.operator,
-               'attempt', d.attempt, 'max_attempts', d.max_attempts, 'dead_reason',
-               d.dead_reason, 'last_error', d.last_error, 'died_at', d.finished_at),
-           %(trace_context)s, d.ended_at, d.ended_at
-    FROM done AS d
-    WHERE d.status = 'Dead' AND taskplat_dead_letter_wanted(d.task_id)
-    RETURNING queue
+    SELECT l.queue
+    FROM done AS d, taskplat_dead_letter(ARRAY[d.task_id], d.ended_at, %(trace_context)s::jsonb)
+         AS l(queue)
+    WHERE d.status = 'Dead'
 ),
 notified AS (SELECT pg_notify('taskplat_outbox', queue) FROM dead_letter)
 SELECT d.*, (SELECT count(*) FROM notified) AS notified FROM done AS d
@@ -310,8 +219,7 @@ SELECT d.*, (SELECT count(*) FROM notified) AS notified FROM done AS d
 -- The caller holds the row lock (read_fence_for_update), so `old` is the row this updates.
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 old AS MATERIALIZED (  -- read by primary key, whatever the later filter on status
-    SELECT task_id, status, dead_reason, last_error, finished_at
-    FROM tasks WHERE task_id = %(task_id)s
+    SELECT t.task_id, t.status, t AS task FROM tasks AS t WHERE t.task_id = %(task_id)s
 ),
 done AS (
     UPDATE tasks AS t
@@ -331,14 +239,11 @@ done AS (
     RETURNING t.task_id, t.status, t.queue, t.operator, t.attempt, t.max_attempts, t.worker_id,
               t.started_at, t.dead_reason, t.next_retry_at, n.now AS ended_at
 ),
-resolved AS (
+resolved AS (  -- the first record (taskplat_dead_letter_payload), marked resolved
     INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at)
     SELECT 'dead_letter', d.task_id, d.queue,
-           jsonb_build_object(
-               'record', 'resolved', 'task_id', d.task_id, 'queue', d.queue,
-               'operator', d.operator, 'attempt', d.attempt, 'max_attempts', d.max_attempts,
-               'dead_reason', o.dead_reason, 'last_error', o.last_error,
-               'died_at', o.finished_at, 'resolved_at', d.ended_at),
+           taskplat_dead_letter_payload(o.task)
+               || jsonb_build_object('record', 'resolved', 'resolved_at', d.ended_at),
            %(trace_context)s, d.ended_at, d.ended_at
     FROM done AS d JOIN old AS o ON o.task_id = d.task_id
     WHERE o.status = 'Dead' AND taskplat_dead_letter_wanted(d.task_id)
