@@ -179,7 +179,6 @@ HOT_STATEMENTS: dict[tuple[str, str], dict[str, Task]] = {
     ("taskplat.dispatcher.repository", "tasks.sql"): {
         "insert_task": "new",
         "find_task_by_idempotency_key": "-",
-        "insert_outbox_enqueue": "queued",
         "insert_outbox_dead_letter": "dead",
         "get_task": "completed",
         "read_fence": "running",

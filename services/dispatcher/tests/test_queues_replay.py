@@ -9,7 +9,7 @@ from uuid import uuid4
 from dispatcher_calls import cancel, claim, claimed, complete, create_task
 from dispatcher_harness import Dispatcher
 from dispatcher_metrics import scrape
-from dispatcher_rows import outbox_rows
+from dispatcher_rows import outbox_rows, task_row
 
 
 def _dead(dispatcher: Dispatcher, **fields: Any) -> str:
@@ -180,3 +180,33 @@ def test_stats_counts_and_throughput(dispatcher: Dispatcher) -> None:
     dispatcher.clock.advance(7200)
     later = dispatcher.api.get("/stats").json()
     assert later["throughput"] == [] and len(later["counts"]) == 1
+
+
+def test_single_and_bulk_replay_leave_the_same_task(dispatcher: Dispatcher, db_url: str) -> None:
+    """Both replays are one function (taskplat_replay): a canceled task and a dead one replayed
+    alone and in bulk end with the same row (no reason of the replayed attempt left) and one
+    wake-up each. The bulk copy once kept `cancel_reason`."""
+    compared = (
+        "status", "attempt", "replay_offset", "processing_attempts", "lease_token",
+        "lease_expires_at", "deadline_at", "worker_id", "started_at", "finished_at",
+        "next_retry_at", "expires_at", "attempt_outcome", "dead_reason", "cancel_reason", "result",
+    )  # fmt: skip
+
+    def canceled(dispatcher: Dispatcher) -> str:
+        task_id = str(create_task(dispatcher)["task_id"])
+        assert cancel(dispatcher, task_id).status_code == 200
+        return task_id
+
+    for make, reason in ((canceled, "cancel_reason"), (_dead, "dead_reason")):
+        alone, together = make(dispatcher), make(dispatcher)
+        assert task_row(db_url, together)[reason] is not None
+        assert dispatcher.api.post(f"/tasks/{alone}/retry").status_code == 200
+        bulk = dispatcher.api.post("/tasks/retry", json={"ids": [together]})
+        assert bulk.status_code == 200 and bulk.json()["replayed"] == [together], bulk.text
+        single_row, bulk_row = (task_row(db_url, task_id) for task_id in (alone, together))
+        assert single_row is not None and bulk_row is not None
+        assert {k: single_row[k] for k in compared} == {k: bulk_row[k] for k in compared}
+        assert single_row["status"] == "Queued" and single_row[reason] is None
+        for task_id in (alone, together):
+            wakeups = [r for r in outbox_rows(db_url, task_id) if r["kind"] == "enqueue_task"]
+            assert len(wakeups) == 2  # the create's and the replay's

@@ -210,7 +210,7 @@ class TaskService:
                         "versions",
                         detail={"reason": "PinnedVersionNotCurrent"},
                     )
-                row = await repo.replay_task(conn, task_id, now)
+                row = await repo.replay_task(conn, task_id, now, inject())
                 if row is None:
                     fence = await repo.read_fence(conn, task_id)
                     if fence is None:
@@ -218,9 +218,7 @@ class TaskService:
                     raise Conflict(
                         f"task is {fence['status']}; only Dead or Canceled tasks can be replayed"
                     )
-                await repo.enqueue_wakeup(
-                    conn, task_id=task_id, queue=row["queue"], now=now, trace_context=inject()
-                )
+                await repo.notify_outbox(conn, row["queue"])
                 await audit.record(conn, "replayed", now=now)
             self._recorder.task_replayed(row)
             view = await repo.get_task(conn, task_id)

@@ -856,6 +856,65 @@ CREATE FUNCTION public.taskplat_repinned_inputs(p_inputs jsonb) RETURNS jsonb
 $$;
 
 --
+-- Name: taskplat_replay(uuid[], timestamp with time zone, jsonb); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_replay(p_task_ids uuid[], p_now timestamp with time zone, p_trace_context jsonb DEFAULT NULL::jsonb) RETURNS TABLE(task_id uuid, queue text, operator text, attempt integer)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_now constant timestamptz := coalesce(p_now, now());
+    v_ids uuid[];
+BEGIN
+    IF coalesce(cardinality(p_task_ids), 0) = 0 THEN
+        RETURN;
+    END IF;
+    WITH replayed AS (
+        UPDATE tasks AS t
+        SET status = 'Queued',
+            attempt = t.attempt + 1,
+            replay_offset = t.attempt,
+            processing_attempts = 0,
+            lease_token = NULL,
+            lease_expires_at = NULL,
+            deadline_at = NULL,
+            worker_id = NULL,
+            started_at = NULL,
+            finished_at = NULL,
+            next_retry_at = NULL,
+            expires_at = NULL,
+            attempt_outcome = NULL,
+            dead_reason = NULL,
+            cancel_reason = NULL,
+            result = NULL,
+            queued_at = v_now,
+            updated_at = v_now
+        WHERE t.task_id = ANY(p_task_ids)
+          AND t.status IN ('Dead', 'Canceled')
+        RETURNING t.task_id
+    )
+    SELECT array_agg(r.task_id ORDER BY r.task_id) INTO v_ids FROM replayed AS r;
+    IF v_ids IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM taskplat_enqueue_wakeups(v_ids, v_now, p_trace_context);
+    RETURN QUERY
+    SELECT t.task_id, t.queue, t.operator, t.attempt
+    FROM tasks AS t
+    WHERE t.task_id = ANY(v_ids)
+    ORDER BY t.task_id;
+END;
+$$;
+
+--
+-- Name: FUNCTION taskplat_replay(p_task_ids uuid[], p_now timestamp with time zone, p_trace_context jsonb); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_replay(p_task_ids uuid[], p_now timestamp with time zone, p_trace_context jsonb) IS 'Replay the named Dead or Canceled tasks as new attempts, each with its wake-up.';
+
+--
 -- Name: taskplat_replay_pins(uuid[], boolean); Type: FUNCTION; Schema: public; Owner: -
 --
 

@@ -106,45 +106,11 @@ LIMIT %(limit)s
 FOR UPDATE OF t SKIP LOCKED
 
 -- name: replay_tasks
--- Replay the picked tasks (locked by pick_replayable in this transaction, pins checked).
-WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
-picked AS MATERIALIZED (
-    SELECT t.task_id
-    FROM tasks AS t
-    WHERE t.status IN ('Dead', 'Canceled')
-      AND t.task_id = ANY(%(ids)s::uuid[])
-),
-replayed AS (
-    UPDATE tasks AS t
-    SET status = 'Queued',
-        attempt = t.attempt + 1,
-        replay_offset = t.attempt,
-        processing_attempts = 0,
-        lease_token = NULL,
-        lease_expires_at = NULL,
-        deadline_at = NULL,
-        worker_id = NULL,
-        started_at = NULL,
-        finished_at = NULL,
-        next_retry_at = NULL,
-        expires_at = NULL,
-        attempt_outcome = NULL,
-        dead_reason = NULL,
-        cancel_reason = NULL,
-        result = NULL,
-        queued_at = n.now,
-        updated_at = n.now
-    FROM n
-    WHERE t.task_id = ANY(ARRAY(SELECT task_id FROM picked))  -- locked as Dead or Canceled
-    RETURNING t.task_id, t.queue, t.operator, t.attempt
-),
-ob AS (
-    INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at)
-    SELECT 'enqueue_task', r.task_id, r.queue, jsonb_build_object('task_id', r.task_id::text),
-           %(trace_context)s, n.now, n.now
-    FROM replayed AS r, n
-)
-SELECT task_id, queue, operator, attempt FROM replayed
+-- Replay the picked tasks (locked by pick_replayable in this transaction, pins checked), each with
+-- its wake-up (taskplat_replay, migration 0021: the single replay calls it too).
+SELECT *
+FROM taskplat_replay(%(ids)s::uuid[], coalesce(%(now)s::timestamptz, now()),
+                     %(trace_context)s::jsonb)
 
 -- name: existing_tasks
 SELECT task_id FROM tasks WHERE task_id = ANY(%(ids)s::uuid[])

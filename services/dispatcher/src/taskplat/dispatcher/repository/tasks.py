@@ -47,24 +47,8 @@ async def find_task_by_idempotency_key(conn: Conn, key: str) -> UUID | None:
     return None if row is None else row["task_id"]
 
 
-async def enqueue_wakeup(
-    conn: Conn,
-    *,
-    task_id: UUID,
-    queue: str,
-    now: datetime | None,
-    trace_context: dict[str, str] | None = None,
-) -> None:
-    """Write the `enqueue_task` outbox row and notify the relay (delivered on commit)."""
-    await conn.execute(
-        Q["insert_outbox_enqueue"],
-        {
-            "task_id": task_id,
-            "queue": queue,
-            "now": now,
-            "trace_context": wakeup_trace_context(trace_context),
-        },
-    )
+async def notify_outbox(conn: Conn, queue: str) -> None:
+    """Wake the relay for `queue` (delivered on commit)."""
     await conn.execute(Q["notify_outbox"], {"queue": queue})
 
 
@@ -243,8 +227,12 @@ async def replay_pins(conn: Conn, task_ids: Sequence[UUID], *, repin: bool) -> l
     return [row["task_id"] for row in await cursor.fetchall()]
 
 
-async def replay_task(conn: Conn, task_id: UUID, now: datetime | None) -> Row | None:
-    return await _one(conn, "replay_task", {"task_id": task_id, "now": now})
+async def replay_task(
+    conn: Conn, task_id: UUID, now: datetime | None, trace_context: dict[str, str] | None
+) -> Row | None:
+    """Replay a Dead or Canceled task with its wake-up; None when it is neither."""
+    params = {"task_id": task_id, "now": now, "trace_context": wakeup_trace_context(trace_context)}
+    return await _one(conn, "replay_task", params)
 
 
 async def ping(conn: Conn) -> None:

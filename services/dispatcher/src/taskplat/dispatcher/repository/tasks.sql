@@ -59,12 +59,6 @@ FROM inserted AS i
 -- name: find_task_by_idempotency_key
 SELECT task_id FROM tasks WHERE idempotency_key = %(idempotency_key)s
 
--- name: insert_outbox_enqueue
--- The wake-up of a task that is Queued (taskplat_enqueue_wakeups, migration 0020).
-SELECT count(*) AS written
-FROM taskplat_enqueue_wakeups(ARRAY[%(task_id)s::uuid], coalesce(%(now)s::timestamptz, now()),
-                              %(trace_context)s::jsonb)
-
 -- name: insert_outbox_dead_letter
 -- The dead-letter record of a task that is Dead (taskplat_dead_letter, migration 0020).
 SELECT count(*) AS written
@@ -290,30 +284,11 @@ SELECT task_id, attempt, queue, operator, worker_id FROM canceled
 SELECT taskplat_replay_pins(%(task_ids)s::uuid[], %(repin)s) AS task_id
 
 -- name: replay_task
--- A replay: a new attempt with a fresh attempt budget, Queued at once.
-UPDATE tasks AS t
-SET status = 'Queued',
-    attempt = t.attempt + 1,
-    replay_offset = t.attempt,
-    processing_attempts = 0,
-    lease_token = NULL,
-    lease_expires_at = NULL,
-    deadline_at = NULL,
-    worker_id = NULL,
-    started_at = NULL,
-    finished_at = NULL,
-    next_retry_at = NULL,
-    expires_at = NULL,
-    attempt_outcome = NULL,
-    dead_reason = NULL,
-    cancel_reason = NULL,
-    result = NULL,
-    queued_at = n.now,
-    updated_at = n.now
-FROM (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS n
-WHERE t.task_id = %(task_id)s
-  AND t.status IN ('Dead', 'Canceled')
-RETURNING t.task_id, t.queue, t.operator, t.attempt
+-- A replay: a new attempt with a fresh attempt budget, Queued at once, with its wake-up
+-- (taskplat_replay, migration 0021: the bulk replay calls it too).
+SELECT *
+FROM taskplat_replay(ARRAY[%(task_id)s::uuid], coalesce(%(now)s::timestamptz, now()),
+                     %(trace_context)s::jsonb)
 
 -- name: ping
 SELECT 1 AS ok
