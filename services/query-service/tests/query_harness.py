@@ -111,9 +111,9 @@ def _catalog(conn: psycopg.Connection[Any], name: str, kind: str, location: str)
         (dataset, name, kind, location, version, now, now),
     )
     conn.execute(
-        "INSERT INTO dataset_versions (dataset_uuid, dataset_version, created_at) "
-        "VALUES (%s, %s, %s)",
-        (dataset, version, now),
+        "INSERT INTO dataset_versions (dataset_uuid, dataset_version, created_at, current_since,"
+        " became_current) VALUES (%s, %s, %s, %s, 'created')",
+        (dataset, version, now, now),
     )
     return Dataset(dataset, version, name, kind)
 
