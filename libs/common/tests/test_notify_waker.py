@@ -45,7 +45,9 @@ def notify(database_url: str, channel: str, times: int = 1) -> None:
 def listening(database_url: str, channel: str) -> bool:
     with psycopg.connect(database_url, autocommit=True) as conn:
         row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE query = %s", (f'LISTEN "{channel}"',)
+            # `idle`: the LISTEN has finished (committed); while it runs, a NOTIFY is not heard.
+            "SELECT count(*) FROM pg_stat_activity WHERE query = %s AND state = 'idle'",
+            (f'LISTEN "{channel}"',),
         ).fetchone()
     return row is not None and row[0] >= 1
 

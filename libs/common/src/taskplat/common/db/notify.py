@@ -52,22 +52,31 @@ class PgNotifyWaker:
 
     def wait(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds for a notification; True if one arrived."""
+        return self.heard(timeout) > 0
+
+    def heard(self, timeout: float) -> int:
+        """Wait up to `timeout` seconds for notifications; how many arrived (0: none). Every
+        notification of the packet that brought the first is counted: none is dropped."""
         deadline = time.monotonic() + timeout
         while not self._stop.is_set():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return False
+                return 0
             conn = self._connect()
             if conn is None:
                 self._stop.wait(min(remaining, self._poll))
                 continue
+            received = 0
             try:
+                # Read to the generator's end: it stops after the batch holding the first one.
                 for _ in conn.notifies(timeout=min(remaining, self._poll), stop_after=1):
-                    return True
+                    received += 1
             except psycopg.Error as exc:
                 self._log.warning("listen_lost", error=type(exc).__name__)
                 self.close()
-        return False
+            if received:
+                return received
+        return 0
 
     def close(self) -> None:
         if self._conn is not None:
@@ -100,10 +109,10 @@ class SharedNotifyWaker:
 
     def _listen(self) -> None:
         while not self._stop.is_set():
-            if self._listener.wait(60.0):
+            if heard := self._listener.heard(60.0):
                 with self._heard:
-                    self._pending = min(self._pending + 1, self._loops)
-                    self._heard.notify()
+                    self._pending = min(self._pending + heard, self._loops)
+                    self._heard.notify(heard)
         with self._heard:
             self._heard.notify_all()
 
