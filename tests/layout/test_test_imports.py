@@ -37,6 +37,10 @@ KNOWN_CROSS_IMPORTS = {
     ("services/outbox-relay/tests", "dispatcher_harness"),
     ("tests/ui", "dispatcher_calls"),
     ("tests/ui", "dispatcher_harness"),
+    # Came with the operator runtimes in other languages (merged beside this check): the build of
+    # the TypeScript and Rust runtimes, and the dispatcher harness their tests run against.
+    ("tests/e2e", "runtime_builds"),
+    ("tests/runtimes", "dispatcher_harness"),
 }
 
 
