@@ -34,7 +34,7 @@ from taskplat.common.contracts.access import (
     WorkerReport,
     WorkerView,
 )
-from taskplat.common.errors import BadRequest, Conflict, NotFound, ValidationFailed
+from taskplat.common.errors import Conflict, NotFound, ValidationFailed
 from taskplat.common.logging import get_logger
 from taskplat.dispatcher import audit
 from taskplat.dispatcher.access import BOOTSTRAP, Identity, KeyStore, key_hash, new_secret
@@ -132,7 +132,12 @@ class AccessService:
         before_id: int | None = None
         if cursor is not None:
             if not cursor.isdigit() or len(cursor) > 19:
-                raise BadRequest("cursor is not one this API answered")
+                raise ValidationFailed(
+                    "cursor is not a cursor this API returned",
+                    detail=[
+                        {"loc": ["query", "cursor"], "msg": "invalid cursor", "type": "cursor"}
+                    ],
+                )
             before_id = int(cursor)
         params: dict[str, Any] = {
             "since": since,
