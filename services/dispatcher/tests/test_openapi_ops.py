@@ -357,7 +357,7 @@ def _access_route_responses(d: Dispatcher, add: Callable[..., None]) -> None:
     add("DELETE", one, 404, d.api.delete("/keys/k1"))
     add("DELETE", one, 422, d.api.delete("/keys/no%20pe"))
     add("GET", "/audit", 200, d.api.get("/audit"))
-    add("GET", "/audit", 400, d.api.get("/audit", params={"cursor": "x"}))
+    add("GET", "/audit", 422, d.api.get("/audit", params={"cursor": "x"}))
     add("GET", "/audit", 401, anonymous.get("/audit"))
     add("GET", "/audit", 422, d.api.get("/audit", params={"limit": 0}))
     add("GET", "/workers", 200, d.api.get("/workers"))

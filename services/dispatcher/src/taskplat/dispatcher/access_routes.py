@@ -118,7 +118,6 @@ ACCESS_ROUTES: tuple[RouteSpec, ...] = (
               "The audit log of operate and admin calls, newest first", "api_key", list_audit,
               query=AuditQuery,
               responses={200: ("one page of the audit log", AuditList),
-                         400: ("a cursor this API did not answer", ErrorResponse),
                          **_AUTH, **dict([_INVALID])}),
     RouteSpec("GET", "/workers", "list_workers",
               "The workers seen lately: queues, slots, version, running tasks, last seen",
