@@ -41,7 +41,8 @@ class AuditQuery(Contract):
     key: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     action: Annotated[str, Field(min_length=1, max_length=100)] | None = None
     target: Annotated[str, Field(min_length=1, max_length=300)] | None = None
-    cursor: Annotated[str, Field(max_length=512)] | None = None
+    # The next page's cursor as GET /audit answered it: an audit row id.
+    cursor: Annotated[str, Field(pattern=r"^[0-9]{1,19}$")] | None = None
     limit: Annotated[int, Field(ge=1, le=500)] = 100
 
 
