@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta, timezone
+from uuid import UUID
 
 import httpx
 import psycopg
@@ -196,6 +197,21 @@ def test_same_idempotency_key_answers_200_with_the_existing_task_and_creates_not
     fresh = dispatcher.api.post("/tasks", json={"operator": "echo", "idempotency_key": "abd"})
     assert fresh.status_code == 201
     assert fresh.json()["task_id"] != first.json()["task_id"]
+
+
+def test_task_ids_are_time_ordered_uuid7(dispatcher: Dispatcher) -> None:
+    """New tasks' ids are UUIDv7, so the primary key grows at its right edge (single and bulk)."""
+    single = [create_task(dispatcher)["task_id"] for _ in range(3)]
+    batch = dispatcher.api.post(
+        "/tasks/batch", json={"tasks": [{"operator": "echo"} for _ in range(3)]}
+    )
+    assert batch.status_code in (200, 201), batch.text
+    ids = [UUID(task_id) for task_id in single] + [
+        UUID(item["task"]["task_id"]) for item in batch.json()["results"]
+    ]
+    assert {task_id.version for task_id in ids} == {7}
+    millis = [task_id.int >> 80 for task_id in ids]
+    assert millis == sorted(millis), "a later task's id has an earlier timestamp"
 
 
 def test_concurrent_creates_with_one_key_give_one_task(dispatcher: Dispatcher, db_url: str) -> None:

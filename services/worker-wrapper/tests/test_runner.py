@@ -23,7 +23,7 @@ from taskplat.worker_wrapper.outcomes import (
     Succeeded,
     TaskInput,
 )
-from taskplat.worker_wrapper.pool import PooledRunner
+from taskplat.worker_wrapper.pool import PooledRunner, warm_operators
 from taskplat.worker_wrapper.protocol import StdoutLimits
 from taskplat.worker_wrapper.runner import PerTaskRunner, RunnerLimits
 
@@ -288,6 +288,49 @@ def test_pooled_runs_pool_size_tasks_at_once() -> None:
         assert runner.started == 2
 
     run(main)
+
+
+def test_pooled_reuses_an_idle_process_before_starting_another() -> None:
+    async def main() -> list[RunOutcome]:
+        pooled = spec("pid", mode="pooled", pool_size=4, warm_processes=0)
+        runner = PooledRunner("pid", pooled, LIMITS, ENVIRON)
+        try:
+            outcomes = [await run_one(runner, task()) for _ in range(5)]
+            assert runner.started == 1, "one task at a time needs one process"
+            return outcomes
+        finally:
+            await runner.close()
+
+    pids = {o.payload["pid"] for o in run(main) if isinstance(o, Succeeded) and o.payload}
+    assert len(pids) == 1
+
+
+def test_warm_starts_the_pool_before_any_task() -> None:
+    async def main() -> None:
+        pooled = spec("pid", mode="pooled", pool_size=3)
+        runner = PooledRunner("pid", pooled, LIMITS, ENVIRON)
+        lazy = PooledRunner(
+            "pid", spec("pid", mode="pooled", pool_size=3, warm_processes=1), LIMITS, ENVIRON
+        )
+        try:
+            await warm_operators([runner, lazy, per_task("pid")])
+            assert (runner.started, lazy.started) == (3, 1)
+            outcomes = await asyncio.gather(*(run_one(runner, task()) for _ in range(3)))
+            assert all(isinstance(o, Succeeded) for o in outcomes)
+            assert runner.started == 3, "the tasks ran on the warm processes"
+            assert isinstance(await run_one(lazy, task()), Succeeded) and lazy.started == 1
+        finally:
+            await runner.close()
+            await lazy.close()
+
+    run(main)
+
+
+def test_warm_processes_is_checked() -> None:
+    with pytest.raises(ValueError, match="larger than pool_size"):
+        spec("pid", mode="pooled", pool_size=2, warm_processes=3)
+    with pytest.raises(ValueError, match="pooled operators only"):
+        spec("pid", warm_processes=1)
 
 
 def test_pooled_events_are_forwarded_in_order() -> None:

@@ -1,5 +1,5 @@
 """`python -m taskplat.worker_wrapper`: non-dumpable -> settings -> secrets out of the environment
--> operators -> logging -> telemetry -> wrapper -> ops server -> signals -> run.
+-> operators -> logging -> telemetry -> wrapper -> ops server -> signals -> warm pools -> run.
 
 Invariants: only wiring lives here; the process is made non-dumpable before it reads anything,
 and the secret variables leave its environment as soon as the settings hold them (see
@@ -30,6 +30,7 @@ from taskplat.worker_wrapper.event_loop import EventLoopUnavailable, loop_factor
 from taskplat.worker_wrapper.isolation import aws_session, make_non_dumpable, take_secrets
 from taskplat.worker_wrapper.observability import SERVICE
 from taskplat.worker_wrapper.operators import OperatorsFileError, OperatorSpec, load_operators
+from taskplat.worker_wrapper.pool import warm_operators
 from taskplat.worker_wrapper.settings import WrapperSettings, describe_settings_error
 from taskplat.worker_wrapper.task_protection import TaskProtection
 from taskplat.worker_wrapper.worker import build_wrapper
@@ -70,6 +71,7 @@ async def serve(
         wrapper.executor.telemetry.watch_busy(protection.busy_changed)
         protecting = asyncio.create_task(protection.run())
     try:
+        await warm_operators(wrapper.runners.values())
         await wrapper.run(stop)
     finally:
         if protection is not None and protecting is not None:

@@ -81,6 +81,11 @@ class OperatorSpec(BaseModel):
     pool_size: Annotated[int, Field(ge=1, le=256)] | None = Field(
         None, description="Processes of a pooled operator (default 1)."
     )
+    warm_processes: Annotated[int, Field(ge=0, le=256)] | None = Field(
+        None,
+        description="Processes of a pooled operator started when the wrapper starts, before it "
+        "takes any work (default: the whole pool; 0: each starts on first use).",
+    )
     untrusted: bool = Field(
         False,
         description="Untrusted code: each task runs in a fresh process (per-task mode only) with "
@@ -105,6 +110,11 @@ class OperatorSpec(BaseModel):
     def _pool_size_only_pooled(self) -> Self:
         if self.pool_size is not None and self.mode != "pooled":
             raise ValueError("pool_size applies to pooled operators only")
+        if self.warm_processes is not None:
+            if self.mode != "pooled":
+                raise ValueError("warm_processes applies to pooled operators only")
+            if self.warm_processes > self.processes:
+                raise ValueError("warm_processes is larger than pool_size")
         if self.untrusted and self.mode != "per-task":
             raise ValueError("untrusted operators run in per-task mode only")
         return self
@@ -112,6 +122,13 @@ class OperatorSpec(BaseModel):
     @property
     def processes(self) -> int:
         return self.pool_size or 1
+
+    @property
+    def warm(self) -> int:
+        """Processes to start before the wrapper takes work (pooled operators only)."""
+        if self.mode != "pooled":
+            return 0
+        return self.processes if self.warm_processes is None else self.warm_processes
 
     def argv(self, python: str | None = None) -> list[str]:
         interpreter = python or sys.executable

@@ -4,6 +4,11 @@ start slowly).
 Invariants:
   * A pool has `pool_size` slots; a task takes a free slot (waiting for one counts against its
     deadline and yields to a stop), starting the slot's process if it has none or it died.
+  * A task takes the most recently freed slot: an idle live process is always taken before a slot
+    without one, so a pool starts a process only when every started one is busy.
+  * `warm()`, called before the wrapper takes work, starts the operator's `warm` processes
+    (by default the whole pool) at once; one that fails to start leaves its slot to start on
+    first use.
   * A pooled process reads one task JSON per line on stdin and answers each with event lines then
     one envelope line. It has no per-task environment: the task line carries `task_id`, `attempt`,
     `lease_token` and `deadline_at`.
@@ -20,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from taskplat.common.logging import get_logger
 from taskplat.worker_wrapper.isolation import Isolation
@@ -73,7 +78,8 @@ class PooledRunner(OperatorProcesses):
         telemetry: WrapperTelemetry | None = None,
     ) -> None:
         super().__init__(name, spec, limits, environ, telemetry)
-        self._slots: asyncio.Queue[OperatorProcess | None] = asyncio.Queue()
+        # Last in, first out: a freed process goes back on top, above the slots never started.
+        self._slots: asyncio.LifoQueue[OperatorProcess | None] = asyncio.LifoQueue()
         for _ in range(spec.processes):
             self._slots.put_nowait(None)
         self._live: set[OperatorProcess] = set()
@@ -128,6 +134,23 @@ class PooledRunner(OperatorProcesses):
                 signal_group(slot.proc.pid, signal.SIGKILL)
                 self._live.discard(slot)
             self._slots.put_nowait(keep)
+
+    async def warm(self) -> None:
+        count = min(self._spec.warm, self._slots.qsize())
+        if count == 0:
+            return
+        taken = [self._slots.get_nowait() for _ in range(count)]
+        started = await asyncio.gather(*(self._start() for _ in taken), return_exceptions=True)
+        for slot, result in zip(taken, started, strict=True):
+            if isinstance(result, OperatorProcess):
+                self._slots.put_nowait(result)
+                continue
+            if not isinstance(result, OSError):
+                raise result
+            get_logger().warning(
+                "pooled_operator_warm_failed", operator=self._name, error=str(result)
+            )
+            self._slots.put_nowait(slot)
 
     async def _start(self) -> OperatorProcess:
         slot = await self._start_process()
@@ -213,3 +236,9 @@ def build_runners(
         else:
             runners[name] = PerTaskRunner(name, spec, limits, environ, telemetry, isolation)
     return runners
+
+
+async def warm_operators(runners: Iterable[OperatorRunner]) -> None:
+    """Start every runner's warm processes at once (the wrapper does so before taking work, so
+    a pooled operator's first tasks do not wait for its processes to start)."""
+    await asyncio.gather(*(runner.warm() for runner in runners))

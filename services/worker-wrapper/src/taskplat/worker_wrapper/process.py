@@ -282,6 +282,8 @@ async def write_input(proc: Process, data: bytes, *, close: bool) -> bool:
     stdin = proc.stdin
     if stdin is None:
         return False
+    if stdin.is_closing():
+        return False
     try:
         stdin.write(data)
         await stdin.drain()
@@ -289,4 +291,8 @@ async def write_input(proc: Process, data: bytes, *, close: bool) -> bool:
             stdin.close()
     except (BrokenPipeError, ConnectionResetError):
         return False
+    except RuntimeError:
+        if stdin.is_closing():  # uvloop: the pipe was closed under the write
+            return False
+        raise
     return True

@@ -254,5 +254,8 @@ class PerTaskRunner(OperatorProcesses):
         await wait_exit(proc, math.inf)
         signal_group(proc.pid, signal.SIGKILL)
 
+    async def warm(self) -> None:
+        return None  # a fresh process per task: nothing runs before the first
+
     async def close(self) -> None:
         return None

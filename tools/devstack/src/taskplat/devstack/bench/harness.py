@@ -203,6 +203,13 @@ class BenchStack:
     def worker_names(self) -> list[str]:
         return [name for name in self.running().services() if name.startswith("worker")]
 
+    def restart_workers(self) -> None:
+        """Restart every worker wrapper (fresh processes, as a new deployment starts them) and
+        wait until each is ready."""
+        for name in self.worker_names():
+            self.running().restart(name)
+        self.wait_workers_ready()
+
     def wait_workers_ready(self, timeout: float = 60.0) -> None:
         """Every worker wrapper runs and its /healthz answers 200 (it polls SQS)."""
         stack = self.running()

@@ -185,6 +185,9 @@ class _VariantRun:
             sizes = self.config.sizes
             # The transport floor first, in the same run: a plain client through the same SQS.
             floor = measure_floor(bs, n=sizes.w2_tasks, rate=sizes.w2_rate)
+            # Fresh wrappers, whose `lat` operator has served nothing yet: the first tasks of a
+            # new deployment count too.
+            bs.restart_workers()
             figures = measure_latency(bs, sizes, label)
             figures["floor"] = floor
             for p in ("p50", "p99"):

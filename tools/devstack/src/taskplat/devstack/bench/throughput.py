@@ -218,13 +218,13 @@ def measure_throughput(
 def measure_latency(
     bs: BenchStack, sizes: Sizes, label: str, *, tasks: int | None = None, rate: float | None = None
 ) -> dict[str, Any]:
-    """One run of W2: `tasks` (`sizes.w2_tasks`) no-op tasks, one by one at `rate`
+    """One run of W2: `tasks` (`sizes.w2_tasks`) no-op tasks (operator `lat`), one by one at `rate`
     (`sizes.w2_rate`) per second; enqueue-to-start = the operator's start minus the client's time
     just before the POST."""
     n = tasks or sizes.w2_tasks
     rate = rate or sizes.w2_rate
     idle_wait = bs.wait_idle()
-    bodies = [{"operator": "noop"} for _ in range(n)]
+    bodies = [{"operator": "lat"} for _ in range(n)]
 
     def submit(
         on_done: Callable[[int], None], stop: threading.Event
