@@ -12,6 +12,8 @@ UV := $(TOOLS)/bin/uv
 VENV := .venv
 RUN := $(UV) run --frozen --no-sync
 PYTEST_ARGS ?=
+# make bench PEER_BENCH=DIR: also run the side-by-side harness in DIR and report the peers' figures.
+PEER_BENCH ?=
 CHAOS_ARGS ?=
 SOAK_ARGS ?=
 
@@ -52,7 +54,7 @@ demo: venv sqs-deps ## Private stack: 1,000 echo tasks, a three-job pipeline, th
 
 .PHONY: bench
 bench: venv sqs-deps ## Benchmark on a private stack: prints the table, writes bench/results/latest.{json,md}
-	@$(RUN) python -m taskplat.devstack bench $(BENCH_ARGS)
+	@$(RUN) python -m taskplat.devstack bench $(if $(PEER_BENCH),--peers $(PEER_BENCH)) $(BENCH_ARGS)
 
 .PHONY: chaos
 chaos: venv sqs-deps ## Chaos run, 2 replicas, with and without waiting claims: 10,000 tasks each under SQS faults, SIGKILLs, Postgres crashes; exits 1 on loss (CHAOS_ARGS)

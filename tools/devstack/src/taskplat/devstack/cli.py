@@ -244,6 +244,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         submit=args.submit,
         sizes=sizes,
         command=["python", "-m", "taskplat.devstack", *sys.argv[1:]],
+        peers_harness=args.peers.absolute() if args.peers else None,
     )
     return run_bench(config)
 
@@ -426,6 +427,13 @@ def _bench_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     bench.add_argument(
         "--results", type=Path, default=Path("bench/results"), help="results dir (bench/results)"
+    )
+    bench.add_argument(
+        "--peers",
+        type=Path,
+        metavar="DIR",
+        help="a side-by-side harness folder (setup.sh, run.sh): run it after the workloads and "
+        "report the peers' figures and Taskplat's ratios (make bench PEER_BENCH=DIR)",
     )
     sizes = bench.add_argument_group("sizes (defaults: the issue's; --quick shrinks them)")
     sizes.add_argument("--w1-tasks", type=_positive, help="W1/W4 tasks per run (5000)")

@@ -131,6 +131,7 @@ class BenchConfig:
     workers: int = 2
     submit: str = "auto"  # auto (bulk endpoint when the dispatcher has one) | single | batch
     command: tuple[str, ...] = ()
+    peers_harness: Path | None = None  # the side-by-side harness run after the workloads
 
     def __post_init__(self) -> None:
         if self.runs < 1:
@@ -157,6 +158,7 @@ class BenchConfig:
             },
             "base_env": dict(BASE_ENV),
             "command": list(self.command),
+            "peers_harness": str(self.peers_harness) if self.peers_harness else None,
         }
 
 
@@ -171,6 +173,7 @@ def make_config(
     submit: str = "auto",
     sizes: Mapping[str, object] | None = None,
     command: Sequence[str] = (),
+    peers_harness: Path | None = None,
 ) -> BenchConfig:
     """The config of `python -m taskplat.devstack bench`; `sizes` overrides single sizes."""
     base = QUICK_SIZES if quick else Sizes()
@@ -185,4 +188,5 @@ def make_config(
         quick=quick,
         submit=submit,
         command=tuple(command),
+        peers_harness=peers_harness,
     )

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from taskplat.devstack.bench.peers import render_lines as render_peer_lines
 from taskplat.devstack.bench.stats import spread
 
 SERVICES = ("dispatcher", "relay", "scheduler", "reaper")
@@ -368,6 +369,8 @@ def render_markdown(record: Mapping[str, Any]) -> str:
             lines += [f"W4 prefill: {json.dumps(prefill)}", ""]
         for workload, error in (variant.get("errors") or {}).items():
             lines += [f"**{workload} failed**: {error}", ""]
+    if "peers" in record:
+        lines += render_peer_lines(record["peers"])
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -30,6 +30,8 @@ from taskplat.devstack.bench.buffered import measure_buffered
 from taskplat.devstack.bench.config import LEASE_TTL, BenchConfig, Variant
 from taskplat.devstack.bench.floor import measure_floor
 from taskplat.devstack.bench.harness import BenchStack
+from taskplat.devstack.bench.peers import checkout_root, compare, load_results, run_harness
+from taskplat.devstack.bench.peers import render_lines as render_peer_lines
 from taskplat.devstack.bench.query import measure_query
 from taskplat.devstack.bench.recovery import measure_recovery
 from taskplat.devstack.bench.report import (
@@ -312,6 +314,8 @@ def run_bench(config: BenchConfig) -> tuple[Record, int]:
     for variant in config.variants:
         say(f"variant {variant.name}: {dict(variant.env) or 'no overrides'}")
         record["variants"].append(_VariantRun(config, variant, record).run())
+    if config.peers_harness is not None:
+        record["peers"] = _against_peers(config)
     record["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")
     record["duration_seconds"] = round(time.monotonic() - started, 1)
     record["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
@@ -320,10 +324,31 @@ def run_bench(config: BenchConfig) -> tuple[Record, int]:
     return record, 1 if missing or any(v["errors"] for v in record["variants"]) else 0
 
 
+def _against_peers(config: BenchConfig) -> dict[str, Any]:
+    """Run the side-by-side harness (see `peers`); its failure is recorded, not raised."""
+    assert config.peers_harness is not None
+    log = config.run_dir / "peers.log"
+    say(f"peers: running the side-by-side harness in {config.peers_harness} (log: {log}) ...")
+    try:
+        folder = run_harness(
+            config.peers_harness,
+            checkout_root(),
+            log,
+            reps=config.runs,
+            tasks=config.sizes.w1_tasks,
+        )
+        return {"results": str(folder), **compare(load_results(folder))}
+    except (DevstackError, OSError, ValueError) as exc:
+        say(f"peers: not measured: {exc}")
+        return {"error": str(exc)}
+
+
 def main(config: BenchConfig) -> int:
     record, status = run_bench(config)
     json_path, md_path = write_results(record, config.results_dir)
     print(render_table(record), flush=True)
+    if "peers" in record:
+        print("\n".join(render_peer_lines(record["peers"])), flush=True)
     say(f"{record['duration_seconds']:.0f}s in all; results in {json_path} and {md_path}")
     for name in record["missing_figures"]:
         say(f"missing: {name}")
