@@ -20,10 +20,12 @@ import pytest
 from psycopg.rows import dict_row
 
 from taskplat.common.db.migrate import (
+    REWORDED,
     Migration,
     MigrationError,
     apply_migrations,
     available_migrations,
+    code_checksum,
     migration_status,
 )
 from taskplat.common.db.queries import parse_queries
@@ -199,6 +201,38 @@ def test_a_database_migrated_before_checksums_adopts_them(empty_db_url: str) -> 
     assert [s.applied_at is not None for s in migration_status(empty_db_url, [TABLE])] == [True]
     assert apply_migrations(empty_db_url, migrations=[TABLE, COLUMN]) == [2]
     assert _recorded(empty_db_url) == {1: TABLE.checksum, 2: COLUMN.checksum}
+
+
+def test_a_reworded_migration_is_accepted_with_its_old_checksum_and_adopts_the_new(
+    empty_db_url: str,
+) -> None:
+    shipped = available_migrations()
+    reworded = next(m for m in shipped if m.version == 1)
+    old_checksum = REWORDED[1][0]
+    apply_migrations(empty_db_url, migrations=shipped[:1])
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:  # applied before the rewording
+        conn.execute(
+            "UPDATE schema_migrations SET checksum = %s WHERE version = 1", (old_checksum,)
+        )
+    assert [s.edited for s in migration_status(empty_db_url, shipped[:1])] == [False]
+    apply_migrations(empty_db_url, migrations=shipped[:1])
+    assert _recorded(empty_db_url) == {1: reworded.checksum}
+    # Any other checksum is still an edit.
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        conn.execute("UPDATE schema_migrations SET checksum = 'x' WHERE version = 1")
+    with pytest.raises(MigrationError, match=r"\[1\] were edited"):
+        apply_migrations(empty_db_url, migrations=shipped[:1])
+
+
+def test_reworded_migrations_changed_nothing_but_comments() -> None:
+    by_version = {m.version: m for m in available_migrations()}
+    for version, (_, code) in REWORDED.items():
+        assert code_checksum(by_version[version].sql) == code, (
+            f"migration {version} changed beyond its comments since it was reworded"
+        )
+    assert code_checksum("SELECT 1; -- a\n\n-- b\nSELECT 2;\n") == code_checksum(
+        "SELECT 1;\nSELECT 2; -- c"
+    )
 
 
 def test_a_no_transaction_migration_runs_each_statement_on_its_own(empty_db_url: str) -> None:

@@ -28,7 +28,7 @@ from dispatcher_rows import (
 
 from taskplat.common.contracts import ClaimedResponse, NotClaimedResponse
 
-# Seed 004's Claimed response and its task payload.
+# The Claimed response of docs/contracts.md and its task payload.
 SEED_CLAIMED_FIELDS = {"status", "attempt", "lease_token", "lease_expires_at", "task"}
 # docs/contracts.md: every claim also carries its attempt token (and, untrusted, a
 # capability token).

@@ -8,7 +8,9 @@ Invariants:
   * a database that records a version this code does not know is refused (the code is older than
     the schema); so is one whose recorded checksum differs from the file's (an applied migration
     was edited: write a new one instead). A version recorded before checksums existed gets the
-    file's checksum recorded on the next run.
+    file's checksum recorded on the next run. The one allowance: a migration listed in `REWORDED`
+    had only its comments changed after it shipped; the checksum it was applied with is accepted
+    and replaced by the file's (its SQL, comments aside, is held to the listed hash by a test).
   * every statement runs with `lock_timeout` and `statement_timeout` set (after the advisory lock
     is taken, so a runner may wait for another): a migration that would queue behind a long
     transaction, and so block every query queued behind it, fails fast instead; nothing of it is
@@ -46,6 +48,35 @@ _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _STATEMENT_END = re.compile(r";[ \t]*(?:--[^\n]*)?$", re.MULTILINE)
 
 
+# Migrations whose comments were reworded after they shipped (their SQL is unchanged): version ->
+# (the checksum of the text they were applied with, sha256 of the current text without comments).
+REWORDED: dict[int, tuple[str, str]] = {
+    1: (
+        "ffa4704ab433c287cb69705372f939df63e7fc4f0cabe501c96cf69b9fa803ba",
+        "0a1b7486a5096efd273f3beb51963e737c6f2b484802d60bb4732b369e2e0e40",
+    ),
+    5: (
+        "7fe86fc1e1e2f1aeb630945a239a647aeffd4293e7c7110fb09b866b69b23786",
+        "f14a39dad935574264a3ff47b0c531fa5f83495cbbbfdf9cdb7d56acebc4930d",
+    ),
+    9: (
+        "4dc85c7f3beafbdf5c75d33d01eaea3a6c15129553ca47a84f83ffc5c5e73b7c",
+        "94d02256334eaa25ebd69a20a4ba0809164418f5de8b15d531850f7723018977",
+    ),
+    10: (
+        "24c8301a26454b92672fe9328961932fbcd5b716467c4f398bbfbd3c09d0556d",
+        "23a6c22a754f177836fa415e81b2faa47e94243505bbd94d7441c61b2ecf6bd0",
+    ),
+}
+_COMMENT = re.compile(r"--.*$")
+
+
+def code_checksum(sql: str) -> str:
+    """sha256 of `sql` without its `--` comments and blank lines (how `REWORDED` is checked)."""
+    lines = (_COMMENT.sub("", line).rstrip() for line in sql.splitlines())
+    return hashlib.sha256("\n".join(line for line in lines if line.strip()).encode()).hexdigest()
+
+
 @dataclass(frozen=True)
 class Migration:
     version: int
@@ -55,6 +86,12 @@ class Migration:
     @property
     def checksum(self) -> str:
         return hashlib.sha256(self.sql.encode("utf-8")).hexdigest()
+
+    def applied_as_is(self, recorded: str | None) -> bool:
+        """Whether a recorded checksum is this text's, or the one it had before a rewording."""
+        if recorded is None or recorded == self.checksum:
+            return True
+        return recorded == REWORDED.get(self.version, ("", ""))[0]
 
     @property
     def transactional(self) -> bool:
@@ -157,7 +194,7 @@ def _check_recorded(
     edited = sorted(
         cast(int, version)
         for version, checksum in rows
-        if checksum is not None and checksum != by_version[cast(int, version)].checksum
+        if not by_version[cast(int, version)].applied_as_is(cast(str | None, checksum))
     )
     if edited:
         raise MigrationError(
@@ -165,11 +202,11 @@ def _check_recorded(
             "restore them and write a new migration instead"
         )
     for version, checksum in rows:
-        if checksum is None:
+        current = by_version[cast(int, version)].checksum
+        if checksum != current:  # recorded before checksums were kept, or reworded since
             conn.execute(
-                "UPDATE schema_migrations SET checksum = %s "
-                "WHERE version = %s AND checksum IS NULL",
-                (by_version[cast(int, version)].checksum, version),
+                "UPDATE schema_migrations SET checksum = %s WHERE version = %s",
+                (current, version),
             )
     return done
 
@@ -251,7 +288,7 @@ def migration_status(
         if row is None:
             states.append(MigrationState(migration.version, migration.name, None))
         else:
-            edited = row[1] is not None and row[1] != migration.checksum
+            edited = not migration.applied_as_is(row[1])
             states.append(MigrationState(migration.version, migration.name, row[0], edited))
     return states
 

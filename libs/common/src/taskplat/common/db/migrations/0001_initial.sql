@@ -19,7 +19,7 @@ CREATE TABLE tasks (
                               'Canceled')),
     queue                 text NOT NULL,
     operator              text NOT NULL,
-    -- Room for jobs and DAGs: the job reference of seed 004 ({dag_name, name}); a jobs table and a
+    -- Room for jobs and DAGs: the job reference ({dag_name, name}, docs/contracts.md); a jobs table and a
     -- job_id foreign key come with the DAG work.
     job                   jsonb,
     config                jsonb NOT NULL DEFAULT '{}'::jsonb,

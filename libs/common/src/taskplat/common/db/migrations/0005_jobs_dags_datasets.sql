@@ -1,4 +1,4 @@
--- Jobs, DAGs and datasets: events route work downstream (DESIGN "Jobs, DAGs and datasets").
+-- Jobs, DAGs and datasets: events route work downstream (docs/ARCHITECTURE.md "Jobs, DAGs and datasets").
 --
 -- Invariants:
 --   * a dataset has exactly one current version (datasets.current_version, a row of

@@ -1,4 +1,5 @@
--- Buffered Postgres datasets and step results (DESIGN "Buffered Postgres datasets", "Step results").
+-- Buffered Postgres datasets and step results (docs/contracts.md "Buffered Postgres datasets",
+-- docs/ARCHITECTURE.md "Step results").
 --
 -- Invariants:
 --   * a buffered_postgres dataset has one `dataset_tables` row per version: the table the

@@ -1,5 +1,5 @@
 -- Lambda runtime: the wake-up of a task of a `runtime: lambda` job is an invocation, not an SQS
--- message (DESIGN "Lambda").
+-- message (docs/contracts.md "Lambda invocation").
 --
 -- Invariants:
 --   * every `enqueue_task` outbox row of a task whose job says `runtime: lambda` is stored as an
