@@ -17,6 +17,7 @@ from taskplat.client import (
     AsyncClient,
     Client,
     Conflict,
+    Forbidden,
     NotFound,
     Unauthorized,
     Unreachable,
@@ -212,3 +213,48 @@ def test_a_rollback_and_a_repinning_replay(client: Client, dispatcher: Dispatche
     assert again.canceled_tasks == 0
     assert client.retry_many([task.task_id]).skipped[0].reason == "PinnedVersionNotCurrent"
     assert client.retry_many([task.task_id], repin=True).replayed == [task.task_id]
+
+
+def test_the_async_client_covers_the_operations_api(dispatcher: Dispatcher) -> None:
+    """Every async method added with scoped keys, the audit log and workers answers typed."""
+    doc = {
+        "jobs": {
+            "source": {"operator": "emit", "outputs": [{"index": 0, "dataset": "blocks"}]},
+            "sink": {"operator": "echo", "inputs": [{"from": {"dataset": "blocks"}}]},
+        }
+    }
+
+    async def scenario() -> None:
+        async with AsyncClient(dispatcher.base_url, API_KEY) as aio:
+            assert (await aio.register_queue("async-q")).name == "async-q"
+            assert (await aio.pause("async-q")).paused and not (await aio.resume("async-q")).paused
+            assert "async-q" in [queue.name for queue in (await aio.queues()).queues]
+            created = await aio.create_key("async-reader", ["read"])
+            assert created.key.startswith("tpk_") and created.scopes == ["read"]
+            assert "async-reader" in [key.name for key in (await aio.keys()).keys]
+            async with AsyncClient(dispatcher.base_url, created.key) as reader:
+                assert (await reader.stats()).counts == []
+                with pytest.raises(Forbidden, match="'submit' scope"):
+                    await reader.submit("echo")
+            assert (await aio.revoke_key("async-reader")).revoked is True
+            actions = [entry.action for entry in (await aio.audit()).entries]
+            assert {"create_key", "revoke_key", "pause_queue"} <= set(actions)
+            assert (await aio.workers()).workers == []
+
+            assert (await aio.apply_dag("async-dag", doc)).changed is True
+            assert [dag.dag_name for dag in (await aio.dags()).dags] == ["async-dag"]
+            assert len((await aio.dag("async-dag")).jobs) == 2
+            blocks = (await aio.datasets()).datasets[0]
+            newer = await aio.new_dataset_version(blocks.dataset_uuid)
+            assert newer.dataset.current_version != blocks.current_version
+            assert (await aio.dataset(blocks.dataset_uuid)).name == "blocks"
+            assert (await aio.dataset_events(blocks.dataset_uuid)).events == []
+            run = await aio.run_job("async-dag", "source", config={"n": 1})
+            assert (await aio.task_events(run.task_id)).events == []
+            canceled = await aio.cancel(run.task_id)
+            assert canceled.status == "Canceled"
+            assert (await aio.wait(run.task_id, timeout=5)).status == "Canceled"
+            assert (await aio.retry_many([run.task_id])).replayed == [run.task_id]
+            assert (await aio.delete_dag("async-dag")).deleted is True
+
+    asyncio.run(scenario())

@@ -14,6 +14,7 @@ from taskplat.client.aio import AsyncClient
 from taskplat.client.errors import (
     BadRequest,
     Conflict,
+    Forbidden,
     HTTPError,
     NotFound,
     PayloadTooLarge,
@@ -39,6 +40,7 @@ __all__ = [
     "BulkRetryResponse",
     "Client",
     "Conflict",
+    "Forbidden",
     "HTTPError",
     "NotFound",
     "PayloadTooLarge",

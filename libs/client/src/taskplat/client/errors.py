@@ -43,6 +43,10 @@ class Unauthorized(HTTPError):
     """401: a missing or wrong API key."""
 
 
+class Forbidden(HTTPError):
+    """403: the key is valid but lacks the scope the call needs (the message names it)."""
+
+
 class NotFound(HTTPError):
     """404: no such task (or queue, DAG, dataset)."""
 
@@ -66,6 +70,7 @@ class ServerError(HTTPError):
 BY_STATUS: dict[int, type[HTTPError]] = {
     400: BadRequest,
     401: Unauthorized,
+    403: Forbidden,
     404: NotFound,
     409: Conflict,
     413: PayloadTooLarge,
