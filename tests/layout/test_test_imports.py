@@ -5,7 +5,7 @@ The root pytest configuration puts every tests folder that holds helper modules 
 (else one folder's helper silently shadows another's), and nothing but that import path stops one
 package's tests from importing another's helpers. This test is that stop: it reads every test
 module's imports and fails on a helper imported from another package's tests folder. A harness
-that several packages need belongs in the shared testkit (tools/devstack), not in one package's
+that several packages need belongs in the shared testkit (tools/testkit), not in one package's
 tests.
 
 `KNOWN_CROSS_IMPORTS` lists the imports that predate this check (the dispatcher's harness that
@@ -109,7 +109,7 @@ def test_helper_module_names_are_unique_on_the_import_path() -> None:
 
 def test_no_tests_import_another_packages_helpers() -> None:
     new = _cross_imports() - KNOWN_CROSS_IMPORTS
-    assert new == set(), "move the helper into the shared testkit (tools/devstack)"
+    assert new == set(), "move the helper into the shared testkit (tools/testkit)"
 
 
 def test_the_known_cross_imports_are_all_still_there() -> None:

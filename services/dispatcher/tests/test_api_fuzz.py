@@ -37,8 +37,8 @@ from hypothesis import strategies as st
 from schemathesis import Case, GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from taskplat.devstack.testdb import TemplateDatabases
 from taskplat.dispatcher.openapi import build_openapi
+from taskplat.testkit.testdb import TemplateDatabases
 
 MAX_EXAMPLES = 15
 # Share of cases whose ids are swapped for real ones (the rest keep the fuzzer's own values).

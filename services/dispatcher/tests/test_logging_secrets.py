@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from taskplat.common.logging import configure_logging
 from taskplat.common.telemetry import Telemetry
-from taskplat.devstack.testdb import with_database
+from taskplat.testkit.testdb import with_database
 
 DB_PASSWORD = "db-pa55word-never-logged"
 WRONG_TOKEN = "wrong-token-someone-guessed-0123"

@@ -21,7 +21,7 @@ from dispatcher_calls import (
 from dispatcher_harness import Dispatcher, serve_dispatcher
 from dispatcher_metrics import Scrape, install_poison_triggers, scrape
 
-from taskplat.devstack.testdb import with_database
+from taskplat.testkit.testdb import with_database
 
 CREATED = "taskplat_tasks_created_total"
 CLAIMED = "taskplat_tasks_claimed_total"

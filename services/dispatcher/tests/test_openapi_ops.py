@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from starlette.routing import Mount, Route
 
 from taskplat.common import contracts
-from taskplat.devstack.testdb import with_database
+from taskplat.testkit.testdb import with_database
 
 BODY_CAP = 1024
 REF_PREFIX = "#/components/schemas/"
