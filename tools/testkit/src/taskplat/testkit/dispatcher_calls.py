@@ -13,7 +13,8 @@ from typing import Any
 from uuid import uuid4
 
 import httpx
-from dispatcher_harness import Dispatcher
+
+from taskplat.testkit.dispatcher_harness import Dispatcher
 
 JsonDict = dict[str, Any]
 

@@ -1,6 +1,6 @@
 """Test rows for the scheduler's and the reaper's tests (not product code).
 
-Shared by both packages' tests through the pytest `pythonpath` (services/scheduler/tests). A
+Shared by both packages' tests from the testkit (`taskplat.testkit.loops_rows`). A
 `LoopRows` holds one autocommit connection of its own: each call commits at once, so what it writes
 is what the loops under test see. Inserted tasks get the column values a real dispatcher would have
 written for their status (a Running task has a lease, a deadline and an open attempt row).
@@ -36,7 +36,8 @@ Q = parse_queries(_SQL_PATH.read_text(encoding="utf-8"), source=str(_SQL_PATH))
 # The dispatcher's own statements (its `tasks.sql`, read from the repository, not imported: a
 # service never imports another), so races are run against what the dispatcher really executes.
 DISPATCHER_SQL = (
-    Path(__file__).resolve().parents[2] / "dispatcher/src/taskplat/dispatcher/repository/tasks.sql"
+    Path(__file__).resolve().parents[5]  # the repository root, above tools/testkit/src/taskplat/
+    / "services/dispatcher/src/taskplat/dispatcher/repository/tasks.sql"
 )
 DISPATCHER = parse_queries(DISPATCHER_SQL.read_text(encoding="utf-8"), source=str(DISPATCHER_SQL))
 

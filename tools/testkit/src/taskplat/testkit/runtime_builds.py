@@ -19,7 +19,7 @@ from typing import NoReturn
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[5]  # the repository, above tools/testkit/src/taskplat/
 JS_DIR = ROOT / "libs" / "lambda-runtime-js"
 RS_DIR = ROOT / "libs" / "lambda-runtime-rs"
 PY_OPERATOR_DIR = ROOT / "libs" / "lambda-runtime" / "examples"
