@@ -16,8 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from taskplat.chaos.config import ChaosConfig
 from taskplat.chaos.injector import FaultRates
-from taskplat.chaos.run import ChaosConfig, ChaosResult, ChaosRun, report
+from taskplat.chaos.report import report
+from taskplat.chaos.run import ChaosRun
+from taskplat.chaos.verdict import ChaosResult
 
 pytestmark = pytest.mark.e2e
 

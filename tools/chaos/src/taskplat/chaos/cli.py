@@ -2,7 +2,7 @@
 
 Invariants: bad fault rates, replicas or variants are refused (exit 2, or ``chaos: error: ...``
 and exit 1) before anything starts; the run exits 1 when it lost a task, completed one twice or
-overlapped two attempts (see `taskplat.chaos.run`).
+overlapped two attempts (see `taskplat.chaos.variants` and `taskplat.chaos.run`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from taskplat.devstack.errors import DevstackError
 
 
 def _cmd_chaos(args: argparse.Namespace) -> int:
+    from taskplat.chaos.config import VARIANTS, ChaosConfig
     from taskplat.chaos.injector import FaultRates
-    from taskplat.chaos.run import VARIANTS, ChaosConfig
-    from taskplat.chaos.run import main as run_chaos
+    from taskplat.chaos.variants import main as run_chaos
 
     try:
         rates = FaultRates(

@@ -26,8 +26,7 @@ The run:
    it, how each completed attempt was claimed (from the balancer's record: an SQS wake-up, a
    waiting claim, a claim ahead) and how many wake-ups SQS delivered (from the injector).
 
-`main` runs the variants given (default: both, waiting claims first), each with a fresh stack in
-`<run_dir>/<variant>`, and fails when either fails.
+`taskplat.chaos.variants.main` runs the variants, each a `ChaosRun` with a fresh stack.
 
 Invariants:
 - Every random choice comes from `random.Random(seed)` (the injector has its own stream from the
@@ -35,7 +34,6 @@ Invariants:
 - Processes (services, Postgres) are started and restarted from the calling thread only (their
   death signal is tied to it); the submitter thread only speaks HTTP.
 - Faults and kills never continue into the drain: the drain measures convergence.
-- The summary is printed and written as JSON to `<run_dir>/chaos-summary.json`.
 """
 
 from __future__ import annotations
@@ -44,13 +42,10 @@ import json
 import os
 import random
 import signal
-import sys
-import threading
 import time
 import uuid
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, LiteralString
 
@@ -59,7 +54,11 @@ import psycopg
 from psycopg.rows import dict_row
 
 from taskplat.chaos.balancer import DispatcherBalancer
+from taskplat.chaos.config import NO_WAITING_CLAIMS_ENV, ChaosConfig
 from taskplat.chaos.injector import FaultRates, SqsFaultInjector
+from taskplat.chaos.report import rates_text
+from taskplat.chaos.submitter import Submitter
+from taskplat.chaos.verdict import ChaosResult, judge, read_records
 from taskplat.common.db.queries import load_queries
 from taskplat.devstack.errors import DevstackError
 from taskplat.devstack.ports import free_port
@@ -71,16 +70,7 @@ QUERIES = load_queries("taskplat.chaos", "chaos.sql")
 OPERATOR_SCRIPT = str(Path(__file__).with_name("recording_operator.py").absolute())
 LOOPS = ("dispatcher", "relay", "scheduler", "reaper")  # with the worker wrappers: the victims
 REPLICATED = ("dispatcher", "relay", "scheduler", "reaper", "sink")  # `replicas` of each
-WAITING_CLAIMS = "waiting-claims"
-NO_WAITING_CLAIMS = "no-waiting-claims"
-VARIANTS = (WAITING_CLAIMS, NO_WAITING_CLAIMS)
-# Without waiting claims, no claim bypasses SQS: no waiting claim and no claim ahead either.
-NO_WAITING_CLAIMS_ENV = {
-    "TASKPLAT_WORKER_POLL_DISPATCHER": "false",
-    "TASKPLAT_WORKER_CLAIM_AHEAD": "false",
-}
 CLAIM_SOURCES = ("sqs", "waiting_claim", "claim_ahead", "unknown")
-BATCH = 100
 Say = Callable[[str], None]
 
 # The stack's settings: short leases and a quick re-publish, so recovery happens within the run.
@@ -112,193 +102,6 @@ operators:
     mode: pooled
     pool_size: 8
 """
-
-
-@dataclass(frozen=True)
-class ChaosConfig:
-    run_dir: Path
-    tasks: int = 10_000
-    fault_seconds: float = 90.0
-    drain_seconds: float = 300.0
-    rates: FaultRates = field(
-        default_factory=lambda: FaultRates(
-            lose=0.05, duplicate=0.05, fail_receive=0.05, fail_delete=0.05
-        )
-    )
-    kill_every: float = 5.0  # mean seconds between two SIGKILLs (0: none)
-    postgres_restarts: int = 2
-    workers: int = 2
-    replicas: int = 2  # processes of each of REPLICATED
-    waiting_claims: bool = True  # False: NO_WAITING_CLAIMS_ENV on the wrappers
-    task_sleep: float = 0.005  # seconds each task's operator sleeps
-    seed: int | None = None
-    sqs_endpoint_url: str | None = None  # a running SQS endpoint to put the injector in front of
-
-    def __post_init__(self) -> None:
-        if self.tasks < 1:
-            raise DevstackError("chaos needs at least one task")
-        if self.fault_seconds <= 0 or self.drain_seconds <= 0:
-            raise DevstackError("the fault and drain windows must be positive")
-        if self.workers < 1:
-            raise DevstackError("chaos needs at least one worker wrapper")
-        if self.replicas < 1:
-            raise DevstackError("chaos needs at least one replica of each service")
-
-    @property
-    def variant(self) -> str:
-        return WAITING_CLAIMS if self.waiting_claims else NO_WAITING_CLAIMS
-
-
-@dataclass
-class Verdict:
-    """What went wrong, from the database and from the operators' records."""
-
-    lost_db: list[str] = field(default_factory=list)
-    lost_records: list[str] = field(default_factory=list)
-    completed_twice_db: list[str] = field(default_factory=list)
-    completed_twice_records: list[str] = field(default_factory=list)
-    overlapped_db: list[str] = field(default_factory=list)
-    overlapped_records: list[str] = field(default_factory=list)
-    unrecorded_completions: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not any(asdict(self).values())
-
-
-@dataclass
-class ChaosResult:
-    seed: int
-    tasks: int
-    verdict: Verdict
-    injected: dict[str, int]
-    sqs_requests: dict[str, int]  # during the fault window
-    kills: dict[str, int]
-    postgres_restarts: int
-    attempt_outcomes: dict[str, int]
-    runs_recorded: int
-    tasks_run_more_than_once: int
-    submit_seconds: float
-    drain_seconds: float | None
-    queue_empty: bool
-    variant: str = WAITING_CLAIMS
-    replicas: int = 1
-    # How each task's completed attempt was claimed (CLAIM_SOURCES), from the balancer's record.
-    completed_by_source: dict[str, int] = field(default_factory=dict)
-    claims_by_source: dict[str, int] = field(default_factory=dict)  # every claim answered
-    wakeups_received: int = 0  # messages SQS delivered to the wrappers, the whole run
-    balancer: dict[str, int] = field(default_factory=dict)  # requests per replica, 502s
-    kills_by_process: dict[str, int] = field(default_factory=dict)
-    settings: dict[str, str] = field(default_factory=dict)  # the variant's notable settings
-    notes: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-class _Submitter(threading.Thread):
-    """Creates the run's tasks in batches spread over `spread` seconds (HTTP only)."""
-
-    def __init__(
-        self, url: str, api_key: str, bodies: list[dict[str, Any]], spread: float, run: str
-    ) -> None:
-        super().__init__(name="chaos-submitter", daemon=True)
-        self.url = url
-        self.headers = {"Authorization": f"Bearer {api_key}"}
-        self.bodies = bodies
-        self.spread = spread
-        self.run_key = run
-        self.error: BaseException | None = None
-        self.finished_at: float | None = None
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        try:
-            self._submit()
-        except BaseException as exc:
-            self.error = exc
-        self.finished_at = time.monotonic()
-
-    def _submit(self) -> None:
-        batches = [self.bodies[i : i + BATCH] for i in range(0, len(self.bodies), BATCH)]
-        started = time.monotonic()
-        with httpx.Client(base_url=self.url, headers=self.headers, timeout=10.0) as client:
-            for number, batch in enumerate(batches):
-                due = started + self.spread * number / len(batches)
-                if self.stop.wait(max(0.0, due - time.monotonic())):
-                    return
-                self._post(client, batch)
-
-    def _post(self, client: httpx.Client, batch: list[dict[str, Any]]) -> None:
-        def attempt() -> bool:
-            try:
-                response = client.post("/tasks/batch", json={"tasks": batch})
-            except httpx.TransportError:
-                return False
-            if response.status_code >= 500:
-                return False
-            if response.status_code not in (200, 201):
-                raise DevstackError(f"POST /tasks/batch: {response.status_code} {response.text}")
-            return True
-
-        wait_for(attempt, timeout=120, what="POST /tasks/batch to succeed", interval=0.2)
-
-
-def _records(path: Path) -> list[tuple[str, int, float, float, int]]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        parts = line.split()
-        if len(parts) == 5:
-            rows.append((parts[0], int(parts[1]), float(parts[2]), float(parts[3]), int(parts[4])))
-    return rows
-
-
-def judge(
-    records: list[tuple[str, int, float, float, int]],
-    task_ids: set[str],
-    db: Callable[[str], list[dict[str, Any]]],
-) -> tuple[Verdict, int]:
-    """The verdict from the database (`db(query name)`) and the operators' records; also how
-    many tasks were run to the end more than once (at-least-once execution, not an error)."""
-    verdict = Verdict()
-    verdict.lost_db = sorted(
-        {row["task_id"] for row in db("not_completed")} | (task_ids - _all_tasks(db))
-    )
-    verdict.completed_twice_db = sorted(row["task_id"] for row in db("completed_twice"))
-    verdict.overlapped_db = sorted(
-        f"{row['task_id']} attempts {row['earlier']}/{row['later']}"
-        for row in db("overlapping_attempts")
-    )
-    runs: dict[str, list[tuple[int, float, float, int]]] = defaultdict(list)
-    for task_id, attempt, start, end, pid in records:
-        runs[task_id].append((attempt, start, end, pid))
-    verdict.lost_records = sorted(task_ids - set(runs))
-    per_attempt = Counter((task_id, attempt) for task_id, attempt, *_ in records)
-    verdict.completed_twice_records = sorted(
-        f"{task_id} attempt {attempt}" for (task_id, attempt), n in per_attempt.items() if n > 1
-    )
-    for task_id, task_runs in runs.items():
-        ordered = sorted(task_runs, key=lambda run: run[1])
-        latest = ordered[0]  # the run that ends last among those started so far
-        for run in ordered[1:]:
-            if run[1] < latest[2]:
-                verdict.overlapped_records.append(f"{task_id} attempts {latest[0]}/{run[0]}")
-            if run[2] > latest[2]:
-                latest = run
-    completed = {(row["task_id"], row["attempt"]) for row in db("completed_attempts")}
-    verdict.unrecorded_completions = sorted(
-        f"{task_id} attempt {attempt}"
-        for task_id, attempt in completed
-        if (task_id, attempt) not in per_attempt
-    )
-    rerun = sum(1 for task_runs in runs.values() if len(task_runs) > 1)
-    return verdict, rerun
-
-
-def _all_tasks(db: Callable[[str], list[dict[str, Any]]]) -> set[str]:
-    return {row["task_id"] for row in db("task_ids")}
 
 
 class ChaosRun:
@@ -444,7 +247,7 @@ class ChaosRun:
             for n in range(config.tasks)
         ]
         spread = config.fault_seconds * 0.6
-        submitter = _Submitter(balancer.url, stack.info.api_key, bodies, spread, run_key)
+        submitter = Submitter(balancer.url, stack.info.api_key, bodies, spread, run_key)
         started = time.monotonic()
         window_end = started + config.fault_seconds
         restarts = sorted(
@@ -454,7 +257,7 @@ class ChaosRun:
         next_kill = self._next_kill(started)
         injector.set_rates(config.rates)
         submitter.start()
-        self.say(f"chaos: faults on ({_rates_text(config.rates)})")
+        self.say(f"chaos: faults on ({rates_text(config.rates)})")
         last_report = started
         while time.monotonic() < window_end or submitter.is_alive():
             now = time.monotonic()
@@ -487,7 +290,7 @@ class ChaosRun:
             return self._query_fresh(stack, conn_box, name)
 
         task_ids = {row["task_id"] for row in db("task_ids")}
-        records = _records(self.record)
+        records = read_records(self.record)
         verdict, rerun = judge(records, task_ids | self._missing(task_ids), db)
         outcomes = {row["outcome"]: row["attempts"] for row in db("attempt_outcomes")}
         claims = balancer.claims
@@ -641,182 +444,3 @@ class ChaosRun:
 def _kind(name: str) -> str:
     """The service a process runs: `dispatcher-2` -> `dispatcher`, `worker-1` -> `worker`."""
     return name.split("-", 1)[0]
-
-
-def _rates_text(rates: FaultRates) -> str:
-    return (
-        f"lose {rates.lose:.0%}, duplicate {rates.duplicate:.0%}, "
-        f"fail receive {rates.fail_receive:.0%}, fail delete {rates.fail_delete:.0%}"
-    )
-
-
-def report(result: ChaosResult, config: ChaosConfig) -> str:
-    v = result.verdict
-    injected = result.injected
-    kills = ", ".join(f"{name} {n}" for name, n in sorted(result.kills.items())) or "none"
-    outcomes = ", ".join(f"{k} {n}" for k, n in sorted(result.attempt_outcomes.items()))
-    drained = f"{result.drain_seconds}s" if result.drain_seconds is not None else "not reached"
-    by_source = result.completed_by_source
-    lines = [
-        f"chaos run ({result.variant}): {result.tasks} tasks, seed {result.seed}, faults for "
-        f"{config.fault_seconds:g}s ({_rates_text(config.rates)}), {config.workers} workers, "
-        f"{result.replicas} replicas of each service",
-        "settings: " + ", ".join(f"{k}={v}" for k, v in result.settings.items()),
-        f"injected: {injected.get('lost', 0)} messages lost, "
-        f"{injected.get('duplicated', 0)} duplicated, "
-        f"{injected.get('failed_receives', 0)} receives and "
-        f"{injected.get('failed_deletes', 0)} deletes failed",
-        "SQS requests during the faults: "
-        + ", ".join(f"{name} {n}" for name, n in sorted(result.sqs_requests.items())),
-        f"SIGKILLs: {kills}; Postgres immediate restarts: {result.postgres_restarts}",
-        "SIGKILLs per process: "
-        + (", ".join(f"{n} {k}" for n, k in sorted(result.kills_by_process.items())) or "none"),
-        "dispatcher balancer: " + ", ".join(f"{k} {n}" for k, n in sorted(result.balancer.items())),
-        f"submitted in {result.submit_seconds}s; every task Completed {drained} after the "
-        f"faults stopped; task queue empty at the end: {'yes' if result.queue_empty else 'no'}",
-        f"attempts: {outcomes}; operator runs recorded: {result.runs_recorded} "
-        f"({result.tasks_run_more_than_once} tasks run more than once, allowed)",
-        f"completed tasks claimed from an SQS wake-up {by_source.get('sqs', 0)}, by a waiting "
-        f"claim {by_source.get('waiting_claim', 0)}, ahead {by_source.get('claim_ahead', 0)}, "
-        f"unknown {by_source.get('unknown', 0)}; wake-ups SQS delivered: "
-        f"{result.wakeups_received}",
-        "",
-        f"{'':34}{'database':>10}{'operators':>11}",
-        f"{'tasks lost':34}{len(v.lost_db):>10}{len(v.lost_records):>11}",
-        f"{'tasks completed twice':34}{len(v.completed_twice_db):>10}"
-        f"{len(v.completed_twice_records):>11}",
-        f"{'attempts that overlapped':34}{len(v.overlapped_db):>10}{len(v.overlapped_records):>11}",
-        f"{'completions no operator recorded':34}{len(v.unrecorded_completions):>10}{'':>11}",
-    ]
-    for note in result.notes:
-        lines.append(f"note: {note}")
-    for name, items in asdict(v).items():
-        if items:
-            lines.append(f"{name}: {', '.join(items[:10])}{' ...' if len(items) > 10 else ''}")
-    lines.append(f"result ({result.variant}): " + ("PASS" if v.ok else "FAIL"))
-    return "\n".join(lines)
-
-
-def comparison(results: list[ChaosResult]) -> str:
-    """One column per variant: the verdict (database/operators) and the paths the tasks took."""
-
-    def both(db: list[str], records: list[str]) -> str:
-        return f"{len(db)}/{len(records)}"
-
-    rows: list[tuple[str, list[str]]] = [
-        ("tasks (replicas of each service)", [f"{r.tasks} ({r.replicas})" for r in results]),
-        (
-            "tasks lost (db/operators)",
-            [both(r.verdict.lost_db, r.verdict.lost_records) for r in results],
-        ),
-        (
-            "completed twice (db/operators)",
-            [
-                both(r.verdict.completed_twice_db, r.verdict.completed_twice_records)
-                for r in results
-            ],
-        ),
-        (
-            "overlaps (db/operators)",
-            [both(r.verdict.overlapped_db, r.verdict.overlapped_records) for r in results],
-        ),
-        ("unrecorded completions", [str(len(r.verdict.unrecorded_completions)) for r in results]),
-    ]
-    for source, label in (
-        ("sqs", "completed via an SQS wake-up"),
-        ("waiting_claim", "completed via a waiting claim"),
-        ("claim_ahead", "completed via a claim ahead"),
-        ("unknown", "completed via unknown"),
-    ):
-        rows.append((label, [str(r.completed_by_source.get(source, 0)) for r in results]))
-    rows += [
-        ("wake-ups SQS delivered", [str(r.wakeups_received) for r in results]),
-        (
-            "SQS sends lost/duplicated",
-            [f"{r.injected.get('lost', 0)}/{r.injected.get('duplicated', 0)}" for r in results],
-        ),
-        (
-            "SIGKILLs / Postgres restarts",
-            [f"{sum(r.kills.values())}/{r.postgres_restarts}" for r in results],
-        ),
-        ("result", ["PASS" if r.verdict.ok else "FAIL" for r in results]),
-    ]
-    width = max(20, *(len(r.variant) + 2 for r in results))
-    lines = [f"{'':34}" + "".join(f"{r.variant:>{width}}" for r in results)]
-    lines += [
-        f"{label:34}" + "".join(f"{cell:>{width}}" for cell in cells) for label, cells in rows
-    ]
-    return "\n".join(lines)
-
-
-def variant_configs(config: ChaosConfig, variants: tuple[str, ...]) -> list[ChaosConfig]:
-    """One config per variant, each in its own directory under `config.run_dir`, with the seed
-    plus the variant's index in VARIANTS (so the variants draw different kill schedules, and a
-    variant run alone replays the same one)."""
-    unknown = [name for name in variants if name not in VARIANTS]
-    if unknown or not variants:
-        raise DevstackError(f"unknown chaos variant {unknown}: choose from {', '.join(VARIANTS)}")
-    seed = config.seed
-    return [
-        replace(
-            config,
-            run_dir=config.run_dir / name,
-            waiting_claims=name == WAITING_CLAIMS,
-            seed=None if seed is None else seed + VARIANTS.index(name),
-        )
-        for name in variants
-    ]
-
-
-def main(
-    config: ChaosConfig, say: Say | None = None, *, variants: tuple[str, ...] = VARIANTS
-) -> int:
-    """Run each variant (one after the other, seeds from one draw), print each report and the
-    comparison, write `<run_dir>/chaos-summary.json`; 0 when every variant passed."""
-
-    def default_say(text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
-
-    say = say or default_say
-    seed = config.seed if config.seed is not None else random.randrange(1 << 31)
-    config = replace(config, seed=seed)
-    runs: list[tuple[ChaosConfig, ChaosResult, str]] = []
-    for each in variant_configs(config, variants):
-        result = ChaosRun(each, say).run()
-        text = report(result, each)
-        print(text + "\n", flush=True)
-        each.run_dir.mkdir(parents=True, exist_ok=True)
-        (each.run_dir / "chaos-summary.json").write_text(
-            json.dumps(
-                {"config": _config_json(each), "result": result.to_json(), "text": text}, indent=2
-            )
-        )
-        runs.append((each, result, text))
-    table = comparison([result for _, result, _ in runs])
-    ok = all(result.verdict.ok for _, result, _ in runs)
-    print(table + "\nresult: " + ("PASS" if ok else "FAIL"), flush=True)
-    (config.run_dir / "chaos-summary.json").write_text(
-        json.dumps(
-            {
-                "config": _config_json(config),
-                "variants": {
-                    result.variant: {
-                        "config": _config_json(each),
-                        "result": result.to_json(),
-                        "text": text,
-                    }
-                    for each, result, text in runs
-                },
-                "comparison": table,
-                "ok": ok,
-            },
-            indent=2,
-        )
-    )
-    return 0 if ok else 1
-
-
-def _config_json(config: ChaosConfig) -> dict[str, Any]:
-    data = asdict(config)
-    data["run_dir"] = str(config.run_dir)
-    return data
