@@ -1,6 +1,6 @@
 # Taskplat. `make help` lists the targets. Every target sets itself up: a pinned uv in .tools/,
 # the workspace virtualenv in .venv/, and (for tests and the stack) a private Postgres and a local
-# SQS endpoint started by the tools in tools/devstack.
+# SQS endpoint started by the local runtime in tools/devstack.
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -54,15 +54,15 @@ demo: venv sqs-deps ## Private stack: 1,000 echo tasks, a three-job pipeline, th
 
 .PHONY: bench
 bench: venv sqs-deps ## Benchmark on a private stack: prints the table, writes bench/results/latest.{json,md}
-	@$(RUN) python -m taskplat.devstack bench $(if $(PEER_BENCH),--peers $(PEER_BENCH)) $(BENCH_ARGS)
+	@$(RUN) python -m taskplat.bench $(if $(PEER_BENCH),--peers $(PEER_BENCH)) $(BENCH_ARGS)
 
 .PHONY: chaos
 chaos: venv sqs-deps ## Chaos run, 2 replicas, with and without waiting claims: 10,000 tasks each under SQS faults, SIGKILLs, Postgres crashes; exits 1 on loss (CHAOS_ARGS)
-	@$(RUN) python -m taskplat.devstack chaos $(CHAOS_ARGS)
+	@$(RUN) python -m taskplat.chaos $(CHAOS_ARGS)
 
 .PHONY: soak
 soak: venv sqs-deps ## Soak: 200 tasks/s for 20 min on a private stack; exits 1 if a resource grows (SOAK_ARGS)
-	@$(RUN) python -m taskplat.devstack soak $(SOAK_ARGS)
+	@$(RUN) python -m taskplat.soak $(SOAK_ARGS)
 
 .PHONY: browser-deps
 browser-deps: ## Install Debian's chromium and chromium-driver for the dashboard's browser tests (root)
@@ -97,7 +97,7 @@ test-e2e: venv sqs-deps runtime-deps ## Run the end-to-end suite only (every ser
 lint: venv ## ruff and mypy --strict
 	@$(RUN) ruff check .
 	@$(RUN) ruff format --check .
-	@$(RUN) mypy libs/common/src libs/client/src libs/lambda-runtime/src tools/devstack/src $(wildcard services/*/src)
+	@$(RUN) mypy libs/common/src libs/client/src libs/lambda-runtime/src $(wildcard tools/*/src) $(wildcard services/*/src)
 
 .PHONY: deploy-check
 deploy-check: venv ## cfn-lint and the policy check on every CloudFormation template (also in `make test`)

@@ -2,7 +2,7 @@
 
 Invariants: tests never touch a database another test uses: each test gets its own database cloned
 from a migrated template; the Postgres server and the SQS endpoint come from
-`taskplat.devstack.fixtures` (private processes on free ports, or DATABASE_URL / SQS_ENDPOINT_URL
+`taskplat.testkit.fixtures` (private processes on free ports, or DATABASE_URL / SQS_ENDPOINT_URL
 from the environment when set).
 """
 
@@ -14,9 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from taskplat.devstack.testdb import TemplateDatabases
+from taskplat.testkit.testdb import TemplateDatabases
 
-pytest_plugins = ["taskplat.devstack.fixtures"]
+pytest_plugins = ["taskplat.testkit.fixtures"]
 
 
 @pytest.fixture(scope="session")

@@ -31,6 +31,11 @@ PACKAGES = {
     "taskplat-worker-wrapper": ("services/worker-wrapper/src", "taskplat.worker_wrapper", ()),
     "taskplat-client": ("libs/client/src", "taskplat.client", ()),
     "taskplat-lambda-runtime": ("libs/lambda-runtime/src", "taskplat.lambda_runtime", ()),
+    "taskplat-devstack": ("tools/devstack/src", "taskplat.devstack", ()),
+    "taskplat-testkit": ("tools/testkit/src", "taskplat.testkit", ()),
+    "taskplat-bench": ("tools/bench/src", "taskplat.bench", ()),
+    # One distribution, two commands: the chaos run and the soak.
+    "taskplat-chaos": ("tools/chaos/src", "taskplat.chaos,taskplat.soak", ()),
 }
 # Modules of a package that need one of its optional extras.
 EXTRA_MODULES = {
@@ -63,12 +68,13 @@ def check(uv: str, scratch: Path, name: str, module: str, extras: tuple[str, ...
     skip = [prefix for prefix, extra in EXTRA_MODULES.items() if extra not in extras]
     if module != "taskplat.common":
         skip = []
-    result = subprocess.run(
-        [python, "-c", IMPORT_ALL, module, *skip], cwd=ROOT, capture_output=True, text=True
-    )
-    if result.returncode != 0:
-        last = result.stderr.strip().splitlines()[-1:] or ["(no output)"]
-        return f"{name}: an import fails with only its declared dependencies: {last[0]}"
+    for each in module.split(","):
+        result = subprocess.run(
+            [python, "-c", IMPORT_ALL, each, *skip], cwd=ROOT, capture_output=True, text=True
+        )
+        if result.returncode != 0:
+            last = result.stderr.strip().splitlines()[-1:] or ["(no output)"]
+            return f"{name}: an import fails with only its declared dependencies: {last[0]}"
     if name == "taskplat-worker-wrapper":
         probe = subprocess.run([python, "-c", "import psycopg"], capture_output=True)
         if probe.returncode == 0:

@@ -34,8 +34,8 @@ from psycopg.rows import dict_row
 from taskplat.common.db.queries import parse_queries
 from taskplat.devstack.sqs import sqs_client
 from taskplat.devstack.stack import Stack, StackConfig
-from taskplat.devstack.testdb import with_database
 from taskplat.devstack.waiting import wait_for
+from taskplat.testkit.testdb import with_database
 
 if TYPE_CHECKING:
     from types_boto3_sqs.client import SQSClient

@@ -5,7 +5,7 @@ wrappers get SIGKILL and Postgres restarts in immediate mode; no task is lost, n
 twice, no attempts overlap, counted from the database and from the operators' own record. Without
 waiting claims every completed task was claimed from a wake-up SQS delivered.
 
-The run is the one `make chaos` runs (`taskplat.devstack.chaos.run`), in this process, against the
+The run is the one `make chaos` runs (`taskplat.chaos.run`), in this process, against the
 session's SQS endpoint; its seed is printed.
 """
 
@@ -16,8 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from taskplat.devstack.chaos.injector import FaultRates
-from taskplat.devstack.chaos.run import ChaosConfig, ChaosResult, ChaosRun, report
+from taskplat.chaos.config import ChaosConfig
+from taskplat.chaos.injector import FaultRates
+from taskplat.chaos.report import report
+from taskplat.chaos.run import ChaosRun
+from taskplat.chaos.verdict import ChaosResult
 
 pytestmark = pytest.mark.e2e
 

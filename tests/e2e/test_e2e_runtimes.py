@@ -14,7 +14,10 @@ from typing import Any
 
 import pytest
 from e2e_stack import E2EStack, e2e_stack
-from runtime_builds import (
+
+from taskplat.devstack.lambda_endpoint import LocalLambda, node_runtime_command
+from taskplat.devstack.waiting import wait_for
+from taskplat.testkit.runtime_builds import (
     BUILD_TIMEOUT,
     PY_OPERATOR,
     PY_OPERATOR_DIR,
@@ -23,9 +26,6 @@ from runtime_builds import (
     build_js,
     build_rust,
 )
-
-from taskplat.devstack.lambda_endpoint import LocalLambda, node_runtime_command
-from taskplat.devstack.waiting import wait_for
 
 # The module fixture builds the runtimes (a first Rust build is slow on a small machine).
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(BUILD_TIMEOUT)]

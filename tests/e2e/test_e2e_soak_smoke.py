@@ -3,7 +3,7 @@ the soak DAG's job, records through its buffered dataset) through a private stac
 (soak.md, soak.json, a PNG per series) is written, every service and table was sampled, and
 nothing grows without bound.
 
-The run is the one `make soak` runs (`taskplat.devstack.soak.run`), in this process, against the
+The run is the one `make soak` runs (`taskplat.soak.run`), in this process, against the
 session's SQS endpoint.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from taskplat.devstack.soak.run import SoakConfig, SoakRun
+from taskplat.soak.run import SoakConfig, SoakRun
 
 pytestmark = pytest.mark.e2e
 

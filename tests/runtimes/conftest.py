@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from runtime_builds import JsRuntime, RustRuntime, build_js, build_rust
+
+from taskplat.testkit.runtime_builds import JsRuntime, RustRuntime, build_js, build_rust
 
 
 @pytest.fixture(scope="session")

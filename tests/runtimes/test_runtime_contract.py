@@ -23,10 +23,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from runtime_builds import BUILD_TIMEOUT, PY_OPERATOR, PY_OPERATOR_DIR, JsRuntime, RustRuntime
 
 from taskplat.devstack.lambda_endpoint import node_runtime_command
 from taskplat.devstack.waiting import wait_for
+from taskplat.testkit.runtime_builds import (
+    BUILD_TIMEOUT,
+    PY_OPERATOR,
+    PY_OPERATOR_DIR,
+    JsRuntime,
+    RustRuntime,
+)
 
 # The first test to use a runtime builds it (a first Rust build is slow on a small machine).
 pytestmark = pytest.mark.timeout(BUILD_TIMEOUT)

@@ -9,8 +9,9 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
-from dispatcher_harness import API_KEY, WORKER_TOKEN, Dispatcher, serve_dispatcher
-from runtime_builds import BUILD_TIMEOUT, RustRuntime
+
+from taskplat.testkit.dispatcher_harness import API_KEY, WORKER_TOKEN, Dispatcher, serve_dispatcher
+from taskplat.testkit.runtime_builds import BUILD_TIMEOUT, RustRuntime
 
 # The first test to use a runtime builds it (a first Rust build is slow on a small machine).
 pytestmark = pytest.mark.timeout(BUILD_TIMEOUT)

@@ -43,7 +43,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from taskplat.common.db.queries import load_queries, parse_queries
-from taskplat.devstack.testdb import TemplateDatabases
+from taskplat.testkit.testdb import TemplateDatabases
 
 _SQL_PATH = Path(__file__).with_name("hot_plans_rows.sql")
 ROWS = parse_queries(_SQL_PATH.read_text(encoding="utf-8"), source=str(_SQL_PATH))

@@ -18,10 +18,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from dispatcher_harness import Dispatcher, serve_dispatcher
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from ui_browser import Console
+
+from taskplat.testkit.dispatcher_harness import Dispatcher, serve_dispatcher
 
 ROOT = Path(__file__).resolve().parents[2]
 

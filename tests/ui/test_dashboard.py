@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dispatcher_calls import claimed, complete, create_task, emit_events
-from dispatcher_harness import API_KEY, Dispatcher
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.wait import WebDriverWait
 from ui_browser import Console
+
+from taskplat.testkit.dispatcher_calls import claimed, complete, create_task, emit_events
+from taskplat.testkit.dispatcher_harness import API_KEY, Dispatcher
 
 ROOT = Path(__file__).resolve().parents[2]
 README_SCREENSHOT = ROOT / "docs" / "images" / "dashboard.png"

@@ -9,8 +9,6 @@ import os
 import shutil
 from pathlib import Path
 
-from dispatcher_calls import claimed, complete, create_task
-from dispatcher_harness import Dispatcher
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -18,6 +16,9 @@ from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.wait import WebDriverWait
 from test_dashboard import README_SCREENSHOT, _dead, _log_in, _seed, _wait
 from ui_browser import Console
+
+from taskplat.testkit.dispatcher_calls import claimed, complete, create_task
+from taskplat.testkit.dispatcher_harness import Dispatcher
 
 WORKERS_SCREENSHOT = README_SCREENSHOT.with_name("dashboard-workers.png")
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from dispatcher_harness import Dispatcher, serve_dispatcher
+
+from taskplat.testkit.dispatcher_harness import Dispatcher, serve_dispatcher
 
 
 @pytest.fixture

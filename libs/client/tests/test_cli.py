@@ -13,11 +13,11 @@ from typing import Any
 from uuid import uuid4
 
 import pytest
-from dispatcher_calls import claimed, complete
-from dispatcher_harness import API_KEY, Dispatcher
 
 from taskplat.devstack.ports import free_port
 from taskplat.devstack.waiting import wait_for
+from taskplat.testkit.dispatcher_calls import claimed, complete
+from taskplat.testkit.dispatcher_harness import API_KEY, Dispatcher
 
 COMMANDS = [
     [], ["submit"], ["get"], ["list"], ["cancel"], ["retry"], ["watch"], ["dead"],

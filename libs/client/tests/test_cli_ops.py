@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 import structlog
-from dispatcher_calls import claimed, emit_events
-from dispatcher_harness import API_KEY, Dispatcher
 
 from taskplat.client.cli import run
+from taskplat.testkit.dispatcher_calls import claimed, emit_events
+from taskplat.testkit.dispatcher_harness import API_KEY, Dispatcher
 
 PIPELINE = {"jobs": {"follow": {"operator": "echo",
                                 "outputs": [{"index": 0, "dataset": "blocks"}]}}}  # fmt: skip

@@ -10,8 +10,6 @@ from uuid import uuid4
 
 import httpx
 import pytest
-from dispatcher_calls import claimed, complete
-from dispatcher_harness import API_KEY, Dispatcher
 
 from taskplat.client import (
     AsyncClient,
@@ -25,6 +23,8 @@ from taskplat.client import (
 )
 from taskplat.client.models import CHECKED
 from taskplat.devstack.ports import free_port
+from taskplat.testkit.dispatcher_calls import claimed, complete
+from taskplat.testkit.dispatcher_harness import API_KEY, Dispatcher
 
 
 @pytest.fixture

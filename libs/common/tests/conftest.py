@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from taskplat.devstack.testdb import with_database
+from taskplat.testkit.testdb import with_database
 
 _counter = itertools.count()
 

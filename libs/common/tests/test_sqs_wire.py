@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 
+from taskplat.chaos.injector import FaultRates, SqsFaultInjector
 from taskplat.common.settings import SqsSettings
 from taskplat.common.sqs import sqs_client
 from taskplat.common.sqs_wire import WireSqs
-from taskplat.devstack.chaos.injector import FaultRates, SqsFaultInjector
 
 TRACEPARENT = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
 

@@ -1,11 +1,12 @@
-"""Fixtures of the dispatcher tests (the harness lives in `dispatcher_harness`)."""
+"""Fixtures of the dispatcher tests (the harness is `taskplat.testkit.dispatcher_harness`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
-from dispatcher_harness import Dispatcher, serve_dispatcher
+
+from taskplat.testkit.dispatcher_harness import Dispatcher, serve_dispatcher
 
 
 @pytest.fixture

@@ -13,10 +13,10 @@ from datetime import datetime
 from pathlib import Path
 
 import psycopg
-from dispatcher_harness import Dispatcher
 from prometheus_client.parser import text_string_to_metric_families
 
 from taskplat.common.db.queries import parse_queries
+from taskplat.testkit.dispatcher_harness import Dispatcher
 
 _SQL_PATH = Path(__file__).with_name("dispatcher_metrics.sql")
 Q = parse_queries(_SQL_PATH.read_text(encoding="utf-8"), source=str(_SQL_PATH))

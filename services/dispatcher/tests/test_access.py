@@ -14,12 +14,12 @@ from typing import Any
 import httpx
 import pytest
 import structlog
-from dispatcher_calls import create_task
-from dispatcher_harness import API_KEY, Dispatcher
-from dispatcher_rows import row_counts
 
 from taskplat.common.logging import configure_logging
 from taskplat.dispatcher.route_table import SCOPES
+from taskplat.testkit.dispatcher_calls import create_task
+from taskplat.testkit.dispatcher_harness import API_KEY, Dispatcher
+from taskplat.testkit.dispatcher_rows import row_counts
 
 ALL_SCOPES = ("read", "submit", "operate", "admin")
 

@@ -30,15 +30,15 @@ from typing import Any
 
 import pytest
 import schemathesis
-from dispatcher_calls import claimed, create_task, cursor_event, emit_events
-from dispatcher_harness import API_KEY, WORKER_TOKEN, Dispatcher, serve_dispatcher
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import Case, GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from taskplat.devstack.testdb import TemplateDatabases
 from taskplat.dispatcher.openapi import build_openapi
+from taskplat.testkit.dispatcher_calls import claimed, create_task, cursor_event, emit_events
+from taskplat.testkit.dispatcher_harness import API_KEY, WORKER_TOKEN, Dispatcher, serve_dispatcher
+from taskplat.testkit.testdb import TemplateDatabases
 
 MAX_EXAMPLES = 15
 # Share of cases whose ids are swapped for real ones (the rest keep the fuzzer's own values).

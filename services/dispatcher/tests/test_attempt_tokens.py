@@ -10,7 +10,14 @@ from typing import Any
 
 import httpx
 import pytest
-from dispatcher_calls import (
+
+from taskplat.common.tokens.capability import (
+    StorageLayout,
+    capability_key_ring,
+    verify_capability_token,
+)
+from taskplat.common.tokens.keys import TokenKeySettings
+from taskplat.testkit.dispatcher_calls import (
     INTERNAL_ROUTES,
     PUBLIC_ROUTES,
     Lease,
@@ -20,15 +27,8 @@ from dispatcher_calls import (
     cursor_event,
     replay,
 )
-from dispatcher_harness import Dispatcher, serve_dispatcher
-from dispatcher_rows import row_counts, task_state
-
-from taskplat.common.tokens.capability import (
-    StorageLayout,
-    capability_key_ring,
-    verify_capability_token,
-)
-from taskplat.common.tokens.keys import TokenKeySettings
+from taskplat.testkit.dispatcher_harness import Dispatcher, serve_dispatcher
+from taskplat.testkit.dispatcher_rows import row_counts, task_state
 
 KEY_1 = "attempt-key-one-0123456789abcdef0123"
 KEY_2 = "attempt-key-two-0123456789abcdef0123"
@@ -208,8 +208,9 @@ def test_key_rotation_accepts_two_keys_at_once(db_url: str) -> None:
     ],
 )
 def test_bad_key_settings_are_refused(db_url: str, keys: dict[str, str]) -> None:
-    from dispatcher_harness import make_settings
     from pydantic import ValidationError
+
+    from taskplat.testkit.dispatcher_harness import make_settings
 
     with pytest.raises(ValidationError):
         make_settings(db_url, **keys)

@@ -10,9 +10,10 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from dispatcher_calls import claim, claimed, complete, create_task
-from dispatcher_harness import Dispatcher, serve_dispatcher
 from test_access import client, new_key
+
+from taskplat.testkit.dispatcher_calls import claim, claimed, complete, create_task
+from taskplat.testkit.dispatcher_harness import Dispatcher, serve_dispatcher
 
 
 @pytest.fixture

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-from dispatcher_calls import (
+
+from taskplat.testkit.dispatcher_calls import (
     INTERNAL_ROUTES,
     OPEN_ROUTES,
     PUBLIC_ROUTES,
@@ -14,8 +15,8 @@ from dispatcher_calls import (
     create_task,
     cursor_event,
 )
-from dispatcher_harness import API_KEY, WORKER_TOKEN, Dispatcher
-from dispatcher_rows import row_counts, task_state
+from taskplat.testkit.dispatcher_harness import API_KEY, WORKER_TOKEN, Dispatcher
+from taskplat.testkit.dispatcher_rows import row_counts, task_state
 
 
 def _valid_request(method: str, path: str, task_id: str, fence: dict[str, Any]) -> dict[str, Any]:

@@ -10,9 +10,10 @@ from typing import Any
 
 import httpx
 import pytest
-from dispatcher_calls import Lease, claimed, create_task, cursor_event, output
-from dispatcher_harness import Dispatcher
-from dispatcher_rows import row_counts, task_state
+
+from taskplat.testkit.dispatcher_calls import Lease, claimed, create_task, cursor_event, output
+from taskplat.testkit.dispatcher_harness import Dispatcher
+from taskplat.testkit.dispatcher_rows import row_counts, task_state
 
 BODY_CAP = 64 * 1024
 RESULT_CAP = 200

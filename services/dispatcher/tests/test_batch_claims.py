@@ -14,11 +14,11 @@ from uuid import uuid4
 import httpx
 import psycopg
 import pytest
-from dispatcher_calls import cancel, claimed, complete, create_task
-from dispatcher_harness import TEST_QUEUES, Dispatcher
-from dispatcher_rows import attempt_rows, row_counts, task_row
 
 from taskplat.common.contracts import ClaimBatchResponse, ClaimNextResponse
+from taskplat.testkit.dispatcher_calls import cancel, claimed, complete, create_task
+from taskplat.testkit.dispatcher_harness import TEST_QUEUES, Dispatcher
+from taskplat.testkit.dispatcher_rows import attempt_rows, row_counts, task_row
 
 JsonDict = dict[str, Any]
 

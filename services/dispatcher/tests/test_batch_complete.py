@@ -10,7 +10,9 @@ from uuid import uuid4
 
 import psycopg
 import pytest
-from dispatcher_calls import (
+
+from taskplat.common.contracts import CompleteBatchResponse
+from taskplat.testkit.dispatcher_calls import (
     Lease,
     cancel,
     claimed,
@@ -20,8 +22,8 @@ from dispatcher_calls import (
     get_task,
     output,
 )
-from dispatcher_harness import Dispatcher
-from dispatcher_rows import (
+from taskplat.testkit.dispatcher_harness import Dispatcher
+from taskplat.testkit.dispatcher_rows import (
     attempt_rows,
     event_rows,
     outbox_rows,
@@ -30,8 +32,6 @@ from dispatcher_rows import (
     task_row,
     task_state,
 )
-
-from taskplat.common.contracts import CompleteBatchResponse
 
 JsonDict = dict[str, Any]
 

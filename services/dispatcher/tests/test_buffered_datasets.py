@@ -11,10 +11,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from dispatcher_harness import Dispatcher
 from psycopg.rows import dict_row
 
 from taskplat.common.db.queries import parse_queries
+from taskplat.testkit.dispatcher_harness import Dispatcher
 
 _SQL_PATH = Path(__file__).with_name("buffered_rows.sql")
 Q = parse_queries(_SQL_PATH.read_text(encoding="utf-8"), source=str(_SQL_PATH))

@@ -7,11 +7,10 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from dispatcher_calls import create_task, get_task
-from dispatcher_harness import Dispatcher
-from dispatcher_rows import outbox_rows, row_counts, task_row
-
 from taskplat.common.contracts import CreateTasksResponse
+from taskplat.testkit.dispatcher_calls import create_task, get_task
+from taskplat.testkit.dispatcher_harness import Dispatcher
+from taskplat.testkit.dispatcher_rows import outbox_rows, row_counts, task_row
 
 JsonDict = dict[str, Any]
 

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import uuid4
 
-from dispatcher_calls import (
+from taskplat.testkit.dispatcher_calls import (
     Lease,
     assert_rejected,
     cancel,
@@ -21,8 +21,8 @@ from dispatcher_calls import (
     output,
     replay,
 )
-from dispatcher_harness import Dispatcher
-from dispatcher_rows import (
+from taskplat.testkit.dispatcher_harness import Dispatcher
+from taskplat.testkit.dispatcher_rows import (
     attempt_rows,
     outbox_rows,
     promote_retry,

@@ -9,7 +9,9 @@ from datetime import datetime, timedelta
 from uuid import uuid4
 
 import httpx
-from dispatcher_calls import (
+
+from taskplat.common.contracts import ClaimedResponse, NotClaimedResponse
+from taskplat.testkit.dispatcher_calls import (
     cancel,
     claim,
     claimed,
@@ -17,16 +19,14 @@ from dispatcher_calls import (
     create_task,
     get_task,
 )
-from dispatcher_harness import Dispatcher
-from dispatcher_rows import (
+from taskplat.testkit.dispatcher_harness import Dispatcher
+from taskplat.testkit.dispatcher_rows import (
     attempt_rows,
     reap_timeout,
     row_counts,
     task_row,
     task_state,
 )
-
-from taskplat.common.contracts import ClaimedResponse, NotClaimedResponse
 
 # The Claimed response of docs/contracts.md and its task payload.
 SEED_CLAIMED_FIELDS = {"status", "attempt", "lease_token", "lease_expires_at", "task"}

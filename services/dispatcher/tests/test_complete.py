@@ -7,7 +7,8 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
-from dispatcher_calls import (
+from taskplat.common.contracts import CompleteResponse, DeadLetterRecord
+from taskplat.testkit.dispatcher_calls import (
     Lease,
     assert_rejected,
     cancel,
@@ -20,8 +21,8 @@ from dispatcher_calls import (
     output,
     race,
 )
-from dispatcher_harness import Dispatcher
-from dispatcher_rows import (
+from taskplat.testkit.dispatcher_harness import Dispatcher
+from taskplat.testkit.dispatcher_rows import (
     attempt_rows,
     event_rows,
     outbox_rows,
@@ -32,8 +33,6 @@ from dispatcher_rows import (
     task_row,
     task_state,
 )
-
-from taskplat.common.contracts import CompleteResponse, DeadLetterRecord
 
 
 def ts(value: str) -> datetime:

@@ -10,9 +10,16 @@ from uuid import UUID
 import httpx
 import psycopg
 import pytest
-from dispatcher_calls import create_task
-from dispatcher_harness import Dispatcher
-from dispatcher_rows import outbox_rows, outbox_xmins, row_counts, task_row, task_xmin
+
+from taskplat.testkit.dispatcher_calls import create_task
+from taskplat.testkit.dispatcher_harness import Dispatcher
+from taskplat.testkit.dispatcher_rows import (
+    outbox_rows,
+    outbox_xmins,
+    row_counts,
+    task_row,
+    task_xmin,
+)
 
 # Fields of the task view that the README's API section lists.
 DOCUMENTED_VIEW_FIELDS = {

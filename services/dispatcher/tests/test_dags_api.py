@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
-from dispatcher_calls import claimed, create_task, emit_events, get_task, heartbeat
-from dispatcher_harness import Dispatcher
-from dispatcher_rows import row_counts
+
+from taskplat.testkit.dispatcher_calls import claimed, create_task, emit_events, get_task, heartbeat
+from taskplat.testkit.dispatcher_harness import Dispatcher
+from taskplat.testkit.dispatcher_rows import row_counts
 
 PIPELINE: dict[str, Any] = {
     "jobs": {

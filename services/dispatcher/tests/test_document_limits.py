@@ -12,7 +12,8 @@ from typing import Any
 
 import httpx
 import pytest
-from dispatcher_harness import Dispatcher
+
+from taskplat.testkit.dispatcher_harness import Dispatcher
 
 YAML = {"Content-Type": "application/yaml"}
 # A bad document is refused in well under this, even on a busy machine.

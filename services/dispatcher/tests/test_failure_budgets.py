@@ -5,12 +5,12 @@ attempt, not one of `max_attempts`; a permanent failure (`retryable: false`) is 
 from __future__ import annotations
 
 import pytest
-from dispatcher_calls import claimed, complete, create_task, get_task
-from dispatcher_harness import Dispatcher
 from dispatcher_metrics import scrape
-from dispatcher_rows import outbox_rows, promote_retry, task_row
 
 from taskplat.common.contracts import DeadLetterRecord
+from taskplat.testkit.dispatcher_calls import claimed, complete, create_task, get_task
+from taskplat.testkit.dispatcher_harness import Dispatcher
+from taskplat.testkit.dispatcher_rows import outbox_rows, promote_retry, task_row
 
 
 @pytest.fixture

@@ -6,10 +6,9 @@ import itertools
 from typing import Any
 from uuid import UUID, uuid4
 
-from dispatcher_calls import cancel, claimed, create_task, get_task
-from dispatcher_harness import Dispatcher
-
 from taskplat.common.contracts import FetchResponse, TaskList, TaskView
+from taskplat.testkit.dispatcher_calls import cancel, claimed, create_task, get_task
+from taskplat.testkit.dispatcher_harness import Dispatcher
 
 
 def _walk(dispatcher: Dispatcher, limit: int, **filters: str) -> list[dict[str, Any]]:

@@ -15,13 +15,20 @@ from uuid import uuid4
 
 import pytest
 import structlog
-from dispatcher_calls import claimed, complete, create_task, cursor_event, emit_events, heartbeat
-from dispatcher_harness import API_KEY, WORKER_TOKEN, serve_dispatcher
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from taskplat.common.logging import configure_logging
 from taskplat.common.telemetry import Telemetry
-from taskplat.devstack.testdb import with_database
+from taskplat.testkit.dispatcher_calls import (
+    claimed,
+    complete,
+    create_task,
+    cursor_event,
+    emit_events,
+    heartbeat,
+)
+from taskplat.testkit.dispatcher_harness import API_KEY, WORKER_TOKEN, serve_dispatcher
+from taskplat.testkit.testdb import with_database
 
 DB_PASSWORD = "db-pa55word-never-logged"
 WRONG_TOKEN = "wrong-token-someone-guessed-0123"

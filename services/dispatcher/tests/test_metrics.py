@@ -8,7 +8,9 @@ from datetime import timedelta
 from uuid import uuid4
 
 import psycopg
-from dispatcher_calls import (
+from dispatcher_metrics import Scrape, install_poison_triggers, scrape
+
+from taskplat.testkit.dispatcher_calls import (
     cancel,
     claim,
     claimed,
@@ -18,10 +20,8 @@ from dispatcher_calls import (
     output,
     replay,
 )
-from dispatcher_harness import Dispatcher, serve_dispatcher
-from dispatcher_metrics import Scrape, install_poison_triggers, scrape
-
-from taskplat.devstack.testdb import with_database
+from taskplat.testkit.dispatcher_harness import Dispatcher, serve_dispatcher
+from taskplat.testkit.testdb import with_database
 
 CREATED = "taskplat_tasks_created_total"
 CLAIMED = "taskplat_tasks_claimed_total"

@@ -11,12 +11,12 @@ from collections import Counter
 from typing import Any
 
 import psycopg
-from dispatcher_calls import claimed, complete, create_task
-from dispatcher_harness import serve_dispatcher
 from dispatcher_metrics import analyze, fill_history, scrape
 from psycopg import sql
 
 from taskplat.common.db.queries import load_queries
+from taskplat.testkit.dispatcher_calls import claimed, complete, create_task
+from taskplat.testkit.dispatcher_harness import serve_dispatcher
 
 HISTORY = 200_000
 STATUS_INDEX = "tasks_status_created_idx"

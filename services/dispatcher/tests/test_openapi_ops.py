@@ -9,7 +9,12 @@ from uuid import uuid4
 
 import httpx
 import pytest
-from dispatcher_calls import (
+from dispatcher_metrics import scrape
+from pydantic import BaseModel
+from starlette.routing import Mount, Route
+
+from taskplat.common import contracts
+from taskplat.testkit.dispatcher_calls import (
     INTERNAL_ROUTES,
     OPEN_ROUTES,
     PUBLIC_ROUTES,
@@ -20,13 +25,8 @@ from dispatcher_calls import (
     create_task,
     cursor_event,
 )
-from dispatcher_harness import Dispatcher, serve_dispatcher
-from dispatcher_metrics import scrape
-from pydantic import BaseModel
-from starlette.routing import Mount, Route
-
-from taskplat.common import contracts
-from taskplat.devstack.testdb import with_database
+from taskplat.testkit.dispatcher_harness import Dispatcher, serve_dispatcher
+from taskplat.testkit.testdb import with_database
 
 BODY_CAP = 1024
 REF_PREFIX = "#/components/schemas/"

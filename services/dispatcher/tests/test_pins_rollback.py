@@ -15,8 +15,9 @@ from typing import Any
 from uuid import uuid4
 
 import psycopg
-from dispatcher_calls import claimed, complete, create_task, get_task, heartbeat
-from dispatcher_harness import Dispatcher, serve_dispatcher
+
+from taskplat.testkit.dispatcher_calls import claimed, complete, create_task, get_task, heartbeat
+from taskplat.testkit.dispatcher_harness import Dispatcher, serve_dispatcher
 
 DAG: dict[str, Any] = {
     "jobs": {

@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Any
 from uuid import uuid4
 
-from dispatcher_calls import cancel, claim, claimed, complete, create_task
-from dispatcher_harness import Dispatcher
 from dispatcher_metrics import scrape
-from dispatcher_rows import outbox_rows, task_row
+
+from taskplat.testkit.dispatcher_calls import cancel, claim, claimed, complete, create_task
+from taskplat.testkit.dispatcher_harness import Dispatcher
+from taskplat.testkit.dispatcher_rows import outbox_rows, task_row
 
 
 def _dead(dispatcher: Dispatcher, **fields: Any) -> str:

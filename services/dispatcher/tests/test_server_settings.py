@@ -5,12 +5,12 @@ psycopg's prepared statements on the app's own pool."""
 from __future__ import annotations
 
 import pytest
-from dispatcher_harness import make_settings
 
 from taskplat.common.errors import ConfigurationError
 from taskplat.dispatcher import server_impl
 from taskplat.dispatcher.app import create_app
 from taskplat.dispatcher.server_impl import choose_server_impl
+from taskplat.testkit.dispatcher_harness import make_settings
 
 URL = "postgresql://nobody@127.0.0.1:1/none"
 

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from dispatcher_harness import Dispatcher
+from taskplat.testkit.dispatcher_harness import Dispatcher
 
 
 def test_create_and_get(dispatcher: Dispatcher) -> None:

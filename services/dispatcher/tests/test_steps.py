@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-from dispatcher_calls import Lease, assert_rejected, claimed, create_task
-from dispatcher_harness import Dispatcher
-from dispatcher_rows import promote_retry, reap_timeout
+
+from taskplat.testkit.dispatcher_calls import Lease, assert_rejected, claimed, create_task
+from taskplat.testkit.dispatcher_harness import Dispatcher
+from taskplat.testkit.dispatcher_rows import promote_retry, reap_timeout
 
 
 def _step(d: Dispatcher, lease: Lease, step: str, **fields: Any) -> httpx.Response:

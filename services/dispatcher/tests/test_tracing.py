@@ -16,9 +16,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-from dispatcher_calls import claimed, complete, create_task, replay
-from dispatcher_harness import API_KEY, WORKER_TOKEN, Dispatcher, serve_dispatcher
-from dispatcher_rows import outbox_rows
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -27,6 +24,9 @@ from opentelemetry.trace import SpanKind, StatusCode
 from taskplat.common.telemetry import Telemetry
 from taskplat.devstack.ports import free_port
 from taskplat.devstack.waiting import wait_for
+from taskplat.testkit.dispatcher_calls import claimed, complete, create_task, replay
+from taskplat.testkit.dispatcher_harness import API_KEY, WORKER_TOKEN, Dispatcher, serve_dispatcher
+from taskplat.testkit.dispatcher_rows import outbox_rows
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN_ID = "00f067aa0ba902b7"

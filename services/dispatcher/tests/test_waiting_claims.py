@@ -13,11 +13,11 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from dispatcher_calls import create_task
-from dispatcher_harness import Dispatcher
-from dispatcher_rows import task_row
 
 from taskplat.devstack.waiting import wait_for
+from taskplat.testkit.dispatcher_calls import create_task
+from taskplat.testkit.dispatcher_harness import Dispatcher
+from taskplat.testkit.dispatcher_rows import task_row
 
 JsonDict = dict[str, Any]
 DEADLINE = 15.0

@@ -9,7 +9,9 @@ from uuid import uuid4
 
 import psycopg
 import pytest
-from dispatcher_calls import (
+
+from taskplat.devstack.waiting import wait_for
+from taskplat.testkit.dispatcher_calls import (
     Lease,
     assert_rejected,
     claimed,
@@ -21,8 +23,8 @@ from dispatcher_calls import (
     output,
     partition_event,
 )
-from dispatcher_harness import Dispatcher
-from dispatcher_rows import (
+from taskplat.testkit.dispatcher_harness import Dispatcher
+from taskplat.testkit.dispatcher_rows import (
     event_rows,
     promote_retry,
     reap_timeout,
@@ -30,8 +32,6 @@ from dispatcher_rows import (
     task_row,
     task_state,
 )
-
-from taskplat.devstack.waiting import wait_for
 
 
 def ts(value: str) -> datetime:

@@ -20,7 +20,6 @@ from uuid import UUID
 
 import psycopg
 import pytest
-from dispatcher_harness import Dispatcher, serve_dispatcher
 from psycopg import Connection
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
@@ -36,6 +35,7 @@ from taskplat.devstack.waiting import wait_for
 from taskplat.outbox_relay.invoker import NO_CAPABILITY_KEYS, NO_KEYS, Invoker, lambda_client
 from taskplat.outbox_relay.relay import Relay
 from taskplat.outbox_relay.settings import RelaySettings
+from taskplat.testkit.dispatcher_harness import Dispatcher, serve_dispatcher
 
 KEYS = {"k1": "attempt-signing-key-of-the-tests-0123456789"}
 TESTS_DIR = Path(__file__).parent

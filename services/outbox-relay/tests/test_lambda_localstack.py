@@ -15,15 +15,15 @@ from typing import Any
 
 import psycopg
 import pytest
-from dispatcher_harness import Dispatcher, serve_dispatcher
 from psycopg import Connection
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
 from relay_harness import make_settings
 
-from taskplat.devstack.dockerprobe import docker_available
-from taskplat.devstack.fixtures import TESTCONTAINERS_LOCALSTACK_IMAGE
 from taskplat.outbox_relay.invoker import Invoker, lambda_client
+from taskplat.testkit.dispatcher_harness import Dispatcher, serve_dispatcher
+from taskplat.testkit.dockerprobe import docker_available
+from taskplat.testkit.fixtures import TESTCONTAINERS_LOCALSTACK_IMAGE
 
 KEYS = {"k1": "attempt-signing-key-of-the-tests-0123456789"}
 DAG = {

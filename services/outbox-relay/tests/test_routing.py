@@ -12,8 +12,6 @@ from uuid import uuid4
 
 import psycopg
 import pytest
-from dispatcher_calls import Lease, claimed, emit_events
-from dispatcher_harness import Dispatcher, serve_dispatcher
 from psycopg import Connection
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
@@ -23,6 +21,8 @@ from taskplat.common.clock import FakeClock
 from taskplat.common.sqs import sqs_client
 from taskplat.outbox_relay.relay import Relay
 from taskplat.outbox_relay.settings import RelaySettings
+from taskplat.testkit.dispatcher_calls import Lease, claimed, emit_events
+from taskplat.testkit.dispatcher_harness import Dispatcher, serve_dispatcher
 
 PIPELINE = {
     "jobs": {

@@ -30,7 +30,7 @@ from query_harness import (
     settings,
 )
 
-from taskplat.devstack.testdb import TemplateDatabases
+from taskplat.testkit.testdb import TemplateDatabases
 
 
 class World:

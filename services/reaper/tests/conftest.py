@@ -1,4 +1,4 @@
-"""Fixtures of the reaper tests (rows helpers live in `loops_rows`, in the scheduler's tests)."""
+"""Fixtures of the reaper tests (rows helpers live in `taskplat.testkit.loops_rows`)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 
 import pytest
-from loops_rows import LoopRows, open_pool
 
 from taskplat.common.clock import FakeClock
 from taskplat.common.telemetry import Telemetry
 from taskplat.reaper.reaper import Reaper
 from taskplat.reaper.settings import ReaperSettings
+from taskplat.testkit.loops_rows import LoopRows, open_pool
 
 
 class FixedRandom(random.Random):

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from loops_rows import LoopRows, seconds
-
 from taskplat.common.clock import FakeClock
 from taskplat.reaper.reaper import Reaper, ReaperBatch
+from taskplat.testkit.loops_rows import LoopRows, seconds
 
 MakeReaper = Callable[..., Reaper]
 DAY = 24 * 3600.0

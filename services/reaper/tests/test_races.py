@@ -10,11 +10,11 @@ from uuid import UUID
 
 import psycopg
 import pytest
-from loops_rows import DISPATCHER, LoopRows, completion_params, run_replicas
 from psycopg.rows import DictRow, dict_row
 
 from taskplat.common.clock import FakeClock
 from taskplat.reaper.reaper import Reaper, ReaperBatch
+from taskplat.testkit.loops_rows import DISPATCHER, LoopRows, completion_params, run_replicas
 
 MakeReaper = Callable[..., Reaper]
 

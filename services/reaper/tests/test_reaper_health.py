@@ -10,12 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from loops_rows import LoopProcess, metric_lines, ops_get, ops_status
 
 from taskplat.common.db.migrate import apply_migrations
 from taskplat.devstack.ports import free_port
 from taskplat.devstack.postgres import PrivatePostgres
 from taskplat.devstack.waiting import wait_for
+from taskplat.testkit.loops_rows import LoopProcess, metric_lines, ops_get, ops_status
 
 
 def batches_done(ops_port: int) -> float:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import socket
 from datetime import UTC, datetime
 
-from loops_rows import (
+from taskplat.devstack.ports import free_port
+from taskplat.devstack.waiting import wait_for
+from taskplat.testkit.loops_rows import (
     LoopProcess,
     LoopRows,
     metric_lines,
@@ -14,9 +16,6 @@ from loops_rows import (
     run_with_bad_settings,
     seconds,
 )
-
-from taskplat.devstack.ports import free_port
-from taskplat.devstack.waiting import wait_for
 
 
 def test_bad_settings_exit_non_zero_with_one_line() -> None:

@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
-from loops_rows import LoopRows, metric_lines, seconds
 from structlog.testing import capture_logs
 
 from taskplat.common.clock import FakeClock
 from taskplat.common.telemetry import Telemetry
 from taskplat.reaper.reaper import Reaper, ReaperBatch
+from taskplat.testkit.loops_rows import LoopRows, metric_lines, seconds
 
 MakeReaper = Callable[..., Reaper]
 DAY = 24 * 3600.0

@@ -5,10 +5,9 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from loops_rows import DISPATCHER, LoopRows, seconds
-
 from taskplat.common.clock import FakeClock
 from taskplat.reaper.reaper import Reaper, ReaperBatch
+from taskplat.testkit.loops_rows import DISPATCHER, LoopRows, seconds
 
 MakeReaper = Callable[..., Reaper]
 

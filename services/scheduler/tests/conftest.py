@@ -1,4 +1,4 @@
-"""Fixtures of the scheduler tests (rows helpers live in `loops_rows`)."""
+"""Fixtures of the scheduler tests (rows helpers live in `taskplat.testkit.loops_rows`)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 
 import pytest
-from loops_rows import LoopRows, open_pool
 
 from taskplat.common.clock import FakeClock
 from taskplat.common.telemetry import Telemetry
 from taskplat.scheduler.scheduler import Scheduler
 from taskplat.scheduler.settings import SchedulerSettings
+from taskplat.testkit.loops_rows import LoopRows, open_pool
 
 MakeScheduler = Callable[..., Scheduler]
 

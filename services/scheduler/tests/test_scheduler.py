@@ -7,12 +7,18 @@ from concurrent.futures import ThreadPoolExecutor
 from uuid import UUID
 
 import psycopg
-from loops_rows import DISPATCHER, LoopRows, completion_params, run_replicas, seconds
 from psycopg import sql
 
 from taskplat.common.clock import FakeClock
 from taskplat.common.db.notify import OUTBOX_CHANNEL
 from taskplat.scheduler.scheduler import Scheduler, SchedulerBatch
+from taskplat.testkit.loops_rows import (
+    DISPATCHER,
+    LoopRows,
+    completion_params,
+    run_replicas,
+    seconds,
+)
 
 MakeScheduler = Callable[..., Scheduler]
 

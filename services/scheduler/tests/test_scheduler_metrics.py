@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
-from loops_rows import LoopRows, metric_lines, seconds
 from structlog.testing import capture_logs
 
 from taskplat.common.clock import FakeClock
 from taskplat.common.telemetry import Telemetry
 from taskplat.scheduler.scheduler import Scheduler, SchedulerBatch
+from taskplat.testkit.loops_rows import LoopRows, metric_lines, seconds
 
 MakeScheduler = Callable[..., Scheduler]
 

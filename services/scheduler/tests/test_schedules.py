@@ -9,11 +9,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from dispatcher_harness import serve_dispatcher
 from psycopg.rows import dict_row
 from structlog.testing import capture_logs
 
 from taskplat.common.clock import FakeClock
+from taskplat.testkit.dispatcher_harness import serve_dispatcher
 
 START = datetime.fromisoformat("2030-01-01T00:00:00+00:00")
 DAG = {

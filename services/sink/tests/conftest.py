@@ -1,4 +1,4 @@
-"""Fixtures of the sink tests (helpers in `sink_harness`)."""
+"""Fixtures of the sink tests (helpers in `taskplat.testkit.sink_harness`)."""
 
 from __future__ import annotations
 
@@ -6,17 +6,17 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from dispatcher_harness import Dispatcher, serve_dispatcher
 from psycopg import Connection
 from psycopg.rows import DictRow
 from psycopg_pool import ConnectionPool
-from sink_harness import buffered_dag, make_settings
 
 from taskplat.common.db.pools import make_pool
 from taskplat.common.sqs import sqs_client
 from taskplat.common.telemetry import Telemetry
 from taskplat.sink.settings import SinkSettings
 from taskplat.sink.sink import Sink
+from taskplat.testkit.dispatcher_harness import Dispatcher, serve_dispatcher
+from taskplat.testkit.sink_harness import buffered_dag, make_settings
 
 if TYPE_CHECKING:
     from types_boto3_sqs.client import SQSClient

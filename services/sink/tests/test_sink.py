@@ -12,8 +12,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dispatcher_harness import Dispatcher
-from sink_harness import (
+from taskplat.common.telemetry import Telemetry
+from taskplat.devstack.waiting import wait_for
+from taskplat.sink.sink import Buffer, Message, Sink
+from taskplat.testkit.dispatcher_harness import Dispatcher
+from taskplat.testkit.sink_harness import (
     ORG,
     body,
     buffered_dag,
@@ -23,10 +26,6 @@ from sink_harness import (
     record,
     table_rows,
 )
-
-from taskplat.common.telemetry import Telemetry
-from taskplat.devstack.waiting import wait_for
-from taskplat.sink.sink import Buffer, Message, Sink
 
 if TYPE_CHECKING:
     from types_boto3_sqs.client import SQSClient

@@ -10,15 +10,22 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pytest
-from dispatcher_harness import Dispatcher
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
-from sink_harness import body, buffered_dag, dataset_events, make_settings, publish, record
 
 from taskplat.common.db.pools import make_pool
 from taskplat.common.sqs import sqs_client
 from taskplat.devstack.waiting import wait_for
 from taskplat.sink.sink import Sink
+from taskplat.testkit.dispatcher_harness import Dispatcher
+from taskplat.testkit.sink_harness import (
+    body,
+    buffered_dag,
+    dataset_events,
+    make_settings,
+    publish,
+    record,
+)
 
 if TYPE_CHECKING:
     from types_boto3_sqs.client import SQSClient

@@ -11,17 +11,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from dispatcher_rows import promote_retry
 from psycopg import Connection
 from psycopg.rows import DictRow
 from psycopg_pool import ConnectionPool
-from sink_harness import ORG, make_settings, table_rows
 from wrapper_harness import Dispatcher, InProcessWrapper, Queue, wrapper_settings
 
 from taskplat.common.db.pools import make_pool
 from taskplat.common.sqs import sqs_client
 from taskplat.devstack.waiting import wait_for
 from taskplat.sink.sink import Sink
+from taskplat.testkit.dispatcher_rows import promote_retry
+from taskplat.testkit.sink_harness import ORG, make_settings, table_rows
 
 
 @contextmanager

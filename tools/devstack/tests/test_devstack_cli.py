@@ -51,45 +51,6 @@ def test_bad_port_is_a_usage_error(tmp_path: Path) -> None:
     assert "port out of range" in result.stderr
 
 
-def test_chaos_refuses_bad_fault_rates_before_starting_anything(tmp_path: Path) -> None:
-    result = _run("chaos", "--dir", str(tmp_path / "run"), "--lose", "1.5")
-    assert result.returncode == 2
-    assert "a share is between 0 and 1" in result.stderr
-    result = _run("chaos", "--dir", str(tmp_path / "run"), "--lose", "0.6", "--duplicate", "0.6")
-    assert result.returncode == 1
-    assert result.stderr.startswith("devstack: error: lose + duplicate must not exceed 1")
-    assert "Traceback" not in result.stderr
-    assert not (tmp_path / "run").exists()
-
-
-def test_chaos_refuses_bad_replicas_and_variants(tmp_path: Path) -> None:
-    result = _run("chaos", "--dir", str(tmp_path / "run"), "--replicas", "0")
-    assert result.returncode == 2
-    assert "must be 1 or more" in result.stderr
-    result = _run("chaos", "--dir", str(tmp_path / "run"), "--variant", "sometimes")
-    assert result.returncode == 2
-    assert "invalid choice" in result.stderr
-    result = _run(
-        "chaos", "--dir", str(tmp_path / "run"), "--variant", "both", "--no-waiting-claims"
-    )
-    assert result.returncode == 2
-    assert "not allowed with argument" in result.stderr
-    assert not (tmp_path / "run").exists()
-
-
-def test_soak_refuses_bad_settings_with_one_line(tmp_path: Path) -> None:
-    result = _run("soak", "--dir", str(tmp_path / "run"), "--rate", "0")
-    assert result.returncode == 2
-    assert "must be positive" in result.stderr
-    result = _run("soak", "--dir", str(tmp_path / "run"), "--duration", "5", "--sample-every", "10")
-    assert result.returncode == 1
-    assert result.stderr.startswith("devstack: error: the soak must last at least two sampling")
-    result = _run("soak", "--dir", str(tmp_path / "run"), "--records-per-second", "-1")
-    assert result.returncode == 1
-    assert "records per second and the job interval must be 0 or more" in result.stderr
-    assert "Traceback" not in result.stderr
-
-
 def test_install_localstack_without_python313_fails_unless_optional(tmp_path: Path) -> None:
     env = dict(os.environ, TASKPLAT_PYTHON313=str(tmp_path / "no-python3.13"))
     argv = [*CLI, "install-localstack", "--venv", str(tmp_path / "venv")]

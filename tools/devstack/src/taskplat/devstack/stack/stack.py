@@ -24,8 +24,6 @@ Invariants:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +35,8 @@ from taskplat.devstack.errors import DevstackError
 from taskplat.devstack.ports import free_port
 from taskplat.devstack.postgres import PrivatePostgres
 from taskplat.devstack.procs import read_tail
-from taskplat.devstack.sqs import LocalSqs, sqs_client
-from taskplat.devstack.stack import data_services
+from taskplat.devstack.sqs import LocalSqs
+from taskplat.devstack.stack import bootstrap, data_services
 from taskplat.devstack.stack.config import StackConfig
 from taskplat.devstack.stack.echo import LogEcho
 from taskplat.devstack.stack.secrets import env_file_text, load_or_create_secrets, write_private
@@ -54,13 +52,6 @@ from taskplat.devstack.stack.services import (
 )
 from taskplat.devstack.stack.supervisor import Supervisor
 from taskplat.devstack.waiting import wait_for
-
-DEV_ATTEMPT_KID = "devstack"
-
-
-def attempt_key(worker_token: str) -> str:
-    """The stack's attempt-token signing key (stable for a run directory's worker token)."""
-    return hashlib.sha256(f"taskplat-attempt-token:{worker_token}".encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -180,10 +171,11 @@ class Stack:
             )
         database_url = config.database_url or self._start_postgres()
         sqs_endpoint_url = config.sqs_endpoint_url or self._start_sqs()
-        self._create_queues(sqs_endpoint_url)
-        self._migrate(database_url)
+        bootstrap.create_queues(config, sqs_endpoint_url)
+        bootstrap.migrate(database_url)
         dispatcher_url = f"http://127.0.0.1:{port}"
-        self._env = self._shared_env(
+        self._env = bootstrap.shared_env(
+            config,
             database_url,
             sqs_endpoint_url,
             dispatcher_url,
@@ -261,72 +253,7 @@ class Stack:
         self._sqs = server
         return server.start()
 
-    def _create_queues(self, endpoint_url: str) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        from taskplat.common.sqs import ensure_queue
-
-        config = self.config
-        client = sqs_client(endpoint_url, config.aws_region)
-        try:
-            for queue in config.queues:
-                name = f"{config.queue_prefix}{queue}"
-                ensure_queue(
-                    client,
-                    name,
-                    dead_letter_queue_name=f"{name}-dlq",
-                    max_receive_count=config.max_receive_count,
-                )
-            ensure_queue(client, config.dead_letter_queue)
-        except (BotoCoreError, ClientError) as exc:
-            raise DevstackError(f"cannot create the SQS queues at {endpoint_url}: {exc}") from exc
-        finally:
-            client.close()
-
-    def _migrate(self, database_url: str) -> None:
-        import psycopg
-
-        from taskplat.common.db.migrate import MigrationError, apply_migrations
-
-        try:
-            apply_migrations(database_url)
-        except (psycopg.Error, MigrationError) as exc:
-            raise DevstackError(f"cannot migrate the database: {exc}") from exc
-
     # -- services ---------------------------------------------------------------------------
-
-    def _shared_env(
-        self,
-        database_url: str,
-        sqs_endpoint_url: str,
-        dispatcher_url: str,
-        port: int,
-        api_key: str,
-        worker_token: str,
-    ) -> dict[str, str]:
-        config = self.config
-        env = config.base_environment()
-        env.update(
-            DATABASE_URL=database_url,
-            SQS_ENDPOINT_URL=sqs_endpoint_url,
-            AWS_REGION=config.aws_region,
-            TASKPLAT_SQS_QUEUE_PREFIX=config.queue_prefix,
-            TASKPLAT_DEAD_LETTER_QUEUE=config.dead_letter_queue,
-            TASKPLAT_API_KEYS=api_key,
-            TASKPLAT_WORKER_TOKEN=worker_token,
-            TASKPLAT_WORKER_DISPATCHER_URL=dispatcher_url,
-            TASKPLAT_DISPATCHER_HOST="127.0.0.1",
-            TASKPLAT_DISPATCHER_PORT=str(port),
-            # The queue registry: POST /tasks accepts the stack's queues only.
-            TASKPLAT_DISPATCHER_QUEUES=",".join(config.queues),
-            # The dispatcher verifies and the relay signs (Lambda attempts) attempt tokens with
-            # one key, derived from the worker token; workers never get it.
-            TASKPLAT_ATTEMPT_TOKEN_KEYS=json.dumps({DEV_ATTEMPT_KID: attempt_key(worker_token)}),
-            TASKPLAT_ATTEMPT_TOKEN_ACTIVE_KID=DEV_ATTEMPT_KID,
-            PYTHONUNBUFFERED="1",
-        )
-        env.update(config.env)
-        return env
 
     def _data_envs(
         self, database_url: str, endpoint_url: str, worker_token: str

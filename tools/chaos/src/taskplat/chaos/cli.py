@@ -1,0 +1,120 @@
+"""``python -m taskplat.chaos``: the chaos run's command line (`make chaos`).
+
+Invariants: bad fault rates, replicas or variants are refused (exit 2, or ``chaos: error: ...``
+and exit 1) before anything starts; the run exits 1 when it lost a task, completed one twice or
+overlapped two attempts (see `taskplat.chaos.variants` and `taskplat.chaos.run`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+from taskplat.devstack.cliargs import count, positive, positive_float, run, share, usable_dir
+from taskplat.devstack.errors import DevstackError
+
+
+def _cmd_chaos(args: argparse.Namespace) -> int:
+    from taskplat.chaos.config import VARIANTS, ChaosConfig
+    from taskplat.chaos.injector import FaultRates
+    from taskplat.chaos.variants import main as run_chaos
+
+    try:
+        rates = FaultRates(
+            lose=args.lose,
+            duplicate=args.duplicate,
+            fail_receive=args.fail_receive,
+            fail_delete=args.fail_delete,
+        )
+    except ValueError as exc:
+        raise DevstackError(str(exc)) from exc
+    config = ChaosConfig(
+        run_dir=usable_dir(args.dir),
+        tasks=args.tasks,
+        fault_seconds=args.duration,
+        drain_seconds=args.drain,
+        rates=rates,
+        kill_every=args.kill_every,
+        postgres_restarts=args.postgres_restarts,
+        workers=args.workers,
+        replicas=args.replicas,
+        seed=args.seed,
+        sqs_endpoint_url=args.sqs_endpoint_url,
+    )
+    variants = VARIANTS if args.variant == "both" else (args.variant,)
+    return run_chaos(config, variants=variants)
+
+
+def parser() -> argparse.ArgumentParser:
+    chaos = argparse.ArgumentParser(
+        prog="python -m taskplat.chaos",
+        description="Runs N tasks through a private stack while a proxy in front of SQS loses, "
+        "duplicates and fails messages, services get SIGKILL and Postgres restarts in immediate "
+        "mode; then prints tasks lost, completed twice and attempts that overlapped (from the "
+        "database and from the operators' own records) and exits 1 on any. See docs/chaos.md.",
+    )
+    chaos.add_argument("--tasks", type=positive, default=10_000, help="tasks (10000)")
+    chaos.add_argument(
+        "--duration", type=positive_float, default=90.0, help="seconds of faults (90)"
+    )
+    chaos.add_argument(
+        "--drain",
+        type=positive_float,
+        default=300.0,
+        help="seconds allowed, after the faults stop, for every task to complete (300)",
+    )
+    chaos.add_argument("--lose", type=share, default=0.05, help="share of sends lost (0.05)")
+    chaos.add_argument(
+        "--duplicate", type=share, default=0.05, help="share of sends duplicated (0.05)"
+    )
+    chaos.add_argument(
+        "--fail-receive", type=share, default=0.05, help="share of receives failed (0.05)"
+    )
+    chaos.add_argument(
+        "--fail-delete", type=share, default=0.05, help="share of deletes failed (0.05)"
+    )
+    chaos.add_argument(
+        "--kill-every",
+        type=float,
+        default=5.0,
+        help="mean seconds between two SIGKILLs of a random service (5; 0: none)",
+    )
+    chaos.add_argument(
+        "--postgres-restarts", type=count, default=2, help="immediate restarts of Postgres (2)"
+    )
+    chaos.add_argument("--workers", type=positive, default=2, help="worker wrappers (2)")
+    chaos.add_argument("--seed", type=int, help="random seed (default: drawn and printed)")
+    chaos.add_argument(
+        "--sqs-endpoint-url", help="an SQS endpoint to use (default: a private LocalStack)"
+    )
+    chaos.add_argument(
+        "--replicas",
+        type=positive,
+        default=2,
+        help="processes of each of dispatcher, relay, scheduler, reaper and sink (2); the "
+        "dispatchers behind a round-robin balancer",
+    )
+    variants = chaos.add_mutually_exclusive_group()
+    variants.add_argument(
+        "--variant",
+        choices=["both", "waiting-claims", "no-waiting-claims"],
+        default="both",
+        help="both (default): the waiting-claims run, then the no-waiting-claims one; or just one",
+    )
+    variants.add_argument(
+        "--no-waiting-claims",
+        dest="variant",
+        action="store_const",
+        const="no-waiting-claims",
+        help="only the variant without waiting claims (every task through SQS)",
+    )
+    chaos.add_argument(
+        "--dir", type=Path, default=Path(".run/chaos"), help="state directory (.run/chaos)"
+    )
+    chaos.set_defaults(func=_cmd_chaos)
+    return chaos
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(parser(), argv, "chaos")

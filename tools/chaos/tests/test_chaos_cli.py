@@ -1,0 +1,61 @@
+"""``python -m taskplat.chaos`` and ``python -m taskplat.soak``: bad settings are refused with one
+line, before anything starts.
+
+Invariants: every command ends before its settings would start a stack; each has a deadline.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+
+def _command(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", module, *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+
+
+def _chaos(*args: str) -> subprocess.CompletedProcess[str]:
+    return _command("taskplat.chaos", *args)
+
+
+def _soak(*args: str) -> subprocess.CompletedProcess[str]:
+    return _command("taskplat.soak", *args)
+
+
+def test_chaos_refuses_bad_fault_rates_before_starting_anything(tmp_path: Path) -> None:
+    result = _chaos("--dir", str(tmp_path / "run"), "--lose", "1.5")
+    assert result.returncode == 2
+    assert "a share is between 0 and 1" in result.stderr
+    result = _chaos("--dir", str(tmp_path / "run"), "--lose", "0.6", "--duplicate", "0.6")
+    assert result.returncode == 1
+    assert result.stderr.startswith("chaos: error: lose + duplicate must not exceed 1")
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_chaos_refuses_bad_replicas_and_variants(tmp_path: Path) -> None:
+    result = _chaos("--dir", str(tmp_path / "run"), "--replicas", "0")
+    assert result.returncode == 2
+    assert "must be 1 or more" in result.stderr
+    result = _chaos("--dir", str(tmp_path / "run"), "--variant", "sometimes")
+    assert result.returncode == 2
+    assert "invalid choice" in result.stderr
+    result = _chaos("--dir", str(tmp_path / "run"), "--variant", "both", "--no-waiting-claims")
+    assert result.returncode == 2
+    assert "not allowed with argument" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_soak_refuses_bad_settings_with_one_line(tmp_path: Path) -> None:
+    result = _soak("--dir", str(tmp_path / "run"), "--rate", "0")
+    assert result.returncode == 2
+    assert "must be positive" in result.stderr
+    result = _soak("--dir", str(tmp_path / "run"), "--duration", "5", "--sample-every", "10")
+    assert result.returncode == 1
+    assert result.stderr.startswith("soak: error: the soak must last at least two sampling")
+    result = _soak("--dir", str(tmp_path / "run"), "--records-per-second", "-1")
+    assert result.returncode == 1
+    assert "records per second and the job interval must be 0 or more" in result.stderr
+    assert "Traceback" not in result.stderr
