@@ -6,6 +6,7 @@ The limits are docs/security.md's "Document limits" (defaults: depth 64, 100,000
 from __future__ import annotations
 
 import json
+import statistics
 import threading
 import time
 from typing import Any
@@ -165,5 +166,7 @@ def test_a_large_valid_document_does_not_block_healthz(dispatcher: Dispatcher) -
             latencies.append(took)
     thread.join(timeout=120)
     assert applied["answer"].status_code == 201, applied["answer"].text[:500]
+    # Blocked, the loop would answer no /healthz until the apply ended: one at most, as long as
+    # the apply. A loaded machine can delay any one answer, so the median is held, not the max.
     assert len(latencies) >= 2, "the document was applied before /healthz was asked twice"
-    assert max(latencies) < applied["took"] / 3, (applied["took"], latencies)
+    assert statistics.median(latencies) < applied["took"] / 3, (applied["took"], latencies)
