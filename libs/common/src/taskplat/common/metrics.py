@@ -170,9 +170,7 @@ class Counter(_Instrument):
         if not snapshot:
             return None
         names, rows = _label_rows(snapshot)
-        family = CounterMetricFamily(
-            self.name, self.description, labels=names, unit=self.unit
-        )
+        family = CounterMetricFamily(self.name, self.description, labels=names, unit=self.unit)
         for values, cell in rows:
             family.add_metric(values, cell[0])
         return family
@@ -204,9 +202,7 @@ class UpDownCounter(_Instrument):
 class Histogram(_Instrument):
     """Explicit-bucket histogram: a value lands in the first bucket whose bound is >= it."""
 
-    def __init__(
-        self, name: str, unit: str, description: str, buckets: Sequence[float]
-    ) -> None:
+    def __init__(self, name: str, unit: str, description: str, buckets: Sequence[float]) -> None:
         super().__init__(name, unit, description)
         self._bounds = tuple(buckets)
         self._les = [f"{bound}" for bound in self._bounds] + ["+Inf"]
@@ -227,9 +223,7 @@ class Histogram(_Instrument):
         if not snapshot:
             return None
         names, rows = _label_rows(snapshot)
-        family = HistogramMetricFamily(
-            self.name, self.description, labels=names, unit=self.unit
-        )
+        family = HistogramMetricFamily(self.name, self.description, labels=names, unit=self.unit)
         for values, cell in rows:
             total = 0
             buckets = []
