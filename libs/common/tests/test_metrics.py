@@ -5,6 +5,7 @@ gauges), and recording stays exact under threads and bounded in label sets."""
 
 from __future__ import annotations
 
+import math
 import threading
 
 import pytest
@@ -109,16 +110,20 @@ def test_an_instrument_created_twice_is_the_same_and_another_kind_is_refused() -
         telemetry.counter("taskplat.odd", unit="furlongs")
 
 
-def test_negative_counter_amounts_are_dropped_and_up_down_counters_go_down() -> None:
+def test_amounts_the_sdk_refused_are_dropped_and_up_down_counters_go_down() -> None:
     telemetry = Telemetry("metrics-test")
     counter = telemetry.counter("taskplat.c")
-    counter.add(2)
-    counter.add(-1)
+    histogram = telemetry.histogram("taskplat.h")
     gauge = telemetry.up_down_counter("taskplat.g")
-    gauge.add(2)
-    gauge.add(-3)
+    for amount in (2, -1, math.nan, math.inf):
+        counter.add(amount)
+        histogram.record(amount)
+    for amount in (2, -3, math.nan, -math.inf):
+        gauge.add(amount)
     text = telemetry.prometheus_text().decode()
     assert "taskplat_c_total 2.0" in text
+    assert "taskplat_h_seconds_count 1.0" in text
+    assert "taskplat_h_seconds_sum 2.0" in text
     assert "taskplat_g -1.0" in text
 
 
@@ -178,3 +183,11 @@ def test_a_failing_gauge_callback_skips_only_its_gauge() -> None:
     text = telemetry.prometheus_text().decode()
     assert "taskplat_broken" not in text
     assert "taskplat_c_total 1.0" in text
+
+
+def test_an_unhashable_attribute_value_is_a_json_label() -> None:
+    telemetry = Telemetry("metrics-test")
+    counter = telemetry.counter("taskplat.c")
+    counter.add(1, {"tags": ["a", "b"]})
+    counter.add(1, {"tags": ["a", "b"]})
+    assert 'taskplat_c_total{tags="[\\"a\\", \\"b\\"]"} 2.0' in telemetry.prometheus_text().decode()

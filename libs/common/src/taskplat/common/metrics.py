@@ -13,7 +13,8 @@ Invariants:
     non-string label values as JSON (`5`, `true`); up-down counters and observed gauges typed
     `gauge`; histogram buckets cumulative, `le` written as the boundary was given. A metric with no
     measurement yet is not exposed.
-  * Attributes whose value is None are dropped, as the SDK dropped them.
+  * Attributes whose value is None are dropped, as the SDK dropped them; so is a measurement the
+    SDK refused (a NaN or infinite amount; a negative one on a counter or a histogram), logged.
   * A metric keeps at most `CARDINALITY_LIMIT` label sets (the SDK's bound); measurements with a
     further label set go to one series labelled `otel_metric_overflow="true"`, so memory stays
     bounded whatever a caller passes.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import threading
 from bisect import bisect_left
@@ -151,15 +153,15 @@ class _Instrument:
 
 
 class Counter(_Instrument):
-    """A monotonic sum (`add` with a negative amount is dropped, as the SDK dropped it)."""
+    """A monotonic sum."""
 
     def __init__(self, name: str, unit: str, description: str) -> None:
         super().__init__(name, unit, description)
         self._series = _Series(lambda: [0])
 
     def add(self, amount: float, attributes: Attributes = None) -> None:
-        if amount < 0:
-            _log.warning("metric %s: negative amount %s dropped", self.name, amount)
+        if not 0 <= amount < math.inf:  # also false for NaN
+            _log.warning("metric %s: amount %s dropped", self.name, amount)
             return
         series = self._series
         with series.lock:
@@ -184,6 +186,9 @@ class UpDownCounter(_Instrument):
         self._series = _Series(lambda: [0])
 
     def add(self, amount: float, attributes: Attributes = None) -> None:
+        if not math.isfinite(amount):
+            _log.warning("metric %s: amount %s dropped", self.name, amount)
+            return
         series = self._series
         with series.lock:
             series.cell(attributes)[0] += amount
@@ -211,6 +216,9 @@ class Histogram(_Instrument):
         self._series = _Series(lambda: [0] + [0] * width)
 
     def record(self, amount: float, attributes: Attributes = None) -> None:
+        if not 0 <= amount < math.inf:  # also false for NaN
+            _log.warning("metric %s: amount %s dropped", self.name, amount)
+            return
         index = bisect_left(self._bounds, amount) + 1
         series = self._series
         with series.lock:
