@@ -60,6 +60,20 @@ def test_rotation_two_keys_verify_the_active_one_signs() -> None:
         verify_attempt_token(rotated, token_1, now=NOW)
 
 
+def test_a_token_is_pyjwt_s_encoding_byte_for_byte() -> None:
+    ring = KeyRing(keys("k2", k1=K1, k2=K2), audience="taskplat-attempt")
+    claims = {"sub": str(TASK), "att": 3, "text": "é"}
+    for _ in range(2):  # the second signature uses the key prepared by the first
+        token = ring.sign(claims, issued_at=NOW, expires_at=LATER)
+        expected = jwt.encode(
+            {**claims, "aud": "taskplat-attempt", "iat": int(NOW.timestamp()),
+             "exp": int(LATER.timestamp())},
+            K2, algorithm="HS256", headers={"kid": "k2"},
+        )  # fmt: skip
+        assert token == expected
+    assert ring.verify(token, now=NOW)["att"] == 3
+
+
 def test_expired_tampered_and_foreign_tokens_are_invalid() -> None:
     ring = attempt_key_ring(keys("k1", k1=K1))
     token = issue_attempt_token(ring, TASK, 3, now=NOW, expires_at=LATER)

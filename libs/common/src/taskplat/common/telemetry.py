@@ -1,9 +1,13 @@
 """Metrics and traces of one Taskplat process.
 
 Invariants:
-  * Each `Telemetry` owns its MeterProvider and its Prometheus registry (never the global ones), so
+  * Each `Telemetry` owns its instruments and its Prometheus registry (never the global ones), so
     several instances in one process (tests) never mix their counts; `prometheus_text()` is the
     exposition of exactly this instance.
+  * Metrics are recorded with `prometheus_client` through `taskplat.common.metrics`, not the
+    OpenTelemetry metrics SDK (too costly per measurement on the hot paths); the exposition is the
+    one the OpenTelemetry Prometheus exporter wrote. Creating an instrument whose name exists
+    returns the existing one (as the SDK did); the same name with another kind is refused.
   * Tracing is off and free unless an OTLP endpoint is configured (or a span exporter is passed in,
     as tests do): the tracer is then a no-op and `inject()` writes nothing.
   * Trace context crosses process boundaries only as W3C `traceparent`/`tracestate` strings: in HTTP
@@ -13,20 +17,12 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.sdk.metrics import (
-    AlwaysOffExemplarFilter,
-    Counter,
-    Histogram,
-    MeterProvider,
-    UpDownCounter,
-)
-from opentelemetry.sdk.metrics.export import AggregationTemporality
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
@@ -35,6 +31,17 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from prometheus_client import CollectorRegistry, generate_latest
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from taskplat.common.metrics import (
+    Counter,
+    GaugeCallback,
+    Histogram,
+    InstrumentCollector,
+    ObservableGauge,
+    UpDownCounter,
+    metric_name,
+    unit_suffix,
+)
 
 # Seconds: from a millisecond HTTP call to a long operator run.
 LATENCY_BUCKETS: Sequence[float] = (
@@ -47,13 +54,15 @@ PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 
+_InstrumentT = TypeVar("_InstrumentT", Counter, UpDownCounter, Histogram, ObservableGauge)
+
 __all__ = [
     "LATENCY_BUCKETS",
     "PROMETHEUS_CONTENT_TYPE",
     "SIZE_BUCKETS",
-    "AggregationTemporality",
     "Counter",
     "Histogram",
+    "ObservableGauge",
     "Telemetry",
     "TelemetrySettings",
     "UpDownCounter",
@@ -97,15 +106,10 @@ class Telemetry:
         self.service = service
         resource = Resource.create({"service.name": f"taskplat-{service}"})
         self.registry = CollectorRegistry(auto_describe=True)
-        reader = PrometheusMetricReader(
-            disable_target_info=True, scope_info_enabled=False, registry=self.registry
-        )
-        # No exemplars: the Prometheus text carries none, and the default filter looks up the
-        # current span on every measurement (a tenth of the worker wrapper's CPU per task).
-        self._meter_provider = MeterProvider(
-            resource=resource, metric_readers=[reader], exemplar_filter=AlwaysOffExemplarFilter()
-        )
-        self.meter = self._meter_provider.get_meter(f"taskplat.{service}")
+        self._collector = InstrumentCollector()
+        self.registry.register(self._collector)
+        self._instruments: dict[str, Counter | UpDownCounter | Histogram | ObservableGauge] = {}
+        self._instruments_lock = threading.Lock()
         self._tracer_provider: TracerProvider | None = None
         exporter = span_exporter or _otlp_exporter(settings.otlp_endpoint)
         if exporter is not None:
@@ -122,11 +126,15 @@ class Telemetry:
     def tracing(self) -> bool:
         return self._tracer_provider is not None
 
-    def counter(self, name: str, *, unit: str = "1", description: str = "") -> Any:
-        return self.meter.create_counter(name, unit=unit, description=description)
+    def counter(self, name: str, *, unit: str = "1", description: str = "") -> Counter:
+        return self._instrument(Counter, name, unit, lambda: Counter(name, unit, description))
 
-    def up_down_counter(self, name: str, *, unit: str = "1", description: str = "") -> Any:
-        return self.meter.create_up_down_counter(name, unit=unit, description=description)
+    def up_down_counter(
+        self, name: str, *, unit: str = "1", description: str = ""
+    ) -> UpDownCounter:
+        return self._instrument(
+            UpDownCounter, name, unit, lambda: UpDownCounter(name, unit, description)
+        )
 
     def histogram(
         self,
@@ -135,20 +143,43 @@ class Telemetry:
         unit: str = "s",
         description: str = "",
         buckets: Sequence[float] = LATENCY_BUCKETS,
-    ) -> Any:
-        return self.meter.create_histogram(
-            name,
-            unit=unit,
-            description=description,
-            explicit_bucket_boundaries_advisory=list(buckets),
+    ) -> Histogram:
+        return self._instrument(
+            Histogram, name, unit, lambda: Histogram(name, unit, description, buckets)
         )
 
     def observable_gauge(
-        self, name: str, callbacks: Sequence[Any], *, unit: str = "1", description: str = ""
-    ) -> Any:
-        return self.meter.create_observable_gauge(
-            name, callbacks=list(callbacks), unit=unit, description=description
+        self,
+        name: str,
+        callbacks: Sequence[GaugeCallback],
+        *,
+        unit: str = "1",
+        description: str = "",
+    ) -> ObservableGauge:
+        return self._instrument(
+            ObservableGauge,
+            name,
+            unit,
+            lambda: ObservableGauge(name, unit, description, callbacks),
         )
+
+    def _instrument(
+        self, kind: type[_InstrumentT], name: str, unit: str, create: Callable[[], _InstrumentT]
+    ) -> _InstrumentT:
+        """The instrument exposed under this name: the existing one, else a new one."""
+        exposed = metric_name(name) + "|" + unit_suffix(unit)
+        with self._instruments_lock:
+            existing = self._instruments.get(exposed)
+            if existing is None:
+                instrument = create()
+                self._instruments[exposed] = instrument
+                self._collector.add(instrument)
+                return instrument
+        if not isinstance(existing, kind):
+            raise ValueError(
+                f"metric {name!r} exists as a {type(existing).__name__}, not a {kind.__name__}"
+            )
+        return existing
 
     def prometheus_text(self) -> bytes:
         """The Prometheus text exposition of this process's metrics."""
@@ -161,7 +192,6 @@ class Telemetry:
     def shutdown(self) -> None:
         if self._tracer_provider is not None:
             self._tracer_provider.shutdown()
-        self._meter_provider.shutdown()
 
 
 def _otlp_exporter(endpoint: str | None) -> SpanExporter | None:

@@ -9,6 +9,9 @@ Invariants:
     `kid`, `exp`, `iat` and the ring's audience; an expired, tampered, unknown-key or
     other-audience token raises `InvalidToken` (an `Unauthorized`), never anything else.
   * Secrets are `SecretStr` and at least 32 bytes; they are never logged nor put in an error.
+  * A token is PyJWT's `jwt.encode` of the same claims and header, byte for byte; signing only
+    skips PyJWT's re-examination of the key on each call (its check that an HMAC secret is not a
+    PEM or SSH public key, done once per key here: the claims path signs one token per task).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from datetime import datetime
 from typing import Any
 
 import jwt
+from jwt.algorithms import HMACAlgorithm
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from taskplat.common.errors import Unauthorized
@@ -72,6 +76,20 @@ class TokenKeySettings(BaseModel):
         return self
 
 
+class _OncePreparedHmac(HMACAlgorithm):
+    """PyJWT's HS256, each key prepared (and checked) once: the ring's keys are a fixed few."""
+
+    def __init__(self) -> None:
+        super().__init__(HMACAlgorithm.SHA256)
+        self._prepared: dict[str | bytes, bytes] = {}
+
+    def prepare_key(self, key: str | bytes) -> bytes:
+        prepared = self._prepared.get(key)
+        if prepared is None:
+            prepared = self._prepared[key] = super().prepare_key(key)
+        return prepared
+
+
 class KeyRing:
     """Signs with the active key and verifies with any key of the ring, for one audience."""
 
@@ -79,6 +97,8 @@ class KeyRing:
         self._keys = {kid: secret.get_secret_value() for kid, secret in settings.keys.items()}
         self._active = settings.active_kid
         self.audience = audience
+        self._signer = jwt.PyJWS(algorithms=[])
+        self._signer.register_algorithm(ALGORITHM, _OncePreparedHmac())
 
     @property
     def active_kid(self) -> KeyId:
@@ -96,8 +116,10 @@ class KeyRing:
             "iat": int(issued_at.timestamp()),
             "exp": int(expires_at.timestamp()),
         }
-        return jwt.encode(
-            payload, self._keys[self._active], algorithm=ALGORITHM, headers={"kid": self._active}
+        # What `jwt.encode` signs: the claims as compact JSON, the header sorted.
+        body = json.dumps(payload, separators=(",", ":")).encode("utf-8")
+        return self._signer.encode(
+            body, self._keys[self._active], algorithm=ALGORITHM, headers={"kid": self._active}
         )
 
     def verify(self, token: str, *, now: datetime) -> dict[str, Any]:
