@@ -11,7 +11,7 @@ TOOLS := .tools
 UV := $(TOOLS)/bin/uv
 VENV := .venv
 RUN := $(UV) run --frozen --no-sync
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=25
 # make bench PEER_BENCH=DIR: also run the side-by-side harness in DIR and report the peers' figures.
 PEER_BENCH ?=
 CHAOS_ARGS ?=

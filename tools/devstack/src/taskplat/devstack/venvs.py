@@ -125,8 +125,8 @@ def venv_python(venv_dir: Path) -> Path:
     return venv_dir / "bin" / "python"
 
 
-def _stamp_text(python: str, requirements: Sequence[str]) -> str:
-    lines = [f"python={python}", f"flags={' '.join(_INSTALL_FLAGS)}", *requirements]
+def _stamp_text(python: str, requirements: Sequence[str], flags: Sequence[str]) -> str:
+    lines = [f"python={python}", f"flags={' '.join(flags)}", *requirements]
     return "\n".join(lines) + "\n"
 
 
@@ -169,10 +169,11 @@ def ensure_venv(
     requirements: Sequence[str],
     uv: str | None = None,
     lock_timeout: float = INSTALL_TIMEOUT,
+    flags: Sequence[str] = _INSTALL_FLAGS,
 ) -> Path:
     """Make ``venv_dir`` a venv of ``python`` with exactly ``requirements``; return its python."""
     venv_dir = venv_dir.absolute()
-    stamp = _stamp_text(python, requirements)
+    stamp = _stamp_text(python, requirements, flags)
     if _is_complete(venv_dir, stamp):
         return venv_python(venv_dir)
     try:
@@ -189,7 +190,7 @@ def ensure_venv(
                 log_path,
                 f"creating {venv_dir}",
             )
-            install = [uv_exe, "pip", "install", *_INSTALL_FLAGS]
+            install = [uv_exe, "pip", "install", *flags]
             _run_logged(
                 [*install, "--python", str(venv_python(venv_dir)), *requirements],
                 log_path,
@@ -221,7 +222,10 @@ def ensure_moto_venv(localstack_venv: Path | None = None, *, uv: str | None = No
         python = find_python("3.13")
     except DevstackError:
         python = sys.executable  # moto runs on any supported Python, 3.11 included
-    return ensure_venv(sibling / "moto-venv", python=python, requirements=MOTO_REQUIREMENTS, uv=uv)
+    # No bytecode compiled ahead: a fallback that may run once should not pay for all of boto3's.
+    return ensure_venv(
+        sibling / "moto-venv", python=python, requirements=MOTO_REQUIREMENTS, uv=uv, flags=()
+    )
 
 
 def install_workspace_package(
