@@ -23,7 +23,7 @@ from relay_harness import make_settings
 
 from taskplat.devstack.dockerprobe import docker_available
 from taskplat.devstack.fixtures import TESTCONTAINERS_LOCALSTACK_IMAGE
-from taskplat.outbox_relay.invoker import Invoker, lambda_client
+from taskplat.outbox_relay.lambda_invoker import Invoker, lambda_client
 
 KEYS = {"k1": "attempt-signing-key-of-the-tests-0123456789"}
 DAG = {
