@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from loops_rows import DISPATCHER, LoopRows, seconds
+from loops_rows import LoopRows, Q, seconds
 
 from taskplat.common.clock import FakeClock
 from taskplat.reaper.reaper import Reaper, ReaperBatch
@@ -134,7 +134,7 @@ def test_dead_letter_payload_is_the_dispatchers(
     clock.advance(11)
     assert make_reaper().run_once().dead_lettered == 1
     rows.conn.execute(
-        DISPATCHER["insert_outbox_dead_letter"],
+        Q["dead_letter"],
         {"task_id": task_id, "now": clock.now(), "trace_context": None},
     )
     ours, theirs = rows.outbox(task_id)

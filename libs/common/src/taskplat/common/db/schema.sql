@@ -99,6 +99,69 @@ $$;
 COMMENT ON FUNCTION public.taskplat_claim_next(p_queue text, p_max integer, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone) IS 'Claims up to p_max claimable tasks of a queue, oldest first, skipping locked rows and the tasks of runtime: lambda jobs.';
 
 --
+-- Name: taskplat_complete_late(uuid, integer, uuid, jsonb, jsonb, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_complete_late(p_task_id uuid, p_attempt integer, p_lease_token uuid, p_result jsonb, p_trace_context jsonb DEFAULT NULL::jsonb, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(task_id uuid, status text, queue text, operator text, attempt integer, max_attempts integer, worker_id text, started_at timestamp with time zone, dead_reason text, next_retry_at timestamp with time zone, ended_at timestamp with time zone, notified bigint)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    -- A late success of the current attempt after its lease or deadline ran out: accepted while
+    -- no newer attempt started (attempt and lease token unchanged) and the task was not
+    -- canceled (Failed or Dead of LeaseExpired / DeadlineExceeded). A task that had died of the
+    -- timeout was dead-lettered (unless it discards): a `resolved` record follows the first one,
+    -- and the relay is notified. The caller holds the row lock, so `old` is the row this updates.
+    RETURN QUERY
+    WITH n AS (SELECT coalesce(p_now, now()) AS now),
+    old AS MATERIALIZED (  -- read by primary key, whatever the later filter on status
+        SELECT t.task_id, t.status, t AS task FROM tasks AS t WHERE t.task_id = p_task_id
+    ),
+    done AS (
+        UPDATE tasks AS t
+        SET status = 'Completed',
+            attempt_outcome = 'Completed',
+            result = p_result,
+            dead_reason = NULL,
+            next_retry_at = NULL,
+            finished_at = n.now,
+            updated_at = n.now
+        FROM n
+        WHERE t.task_id = p_task_id
+          AND t.status IN ('Failed', 'Dead')
+          AND t.attempt_outcome IN ('LeaseExpired', 'DeadlineExceeded')
+          AND t.attempt = p_attempt
+          AND t.lease_token = p_lease_token
+        RETURNING t.task_id, t.status, t.queue, t.operator, t.attempt, t.max_attempts,
+                  t.worker_id, t.started_at, t.dead_reason, t.next_retry_at, n.now AS ended_at
+    ),
+    resolved AS (  -- the first record (taskplat_dead_letter_payload), marked resolved
+        INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at,
+                            available_at)
+        SELECT 'dead_letter', d.task_id, d.queue,
+               taskplat_dead_letter_payload(o.task)
+                   || jsonb_build_object('record', 'resolved', 'resolved_at', d.ended_at),
+               p_trace_context, d.ended_at, d.ended_at
+        FROM done AS d JOIN old AS o ON o.task_id = d.task_id
+        WHERE o.status = 'Dead' AND taskplat_dead_letter_wanted(d.task_id)
+        RETURNING outbox.queue
+    ),
+    notified AS (SELECT pg_notify('taskplat_outbox', r.queue) FROM resolved AS r)
+    SELECT d.task_id, d.status, d.queue, d.operator, d.attempt, d.max_attempts, d.worker_id,
+           d.started_at, d.dead_reason, d.next_retry_at, d.ended_at,
+           (SELECT count(*) FROM notified)
+    FROM done AS d;
+END
+$$;
+
+--
+-- Name: FUNCTION taskplat_complete_late(p_task_id uuid, p_attempt integer, p_lease_token uuid, p_result jsonb, p_trace_context jsonb, p_now timestamp with time zone); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_complete_late(p_task_id uuid, p_attempt integer, p_lease_token uuid, p_result jsonb, p_trace_context jsonb, p_now timestamp with time zone) IS 'Completes an attempt whose late success arrived after its timeout (same attempt and lease).';
+
+--
 -- Name: taskplat_create_dataset_table(text, jsonb); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -533,6 +596,37 @@ $$;
 --
 
 COMMENT ON FUNCTION public.taskplat_expire_unstarted(p_now timestamp with time zone, p_limit integer) IS 'Queued or Scheduled tasks past expires_at become Dead (Expired).';
+
+--
+-- Name: taskplat_heartbeat(uuid, integer, uuid, double precision, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_heartbeat(p_task_id uuid, p_attempt integer, p_lease_token uuid, p_lease_seconds double precision, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(lease_expires_at timestamp with time zone, queue text)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    -- Guard (fencing): only while the task is Running the named attempt under the named lease
+    -- token; the lease then runs p_lease_seconds from now. Nothing else of the row changes.
+    RETURN QUERY
+    UPDATE tasks AS t
+    SET lease_expires_at = n.now + make_interval(secs => p_lease_seconds),
+        updated_at = n.now
+    FROM (SELECT coalesce(p_now, now()) AS now) AS n
+    WHERE t.task_id = p_task_id
+      AND t.status = 'Running'
+      AND t.attempt = p_attempt
+      AND t.lease_token = p_lease_token
+    RETURNING t.lease_expires_at, t.queue;
+END
+$$;
+
+--
+-- Name: FUNCTION taskplat_heartbeat(p_task_id uuid, p_attempt integer, p_lease_token uuid, p_lease_seconds double precision, p_now timestamp with time zone); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_heartbeat(p_task_id uuid, p_attempt integer, p_lease_token uuid, p_lease_seconds double precision, p_now timestamp with time zone) IS 'Extends the lease of the named Running attempt (fenced by attempt and lease).';
 
 --
 -- Name: taskplat_input_pins(jsonb); Type: FUNCTION; Schema: public; Owner: -
