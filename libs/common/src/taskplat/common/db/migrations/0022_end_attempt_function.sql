@@ -357,3 +357,101 @@ $$;
 
 COMMENT ON FUNCTION taskplat_complete_late(uuid, integer, uuid, jsonb, jsonb, timestamptz) IS
     'Completes an attempt whose late success arrived after its timeout (same attempt and lease).';
+
+-- Datasets and their tables, one home each: the dispatcher's DAG apply and version rollovers
+-- call these, and so do the tests that need a dataset as the platform stores it.
+--
+-- Invariants:
+--   * a dataset is created with its first version, current at once, in one statement; a name
+--     that exists already creates nothing (the caller reads the existing row);
+--   * a buffered dataset's table is named `dataset_<uuid>` for its first table and
+--     `dataset_<uuid>_v<n>` for the n-th; it is created through taskplat_create_dataset_table
+--     (the allow-list, the owner's rights), recorded for the version, named by the dataset's
+--     location, and the dataset has its buffer row (and the task its sink events are stored
+--     under); the caller holds the dataset row's lock;
+--   * time is coalesce(p_now, now()).
+
+CREATE FUNCTION taskplat_create_dataset(
+    p_name text,
+    p_kind text,
+    p_location text,
+    p_now timestamptz DEFAULT NULL
+) RETURNS TABLE (dataset_uuid uuid, current_version uuid)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH n AS (SELECT coalesce(p_now, now()) AS now),
+    created AS (
+        INSERT INTO datasets AS d (dataset_uuid, name, kind, location, current_version,
+                                   created_at, updated_at)
+        SELECT gen_random_uuid(), p_name, p_kind, p_location, gen_random_uuid(), n.now, n.now
+        FROM n
+        ON CONFLICT (name) DO NOTHING
+        RETURNING d.dataset_uuid, d.current_version, d.created_at
+    ),
+    first_version AS (
+        INSERT INTO dataset_versions (dataset_uuid, dataset_version, created_at, current_since,
+                                      became_current)
+        SELECT c.dataset_uuid, c.current_version, c.created_at, c.created_at, 'created'
+        FROM created AS c
+    )
+    SELECT c.dataset_uuid, c.current_version FROM created AS c;
+END
+$$;
+
+COMMENT ON FUNCTION taskplat_create_dataset(text, text, text, timestamptz) IS
+    'Creates a dataset with its first (current) version; nothing when the name exists.';
+
+CREATE FUNCTION taskplat_add_dataset_table(
+    p_dataset_uuid uuid,
+    p_dataset_version uuid,
+    p_columns jsonb,
+    p_schema_hash text,
+    p_now timestamptz DEFAULT NULL
+) RETURNS text
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_now constant timestamptz := coalesce(p_now, now());
+    v_ordinal integer;
+    v_table text;
+BEGIN
+    SELECT coalesce(max(t.ordinal), 0) + 1 INTO v_ordinal
+    FROM dataset_tables AS t WHERE t.dataset_uuid = p_dataset_uuid;
+    v_table := 'dataset_' || p_dataset_uuid::text
+        || CASE WHEN v_ordinal = 1 THEN '' ELSE '_v' || v_ordinal::text END;
+    PERFORM taskplat_create_dataset_table(v_table, p_columns);
+    INSERT INTO dataset_tables (dataset_uuid, dataset_version, ordinal, table_name, columns,
+                                schema_hash, created_at)
+    VALUES (p_dataset_uuid, p_dataset_version, v_ordinal, v_table, p_columns, p_schema_hash,
+            v_now);
+    UPDATE datasets AS d
+    SET location = 'postgres_table:' || v_table, updated_at = v_now
+    WHERE d.dataset_uuid = p_dataset_uuid;
+    -- The buffer row and the task its sink events are stored under (Completed, never finished:
+    -- retention keeps it). Nothing when the buffer exists.
+    WITH fresh AS (
+        SELECT gen_random_uuid() AS task_id
+        WHERE NOT EXISTS (SELECT 1 FROM dataset_buffers AS b
+                          WHERE b.dataset_uuid = p_dataset_uuid)
+    ),
+    task AS (
+        INSERT INTO tasks AS t (task_id, status, queue, operator, config, max_attempts,
+                                backoff_base_seconds, backoff_max_seconds, attempt_outcome,
+                                created_at, updated_at)
+        SELECT f.task_id, 'Completed', 'default', 'taskplat.sink',
+               jsonb_build_object('dataset_uuid', p_dataset_uuid::text), 1, 0, 0, 'Completed',
+               v_now, v_now
+        FROM fresh AS f
+        RETURNING t.task_id
+    )
+    INSERT INTO dataset_buffers (dataset_uuid, producer_task_id, created_at)
+    SELECT p_dataset_uuid, k.task_id, v_now FROM task AS k;
+    RETURN v_table;
+END
+$$;
+
+COMMENT ON FUNCTION taskplat_add_dataset_table(uuid, uuid, jsonb, text, timestamptz) IS
+    'Creates and records the table of a buffered dataset''s version; the dataset''s location names it.';
