@@ -50,7 +50,13 @@ CALLERS = [
     Caller(
         "taskplat.dispatcher.repository", "batch.sql", "claim_next", "taskplat_claim_next", False
     ),
-    Caller("taskplat.outbox_relay", "invoke.sql", "claim_for_function", "taskplat_claim", True),
+    Caller(
+        "taskplat.outbox_relay.lambda_invoker",
+        "invoke.sql",
+        "claim_for_function",
+        "taskplat_claim",
+        True,
+    ),
 ]
 LAMBDA = "claim_for_function"
 

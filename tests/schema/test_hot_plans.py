@@ -208,7 +208,7 @@ HOT_STATEMENTS: dict[tuple[str, str], dict[str, Task]] = {
         "mark_sent": "-",
         "mark_failed": "-",
     },
-    ("taskplat.outbox_relay", "invoke.sql"): {
+    ("taskplat.outbox_relay.lambda_invoker", "invoke.sql"): {
         "claim_invocation": "-",
         "claim_for_function": "queued",
         "mark_skipped": "-",

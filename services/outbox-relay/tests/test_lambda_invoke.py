@@ -32,7 +32,7 @@ from taskplat.common.tokens.capability import capability_key_ring, verify_capabi
 from taskplat.common.tokens.keys import TokenKeySettings
 from taskplat.devstack.lambda_endpoint import Invocation, LocalLambda
 from taskplat.devstack.waiting import wait_for
-from taskplat.outbox_relay.invoker import NO_CAPABILITY_KEYS, NO_KEYS, Invoker, lambda_client
+from taskplat.outbox_relay.lambda_invoker import NO_CAPABILITY_KEYS, NO_KEYS, Invoker, lambda_client
 from taskplat.outbox_relay.relay import Relay
 from taskplat.outbox_relay.settings import RelaySettings
 from taskplat.testkit.dispatcher_harness import Dispatcher, serve_dispatcher

@@ -20,7 +20,7 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
 from relay_harness import make_settings
 
-from taskplat.outbox_relay.invoker import Invoker, lambda_client
+from taskplat.outbox_relay.lambda_invoker import Invoker, lambda_client
 from taskplat.testkit.dispatcher_harness import Dispatcher, serve_dispatcher
 from taskplat.testkit.dockerprobe import docker_available
 from taskplat.testkit.fixtures import TESTCONTAINERS_LOCALSTACK_IMAGE

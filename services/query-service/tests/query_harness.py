@@ -1,7 +1,8 @@
 """A query service for tests: the real app on a real uvicorn in a thread, reading a private
 migrated Postgres through a login user that is only a member of `taskplat_query`, and LocalStack's
-STS and S3; helpers that create datasets as the platform stores them and mint capability tokens
-as the dispatcher issues them.
+STS and S3; helpers that create datasets through the platform's own functions (the ones the
+dispatcher's DAG apply calls, never rows written here) and mint capability tokens as the
+dispatcher issues them.
 
 Invariant: every AWS client here uses LocalStack's endpoint and its dummy credentials, never a
 developer's ~/.aws.
@@ -103,37 +104,32 @@ class Dataset:
 
 
 def _catalog(conn: psycopg.Connection[Any], name: str, kind: str, location: str) -> Dataset:
-    dataset, version = uuid.uuid4(), uuid.uuid4()
-    now = datetime.now(UTC)
-    conn.execute(
-        "INSERT INTO datasets (dataset_uuid, name, kind, location, current_version, created_at,"
-        " updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-        (dataset, name, kind, location, version, now, now),
-    )
-    conn.execute(
-        "INSERT INTO dataset_versions (dataset_uuid, dataset_version, created_at, current_since,"
-        " became_current) VALUES (%s, %s, %s, %s, 'created')",
-        (dataset, version, now, now),
-    )
-    return Dataset(dataset, version, name, kind)
+    """A dataset with its first version, created by the platform's function (the dispatcher's
+    DAG apply calls it too: taskplat_create_dataset, migration 0022)."""
+    row = conn.execute(
+        "SELECT dataset_uuid, current_version FROM taskplat_create_dataset(%s, %s, %s)",
+        (name, kind, location),
+    ).fetchone()
+    assert row is not None, f"dataset {name!r} exists already"
+    return Dataset(row[0], row[1], name, kind)
 
 
 def buffered_dataset(
     db_url: str, name: str, columns: list[dict[str, str]], rows: Sequence[dict[str, Any]]
 ) -> Dataset:
-    """A buffered dataset as the dispatcher creates it (its table through the platform's function)
-    holding `rows` as the sink writes them."""
+    """A buffered dataset as the dispatcher creates it (the dataset, its version and its table
+    through the platform's functions: taskplat_add_dataset_table, migration 0022) holding `rows`
+    as the sink writes them."""
     full = full_schema([(c["name"], c["type"]) for c in columns])
     with psycopg.connect(db_url, autocommit=True) as conn:
         made = _catalog(conn, name, "buffered_postgres", "postgres_table:dataset_{dataset_uuid}")
-        table = f"dataset_{made.dataset_uuid}"
         spec = [{"name": c.name, "type": c.type} for c in full]
-        conn.execute("SELECT taskplat_create_dataset_table(%s, %s)", (table, Jsonb(spec)))
-        conn.execute(
-            "INSERT INTO dataset_tables (dataset_uuid, dataset_version, ordinal, table_name,"
-            " columns, schema_hash, created_at) VALUES (%s, %s, 1, %s, %s, %s, now())",
-            (made.dataset_uuid, made.dataset_version, table, Jsonb(spec), schema_hash(full)),
-        )
+        created = conn.execute(
+            "SELECT taskplat_add_dataset_table(%s, %s, %s, %s)",
+            (made.dataset_uuid, made.dataset_version, Jsonb(spec), schema_hash(full)),
+        ).fetchone()
+        assert created is not None
+        table: str = created[0]
         for index, row in enumerate(rows):
             values = {"org_id": ORG, "dedupe_key": f"k{index}", **row}
             conn.execute(

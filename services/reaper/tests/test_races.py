@@ -14,7 +14,7 @@ from psycopg.rows import DictRow, dict_row
 
 from taskplat.common.clock import FakeClock
 from taskplat.reaper.reaper import Reaper, ReaperBatch
-from taskplat.testkit.loops_rows import DISPATCHER, LoopRows, completion_params, run_replicas
+from taskplat.testkit.loops_rows import Q, LoopRows, completion_params, run_replicas
 
 MakeReaper = Callable[..., Reaper]
 
@@ -58,7 +58,7 @@ def test_a_completion_holding_the_row_wins_over_the_reaper(
     params = fence(rows, task_id, clock)
 
     with open_transaction(db_url) as completion:
-        assert completion.execute(DISPATCHER["complete_running"], params).fetchone()
+        assert completion.execute(Q["complete_running"], params).fetchone()
         # the row lock is held: the reaper, in another thread, skips the row without waiting
         batch = executor.submit(reaper.run_once).result(timeout=20)
         assert batch.lease_expired == 0
@@ -86,7 +86,7 @@ def test_a_heartbeat_holding_the_row_keeps_the_task_running(
     params = {**fence(rows, task_id, clock), "lease_seconds": 10.0}
 
     with open_transaction(db_url) as heartbeat:
-        assert heartbeat.execute(DISPATCHER["heartbeat"], params).fetchone()
+        assert heartbeat.execute(Q["heartbeat"], params).fetchone()
         assert executor.submit(reaper.run_once).result(timeout=20).lease_expired == 0
         heartbeat.commit()
 
@@ -107,7 +107,7 @@ def test_a_completion_after_the_reap_finds_a_timed_out_attempt(
     params = fence(rows, task_id, clock)
 
     assert reaper.run_once().lease_expired == 1
-    assert rows.conn.execute(DISPATCHER["complete_running"], params).fetchone() is None
+    assert rows.conn.execute(Q["complete_running"], params).fetchone() is None
 
     task = rows.task(task_id)
     assert task["status"] == "Failed"

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from taskplat.common.clock import FakeClock
 from taskplat.reaper.reaper import Reaper, ReaperBatch
-from taskplat.testkit.loops_rows import DISPATCHER, LoopRows, seconds
+from taskplat.testkit.loops_rows import Q, LoopRows, seconds
 
 MakeReaper = Callable[..., Reaper]
 
@@ -133,7 +133,7 @@ def test_dead_letter_payload_is_the_dispatchers(
     clock.advance(11)
     assert make_reaper().run_once().dead_lettered == 1
     rows.conn.execute(
-        DISPATCHER["insert_outbox_dead_letter"],
+        Q["dead_letter"],
         {"task_id": task_id, "now": clock.now(), "trace_context": None},
     )
     ours, theirs = rows.outbox(task_id)

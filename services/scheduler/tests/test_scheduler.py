@@ -13,7 +13,7 @@ from taskplat.common.clock import FakeClock
 from taskplat.common.db.notify import OUTBOX_CHANNEL
 from taskplat.scheduler.scheduler import Scheduler, SchedulerBatch
 from taskplat.testkit.loops_rows import (
-    DISPATCHER,
+    Q,
     LoopRows,
     completion_params,
     run_replicas,
@@ -229,9 +229,9 @@ def test_a_late_success_holding_the_row_wins_over_the_retry(
         }
     )
     with psycopg.connect(db_url) as completion, ThreadPoolExecutor(1) as executor:
-        # The dispatcher's own late-success statement (its caller holds the row lock first).
-        completion.execute(DISPATCHER["read_fence_for_update"], params)
-        assert completion.execute(DISPATCHER["complete_late"], params).fetchone()
+        # A late success, as the dispatcher makes it (it holds the row lock first).
+        completion.execute(Q["lock_task"], params)
+        assert completion.execute(Q["complete_late"], params).fetchone()
         assert executor.submit(scheduler.run_once).result(timeout=20).retried == 0
         completion.commit()
 

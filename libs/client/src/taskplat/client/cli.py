@@ -1,5 +1,8 @@
 """The `taskplat` command: the commands of the README's "Using Taskplat" over the sync client.
 
+The options every command takes are `cli_options`', what commands print `cli_output`'s; the
+operators' commands are in `cli_ops`.
+
 Invariants: every command takes `--url`/`--api-key` (or TASKPLAT_URL/TASKPLAT_API_KEY) and
 `--json`; human output goes to stdout as tables, progress and messages to stderr, so `--json`
 output is exactly one JSON document on stdout; any error is one line on stderr
@@ -9,164 +12,35 @@ output is exactly one JSON document on stdout; any error is one line on stderr
 
 from __future__ import annotations
 
-import json
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
-from uuid import UUID
+from typing import Any
 
 import click
 import yaml
-from pydantic import BaseModel
-from rich.console import Console
-from rich.table import Table
 
+from taskplat.client.cli_options import (
+    STATUSES,
+    TIMES,
+    aware,
+    common,
+    json_arg,
+    open_client,
+)
+from taskplat.client.cli_output import (
+    ERR,
+    OUT,
+    emit,
+    finish,
+    follow,
+    generic_table,
+    rows_of,
+    task_detail,
+    tasks_table,
+)
 from taskplat.client.errors import TaskplatError
 from taskplat.client.models import TaskView
-from taskplat.client.sync import Client
-
-F = TypeVar("F", bound=Callable[..., Any])
-# Times the options take: ISO 8601, with or without seconds and a zone (naive: local time).
-TIMES = ["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M:%S",
-         "%Y-%m-%d"]  # fmt: skip
-STATUSES = ["Scheduled", "Queued", "Running", "Completed", "Failed", "Dead", "Canceled"]
-NOT_COMPLETED_EXIT = 3
-
-
-@dataclass
-class Settings:
-    url: str | None = None
-    api_key: str | None = None
-    json: bool = False
-
-
-def _store(field: str) -> Callable[[click.Context, click.Parameter, Any], Any]:
-    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-        settings = ctx.find_object(Settings) or ctx.ensure_object(Settings)
-        if value not in (None, False):
-            setattr(settings, field, value)
-        return value
-
-    return callback
-
-
-def common(command: F) -> F:
-    """--url, --api-key and --json, accepted before or after the command name."""
-    for option in (
-        click.option("--json", "as_json", is_flag=True, expose_value=False,
-                     callback=_store("json"), help="Print JSON for scripts."),
-        click.option("--api-key", envvar="TASKPLAT_API_KEY", expose_value=False,
-                     callback=_store("api_key"), help="API key [env TASKPLAT_API_KEY]."),
-        click.option("--url", envvar="TASKPLAT_URL", expose_value=False, callback=_store("url"),
-                     help="Dispatcher URL [env TASKPLAT_URL; default http://127.0.0.1:8080]."),
-    ):  # fmt: skip
-        command = option(command)
-    return command
-
-
-def _settings() -> Settings:
-    return click.get_current_context().ensure_object(Settings)
-
-
-@contextmanager
-def _client() -> Iterator[Client]:
-    settings = _settings()
-    with Client(settings.url, settings.api_key) as client:
-        yield client
-
-
-OUT = Console(highlight=False, soft_wrap=True)
-ERR = Console(stderr=True, highlight=False)
-
-
-def _emit(value: Any, human: Callable[[], None]) -> None:
-    if _settings().json:
-        if isinstance(value, BaseModel):
-            click.echo(value.model_dump_json(indent=2, by_alias=True))
-        else:
-            click.echo(json.dumps(value, indent=2, default=str))
-    else:
-        human()
-
-
-def aware(value: datetime | None) -> datetime | None:
-    """A time option as an aware datetime (a naive one is local time)."""
-    if value is None or value.tzinfo is not None:
-        return value
-    return value.astimezone()
-
-
-def _json_arg(text: str | None, what: str) -> Any:
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not JSON: {exc.msg}", param_hint=what) from None
-
-
-def _when(value: Any) -> str:
-    return "" if value is None else str(value.isoformat(timespec="seconds"))
-
-
-def _tasks_table(tasks: list[TaskView], title: str | None = None) -> None:
-    table = Table(title=title, box=None, header_style="bold")
-    for column in ("TASK", "STATUS", "ATTEMPT", "QUEUE", "OPERATOR", "CREATED", "LAST ERROR"):
-        table.add_column(column, no_wrap=column != "LAST ERROR")
-    for task in tasks:
-        error = (task.last_error or "").splitlines()[0][:60] if task.last_error else ""
-        table.add_row(str(task.task_id), task.status, f"{task.attempt}/{task.max_attempts}",
-                      task.queue, task.operator, _when(task.created_at), error)  # fmt: skip
-    OUT.print(table)
-
-
-def _task_detail(task: TaskView) -> None:
-    table = Table(box=None, show_header=False)
-    table.add_column(style="bold")
-    table.add_column()
-    job = f"{task.job.dag_name}/{task.job.name}" if task.job else ""
-    rows = [("task_id", str(task.task_id)), ("status", task.status),
-            ("attempt", f"{task.attempt} of {task.max_attempts}"), ("queue", task.queue),
-            ("operator", task.operator), ("job", job), ("created_at", _when(task.created_at)),
-            ("started_at", _when(task.started_at)), ("finished_at", _when(task.finished_at)),
-            ("next_retry_at", _when(task.next_retry_at)), ("worker_id", task.worker_id or ""),
-            ("dead_reason", task.dead_reason or ""), ("last_error", task.last_error or ""),
-            ("config", json.dumps(task.config)),
-            ("result", "" if task.result is None else json.dumps(task.result))]  # fmt: skip
-    for key, value in rows:
-        if value:
-            table.add_row(key, value)
-    OUT.print(table)
-    if task.attempts:
-        attempts = Table(title="attempts", box=None, header_style="bold")
-        for column in ("#", "WORKER", "STARTED", "FINISHED", "OUTCOME", "ERROR"):
-            attempts.add_column(column)
-        for a in task.attempts:
-            attempts.add_row(str(a.attempt), a.worker_id, _when(a.started_at),
-                             _when(a.finished_at), a.outcome or "running",
-                             (a.error or "").splitlines()[0][:60] if a.error else "")  # fmt: skip
-        OUT.print(attempts)
-
-
-def _follow(client: Client, task_id: str | UUID, timeout: float | None) -> TaskView:
-    """Poll the task, showing its state on stderr; exit 3 unless it Completed."""
-    with ERR.status(f"task {task_id}: waiting") as status:
-
-        def update(task: TaskView) -> None:
-            status.update(f"task {task_id}: {task.status} (attempt {task.attempt})")
-
-        task = client.wait(task_id, timeout=timeout, on_update=update)
-    return task
-
-
-def _finish(task: TaskView) -> None:
-    _emit(task, lambda: _task_detail(task))
-    if task.status != "Completed":
-        sys.exit(NOT_COMPLETED_EXIT)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -214,8 +88,8 @@ def submit(
 ) -> None:
     """Submit a task running OPERATOR."""
     fields = {
-        "config": _json_arg(config, "--config"),
-        "inputs": _json_arg(inputs, "--inputs"),
+        "config": json_arg(config, "--config"),
+        "inputs": json_arg(inputs, "--inputs"),
         "queue": queue,
         "max_attempts": max_attempts,
         "timeout_seconds": timeout_seconds,
@@ -223,13 +97,13 @@ def submit(
         "scheduled_for": aware(scheduled_for),
         "expires_at": aware(expires_at),
     }
-    with _client() as client:
+    with open_client() as client:
         task = client.submit(operator, **fields)
         if not wait_:
-            _emit(task, lambda: OUT.print(f"{task.task_id} {task.status}"))
+            emit(task, lambda: OUT.print(f"{task.task_id} {task.status}"))
             return
         ERR.print(f"submitted {task.task_id}")
-        _finish(_follow(client, task.task_id, wait_timeout))
+        finish(follow(client, task.task_id, wait_timeout))
 
 
 @main.command()
@@ -237,9 +111,9 @@ def submit(
 @common
 def get(task_id: str) -> None:
     """Show a task: its state, result, error and attempts."""
-    with _client() as client:
+    with open_client() as client:
         task = client.get(task_id)
-    _emit(task, lambda: _task_detail(task))
+    emit(task, lambda: task_detail(task))
 
 
 @main.command(name="list")
@@ -271,7 +145,7 @@ def list_(
 def _list_tasks(
     status: str | None, queue: str | None, operator: str | None, limit: int, **filters: Any
 ) -> None:
-    with _client() as client:
+    with open_client() as client:
         tasks: list[TaskView] = []
         for task in client.iter_tasks(
             status=status, queue=queue, operator=operator, limit=min(limit, 500), **filters
@@ -279,8 +153,8 @@ def _list_tasks(
             tasks.append(task)
             if len(tasks) >= limit:
                 break
-    _emit({"tasks": [task.model_dump(mode="json") for task in tasks]},
-          lambda: _tasks_table(tasks))  # fmt: skip
+    emit({"tasks": [task.model_dump(mode="json") for task in tasks]},
+          lambda: tasks_table(tasks))  # fmt: skip
 
 
 @main.command()
@@ -288,9 +162,9 @@ def _list_tasks(
 @common
 def cancel(task_id: str) -> None:
     """Cancel a task that has not finished."""
-    with _client() as client:
+    with open_client() as client:
         task = client.cancel(task_id)
-    _emit(task, lambda: OUT.print(f"{task.task_id} {task.status}"))
+    emit(task, lambda: OUT.print(f"{task.task_id} {task.status}"))
 
 
 @main.command()
@@ -298,9 +172,9 @@ def cancel(task_id: str) -> None:
 @common
 def retry(task_id: str) -> None:
     """Replay a Dead or Canceled task as a new attempt with a fresh budget."""
-    with _client() as client:
+    with open_client() as client:
         task = client.retry(task_id)
-    _emit(task, lambda: OUT.print(f"{task.task_id} {task.status} (attempt {task.attempt})"))
+    emit(task, lambda: OUT.print(f"{task.task_id} {task.status} (attempt {task.attempt})"))
 
 
 @main.command()
@@ -309,8 +183,8 @@ def retry(task_id: str) -> None:
 @common
 def watch(task_id: str, timeout: float | None) -> None:
     """Follow a task until it finishes (exit 3 unless it Completed)."""
-    with _client() as client:
-        _finish(_follow(client, task_id, timeout))
+    with open_client() as client:
+        finish(follow(client, task_id, timeout))
 
 
 @main.group()
@@ -356,7 +230,7 @@ def dead_replay(
         raise click.UsageError("give task IDs, --all, or a filter (--queue, --operator, ...)")
     replayed: list[str] = []
     skipped: list[dict[str, Any]] = []
-    with _client() as client:
+    with open_client() as client:
         if task_ids:
             answer = client.retry_many(list(task_ids))
             replayed = [str(task_id) for task_id in answer.replayed]
@@ -376,7 +250,7 @@ def dead_replay(
         for item in skipped:
             OUT.print(f"skipped {item['task_id']}: {item['reason']}")
 
-    _emit({"replayed": replayed, "skipped": skipped}, human)
+    emit({"replayed": replayed, "skipped": skipped}, human)
     if skipped:
         sys.exit(1)
 
@@ -401,41 +275,19 @@ def dags_apply(file: Path, name: str | None) -> None:
     if not isinstance(document, dict):
         raise click.BadParameter("the document must be a mapping with `jobs`", param_hint="FILE")
     dag_name = name or document.pop("name", None) or file.stem
-    with _client() as client:
+    with open_client() as client:
         answer = client.apply_dag(str(dag_name), document)
-    _emit(answer, lambda: OUT.print(f"applied DAG {dag_name}"))
-
-
-def _rows_of(answer: BaseModel, key: str) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = answer.model_dump(mode="json")[key]
-    return rows
-
-
-def _generic_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
-    table = Table(box=None, header_style="bold")
-    for column in columns:
-        table.add_column(column.upper())
-    for row in rows:
-        table.add_row(*[_cell(row.get(column)) for column in columns])
-    OUT.print(table)
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, list | dict):
-        return str(len(value))
-    return str(value)
+    emit(answer, lambda: OUT.print(f"applied DAG {dag_name}"))
 
 
 @dags.command(name="list")
 @common
 def dags_list() -> None:
     """List the DAGs."""
-    with _client() as client:
+    with open_client() as client:
         answer = client.dags()
-    rows = _rows_of(answer, "dags")
-    _emit(answer, lambda: _generic_table(rows, ["dag_name", "jobs", "updated_at"]))
+    rows = rows_of(answer, "dags")
+    emit(answer, lambda: generic_table(rows, ["dag_name", "jobs", "updated_at"]))
 
 
 @main.group()
@@ -448,11 +300,11 @@ def datasets() -> None:
 @common
 def datasets_list() -> None:
     """List the datasets with their current version."""
-    with _client() as client:
+    with open_client() as client:
         answer = client.datasets()
-    rows = _rows_of(answer, "datasets")
+    rows = rows_of(answer, "datasets")
     columns = ["dataset_uuid", "name", "kind", "current_version"]
-    _emit(answer, lambda: _generic_table(rows, columns))
+    emit(answer, lambda: generic_table(rows, columns))
 
 
 @datasets.command(name="rollback")
@@ -462,9 +314,9 @@ def datasets_list() -> None:
 def datasets_rollback(dataset_uuid: str, dataset_version: str) -> None:
     """Make an earlier version of a dataset current again (live tasks pinned to the version it
     replaces are canceled)."""
-    with _client() as client:
+    with open_client() as client:
         answer = client.rollback_dataset(dataset_uuid, dataset_version)
-    _emit(
+    emit(
         answer,
         lambda: OUT.print(
             f"{answer.dataset.dataset_uuid} current version {answer.dataset.current_version} "

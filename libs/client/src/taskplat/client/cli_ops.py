@@ -15,23 +15,9 @@ import click
 from click.shell_completion import get_completion_class
 from rich.table import Table
 
-from taskplat.client.cli import (
-    ERR,
-    OUT,
-    TIMES,
-    _client,
-    _emit,
-    _finish,
-    _follow,
-    _generic_table,
-    _json_arg,
-    _when,
-    aware,
-    common,
-    dags,
-    datasets,
-    main,
-)
+from taskplat.client.cli import dags, datasets, main
+from taskplat.client.cli_options import TIMES, aware, common, json_arg, open_client
+from taskplat.client.cli_output import ERR, OUT, emit, finish, follow, generic_table, when
 from taskplat.client.models import AuditEntry, QueueView
 
 SCOPES = ["read", "submit", "operate", "admin"]
@@ -65,7 +51,7 @@ def _queue_line(queue: QueueView, verb: str) -> None:
 @common
 def queues_list() -> None:
     """List the registered queues: depth, running, oldest Queued age, paused."""
-    with _client() as client:
+    with open_client() as client:
         answer = client.queues()
 
     def human() -> None:
@@ -77,7 +63,7 @@ def queues_list() -> None:
                           str(q.running), _age(q.oldest_queued_age_seconds))  # fmt: skip
         OUT.print(table)
 
-    _emit(answer, human)
+    emit(answer, human)
 
 
 @queues.command(name="pause")
@@ -85,9 +71,9 @@ def queues_list() -> None:
 @common
 def queues_pause(queue: str) -> None:
     """Pause QUEUE: its tasks stay Queued and are not handed out."""
-    with _client() as client:
+    with open_client() as client:
         answer = client.pause(queue)
-    _emit(answer, lambda: _queue_line(answer, "paused"))
+    emit(answer, lambda: _queue_line(answer, "paused"))
 
 
 @queues.command(name="resume")
@@ -95,9 +81,9 @@ def queues_pause(queue: str) -> None:
 @common
 def queues_resume(queue: str) -> None:
     """Resume a paused QUEUE."""
-    with _client() as client:
+    with open_client() as client:
         answer = client.resume(queue)
-    _emit(answer, lambda: _queue_line(answer, "running"))
+    emit(answer, lambda: _queue_line(answer, "running"))
 
 
 @queues.command(name="register")
@@ -105,9 +91,9 @@ def queues_resume(queue: str) -> None:
 @common
 def queues_register(queue: str) -> None:
     """Register QUEUE so tasks may name it (admin scope)."""
-    with _client() as client:
+    with open_client() as client:
         answer = client.register_queue(queue)
-    _emit(answer, lambda: _queue_line(answer, "registered"))
+    emit(answer, lambda: _queue_line(answer, "registered"))
 
 
 # ---- workers and figures -----------------------------------------------------------------
@@ -117,7 +103,7 @@ def queues_register(queue: str) -> None:
 @common
 def workers() -> None:
     """List the workers seen lately: state, queues, slots, running tasks, last seen."""
-    with _client() as client:
+    with open_client() as client:
         answer = client.workers()
 
     def human() -> None:
@@ -132,24 +118,24 @@ def workers() -> None:
         if not answer.workers:
             ERR.print("no worker has reported lately")
 
-    _emit(answer, human)
+    emit(answer, human)
 
 
 @main.command()
 @common
 def stats() -> None:
     """Tasks by queue and state, and tasks finished in the last hour."""
-    with _client() as client:
+    with open_client() as client:
         answer = client.stats()
 
     def human() -> None:
         rows = [c.model_dump(mode="json") for c in answer.counts]
-        _generic_table(rows, ["queue", "status", "tasks"])
+        generic_table(rows, ["queue", "status", "tasks"])
         completed = sum(b.completed for b in answer.throughput)
         dead = sum(b.dead for b in answer.throughput)
         OUT.print(f"last hour: {completed} completed, {dead} dead")
 
-    _emit(answer, human)
+    emit(answer, human)
 
 
 # ---- job runs, DAGs and datasets -----------------------------------------------------------
@@ -178,19 +164,19 @@ def runs_start(
     wait_: bool,
 ) -> None:
     """Start one run of JOB of DAG."""
-    with _client() as client:
+    with open_client() as client:
         task = client.run_job(
             dag,
             job,
-            config=_json_arg(config, "--config"),
-            inputs=_json_arg(inputs, "--inputs"),
+            config=json_arg(config, "--config"),
+            inputs=json_arg(inputs, "--inputs"),
             idempotency_key=idempotency_key,
         )
         if not wait_:
-            _emit(task, lambda: OUT.print(f"{task.task_id} {task.status}"))
+            emit(task, lambda: OUT.print(f"{task.task_id} {task.status}"))
             return
         ERR.print(f"started {task.task_id}")
-        _finish(_follow(client, task.task_id, None))
+        finish(follow(client, task.task_id, None))
 
 
 @dags.command(name="get")
@@ -198,14 +184,14 @@ def runs_start(
 @common
 def dags_get(name: str) -> None:
     """Show a DAG: its jobs with their operators, queues, inputs and outputs."""
-    with _client() as client:
+    with open_client() as client:
         answer = client.dag(name)
 
     def human() -> None:
         rows = [job.model_dump(mode="json") for job in answer.jobs]
-        _generic_table(rows, ["name", "operator", "queue", "schedule", "inputs", "outputs"])
+        generic_table(rows, ["name", "operator", "queue", "schedule", "inputs", "outputs"])
 
-    _emit(answer, human)
+    emit(answer, human)
 
 
 @dags.command(name="delete")
@@ -213,9 +199,9 @@ def dags_get(name: str) -> None:
 @common
 def dags_delete(name: str) -> None:
     """Delete a DAG: its routing and schedules stop; tasks and datasets stay."""
-    with _client() as client:
+    with open_client() as client:
         answer = client.delete_dag(name)
-    _emit(answer, lambda: OUT.print(f"deleted DAG {answer.dag_name}"))
+    emit(answer, lambda: OUT.print(f"deleted DAG {answer.dag_name}"))
 
 
 @datasets.command(name="get")
@@ -223,7 +209,7 @@ def dags_delete(name: str) -> None:
 @common
 def datasets_get(dataset_uuid: str) -> None:
     """Show a dataset: kind, location, current version, latest cursor."""
-    with _client() as client:
+    with open_client() as client:
         answer = client.dataset(dataset_uuid)
 
     def human() -> None:
@@ -237,7 +223,7 @@ def datasets_get(dataset_uuid: str) -> None:
                 table.add_row(key, str(value))
         OUT.print(table)
 
-    _emit(answer, human)
+    emit(answer, human)
 
 
 @datasets.command(name="versions")
@@ -246,7 +232,7 @@ def datasets_get(dataset_uuid: str) -> None:
 @common
 def datasets_versions(dataset_uuid: str, new: bool) -> None:
     """List a dataset's versions (with --new, make a new current version first)."""
-    with _client() as client:
+    with open_client() as client:
         if new:
             made = client.new_dataset_version(dataset_uuid)
             ERR.print(f"new version {made.dataset.current_version}; "
@@ -255,8 +241,8 @@ def datasets_versions(dataset_uuid: str, new: bool) -> None:
         else:
             answer = client.dataset(dataset_uuid)
     rows = [v.model_dump(mode="json") for v in answer.versions]
-    _emit({"versions": rows},
-          lambda: _generic_table(rows, ["dataset_version", "current", "created_at",
+    emit({"versions": rows},
+          lambda: generic_table(rows, ["dataset_version", "current", "created_at",
                                         "superseded_at"]))  # fmt: skip
 
 
@@ -269,7 +255,7 @@ def datasets_events(dataset_uuid: str, dataset_version: str | None, limit: int) 
     """List a dataset's events, newest first, with their routing."""
     events: list[dict[str, Any]] = []
     cursor: str | None = None
-    with _client() as client:
+    with open_client() as client:
         while len(events) < limit:
             page = client.dataset_events(
                 dataset_uuid, dataset_version=dataset_version, cursor=cursor
@@ -280,7 +266,7 @@ def datasets_events(dataset_uuid: str, dataset_version: str | None, limit: int) 
                 break
     events = events[:limit]
     columns = ["event_id", "dataset_version", "cursor", "partition_key", "routed", "created_at"]
-    _emit({"events": events}, lambda: _generic_table(events, columns))
+    emit({"events": events}, lambda: generic_table(events, columns))
 
 
 # ---- keys and the audit log ----------------------------------------------------------------
@@ -299,7 +285,7 @@ def keys() -> None:
 @common
 def keys_create(name: str, scopes: tuple[str, ...]) -> None:
     """Create an API key NAME; its secret is printed once: store it now."""
-    with _client() as client:
+    with open_client() as client:
         answer = client.create_key(name, list(scopes))
 
     def human() -> None:
@@ -307,17 +293,17 @@ def keys_create(name: str, scopes: tuple[str, ...]) -> None:
         ERR.print(f"key {answer.name} ({', '.join(answer.scopes)}): the secret above is not "
                   "shown again")  # fmt: skip
 
-    _emit(answer, human)
+    emit(answer, human)
 
 
 @keys.command(name="list")
 @common
 def keys_list() -> None:
     """List the stored API keys (names and scopes; never a secret)."""
-    with _client() as client:
+    with open_client() as client:
         answer = client.keys()
     rows = [{**k.model_dump(mode="json"), "scopes": ",".join(k.scopes)} for k in answer.keys]
-    _emit(answer, lambda: _generic_table(rows, ["name", "scopes", "created_at", "created_by"]))
+    emit(answer, lambda: generic_table(rows, ["name", "scopes", "created_at", "created_by"]))
 
 
 @keys.command(name="revoke")
@@ -325,9 +311,9 @@ def keys_list() -> None:
 @common
 def keys_revoke(name: str) -> None:
     """Revoke the API key NAME (refused everywhere within the dispatcher's key cache time)."""
-    with _client() as client:
+    with open_client() as client:
         answer = client.revoke_key(name)
-    _emit(answer, lambda: OUT.print(f"revoked key {answer.name}"))
+    emit(answer, lambda: OUT.print(f"revoked key {answer.name}"))
 
 
 @main.command()
@@ -351,7 +337,7 @@ def audit(
     cursor: str | None = None
     filters = {"since": aware(since), "until": aware(until), "key": key, "action": action,
                "target": target}  # fmt: skip
-    with _client() as client:
+    with open_client() as client:
         while len(entries) < limit:
             page = client.audit(**filters, cursor=cursor, limit=min(500, limit - len(entries)))
             entries += page.entries
@@ -364,10 +350,10 @@ def audit(
         for column in ("WHEN", "KEY", "ACTION", "TARGET", "OUTCOME"):
             table.add_column(column, no_wrap=column != "OUTCOME")
         for e in entries:
-            table.add_row(_when(e.at), e.key_name, e.action, e.target or "", e.outcome)
+            table.add_row(when(e.at), e.key_name, e.action, e.target or "", e.outcome)
         OUT.print(table)
 
-    _emit({"entries": [e.model_dump(mode="json") for e in entries]}, human)
+    emit({"entries": [e.model_dump(mode="json") for e in entries]}, human)
 
 
 # ---- shell completion ----------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Buffered Postgres datasets: declared schemas, their hash, table and queue names, and the checks
+"""Buffered Postgres datasets: declared schemas, their hash, queue names, and the checks
 of a buffered record. Pure functions, no I/O; shared by the dispatcher (apply) and the sink
 (writes).
 
@@ -120,12 +120,6 @@ def schema_hash(columns: list[Column]) -> str:
         [{"name": c.name, "type": c.type} for c in columns], separators=(",", ":")
     )
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def table_name(dataset_uuid: UUID, ordinal: int) -> str:
-    """`dataset_{uuid}` for a dataset's first table, `dataset_{uuid}_v{n}` for later ones."""
-    base = f"dataset_{dataset_uuid}"
-    return base if ordinal == 1 else f"{base}_v{ordinal}"
 
 
 def buffer_queue_names(prefix: str, dataset_uuid: UUID) -> tuple[str, str]:

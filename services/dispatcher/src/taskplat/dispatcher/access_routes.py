@@ -30,7 +30,7 @@ from taskplat.dispatcher.access import Identity
 from taskplat.dispatcher.access_service import AccessService
 from taskplat.dispatcher.errors import json_response
 from taskplat.dispatcher.requests import parse_body, parse_query, parse_queue_name
-from taskplat.dispatcher.routes import RouteSpec, settings_of
+from taskplat.dispatcher.route_guard import RouteSpec, settings_of
 
 _KEY_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 

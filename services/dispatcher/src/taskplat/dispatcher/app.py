@@ -34,13 +34,14 @@ from taskplat.dispatcher.access import KeyStore
 from taskplat.dispatcher.access_service import AccessService
 from taskplat.dispatcher.claim_waits import QueuedListener
 from taskplat.dispatcher.dags import DagService
+from taskplat.dispatcher.datasets import DatasetService
 from taskplat.dispatcher.errors import EXCEPTION_HANDLERS
 from taskplat.dispatcher.http_telemetry import HttpTelemetryMiddleware
 from taskplat.dispatcher.openapi import build_openapi
 from taskplat.dispatcher.operations import Operations, QueueRegistry
 from taskplat.dispatcher.recorder import Recorder
+from taskplat.dispatcher.route_guard import guarded
 from taskplat.dispatcher.route_table import ALL_ROUTES, scope_of
-from taskplat.dispatcher.routes import guarded
 from taskplat.dispatcher.security_headers import SecurityHeadersMiddleware
 from taskplat.dispatcher.service import TaskService
 from taskplat.dispatcher.settings import DispatcherSettings
@@ -121,6 +122,7 @@ def create_app(
     app.state.keys = keys = KeyStore(pool, settings.api_keys, settings.key_cache_seconds)
     app.state.access = AccessService(pool, clock, settings, keys, registry, operations)
     app.state.dags = DagService(pool, clock, settings, recorder, registry)
+    app.state.datasets = DatasetService(pool, clock, recorder)
     app.state.gauges = StateGauges(
         telemetry,
         pool,

@@ -33,6 +33,7 @@ from taskplat.common.contracts.base import Contract
 from taskplat.common.errors import ValidationFailed
 from taskplat.dispatcher.dag_rules import parse_document
 from taskplat.dispatcher.dags import DagService
+from taskplat.dispatcher.datasets import DatasetService
 from taskplat.dispatcher.errors import json_response
 from taskplat.dispatcher.requests import (
     document_limits,
@@ -42,7 +43,7 @@ from taskplat.dispatcher.requests import (
     parse_uuid,
     read_body,
 )
-from taskplat.dispatcher.routes import RouteSpec, bind_log_fields, settings_of
+from taskplat.dispatcher.route_guard import RouteSpec, bind_log_fields, settings_of
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
 
@@ -55,6 +56,11 @@ class EventsQuery(Contract):
 
 def _dags(request: Request) -> DagService:
     service: DagService = request.app.state.dags
+    return service
+
+
+def _datasets(request: Request) -> DatasetService:
+    service: DatasetService = request.app.state.datasets
     return service
 
 
@@ -100,12 +106,12 @@ async def start_run(request: Request) -> Response:
 
 
 async def list_datasets(request: Request) -> Response:
-    return json_response(await _dags(request).list_datasets())
+    return json_response(await _datasets(request).list_datasets())
 
 
 async def get_dataset(request: Request) -> Response:
     dataset_uuid = parse_uuid(request.path_params["dataset_uuid"], name="dataset_uuid")
-    return json_response(await _dags(request).get_dataset(dataset_uuid))
+    return json_response(await _datasets(request).get_dataset(dataset_uuid))
 
 
 async def new_version(request: Request) -> Response:
@@ -116,13 +122,13 @@ async def new_version(request: Request) -> Response:
             "this route takes no fields (send {} or nothing)",
             detail=[{"loc": ["body"], "msg": "unexpected fields", "type": "extra_forbidden"}],
         )
-    return json_response(await _dags(request).new_version(dataset_uuid), 201)
+    return json_response(await _datasets(request).new_version(dataset_uuid), 201)
 
 
 async def make_current(request: Request) -> Response:
     dataset_uuid = parse_uuid(request.path_params["dataset_uuid"], name="dataset_uuid")
     body = await parse_body(request, CurrentVersionRequest, settings_of(request).max_body_bytes)
-    return json_response(await _dags(request).make_current(dataset_uuid, body.dataset_version))
+    return json_response(await _datasets(request).make_current(dataset_uuid, body.dataset_version))
 
 
 async def list_events(request: Request) -> Response:
@@ -133,7 +139,7 @@ async def list_events(request: Request) -> Response:
         if query.dataset_version is not None
         else None
     )
-    page = await _dags(request).events(dataset_uuid, version, query.cursor, query.limit)
+    page = await _datasets(request).events(dataset_uuid, version, query.cursor, query.limit)
     return json_response(page)
 
 
@@ -146,7 +152,7 @@ async def list_task_events(request: Request) -> Response:
     task_id = parse_uuid(request.path_params["task_id"], name="task_id")
     bind_log_fields(task_id=task_id)
     query = parse_query(request, TaskEventsQuery)
-    return json_response(await _dags(request).task_events(task_id, query.cursor, query.limit))
+    return json_response(await _datasets(request).task_events(task_id, query.cursor, query.limit))
 
 
 _AUTH_FAIL = (401, ("missing or wrong bearer token", ErrorResponse))

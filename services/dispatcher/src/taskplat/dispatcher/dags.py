@@ -1,5 +1,6 @@
-"""Jobs, DAGs and datasets: applying DAG documents, starting runs, reading datasets and their
-events, and version rollovers. Each public call is one transaction.
+"""Jobs and DAGs: applying DAG documents (and the datasets they declare), reading and deleting
+DAGs, starting runs by hand. Each public call is one transaction. Reading datasets and their
+events, and version rollovers, are `datasets.DatasetService`'s.
 
 Invariants:
   * a document is checked whole (`dag_rules`) before anything is written; applying it replaces the
@@ -13,19 +14,17 @@ Invariants:
     defaults), so every service that starts a run of it builds the same task;
   * a schedule's first tick is the first one after the apply; re-applying a DAG never re-runs a
     tick that already ran (the scheduler's runs carry a key per job and tick);
-  * a change of a dataset's current version (a new version, or a rollback to an earlier one)
-    cancels the live tasks pinned to other versions in the transaction that makes it current,
-    under the dataset row's lock (routing and new tasks' pins share-lock it);
+  * a buffered dataset's schema change on re-apply makes a new current version, which cancels
+    the live tasks pinned to other versions in the same transaction, under the dataset row's lock;
   * a task of a job is pinned to the versions its run's inputs name (`pins`); untrusted jobs are
     refused at apply and run while no capability keys are configured (`untrusted`);
   * a buffered_postgres dataset's current version always has its table, created in the
-    transaction that makes the version (apply or rollover); a changed declared schema on
-    re-apply is a new version with a new table, never DDL on the old one.
+    transaction that makes the version; a changed declared schema on re-apply is a new version
+    with a new table, never DDL on the old one.
 """
 
 from __future__ import annotations
 
-import base64
 from datetime import datetime
 from typing import Any
 from uuid import UUID, uuid4
@@ -41,19 +40,12 @@ from taskplat.common.contracts import (
     DagList,
     DagSummary,
     DagView,
-    DatasetList,
-    DatasetSummary,
-    DatasetVersionView,
-    DatasetView,
-    EventList,
-    EventView,
     JobRunRequest,
     JobSpec,
     JobView,
-    NewVersionResponse,
     TaskView,
 )
-from taskplat.common.contracts.dags import FromDataset, FromJob, Producer
+from taskplat.common.contracts.dags import FromDataset, FromJob
 from taskplat.common.cron import next_tick
 from taskplat.common.errors import BadRequest, NotFound, ValidationFailed
 from taskplat.common.telemetry import inject
@@ -73,23 +65,6 @@ Row = dict[str, Any]
 
 def _first(*values: Any) -> Any:
     return next((value for value in values if value is not None), None)
-
-
-def encode_event_cursor(event_id: int) -> str:
-    return base64.urlsafe_b64encode(f"e{event_id}".encode()).decode().rstrip("=")
-
-
-def decode_event_cursor(cursor: str) -> int:
-    try:
-        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        if not text.startswith("e"):
-            raise ValueError(cursor)
-        return int(text[1:])
-    except ValueError:
-        raise ValidationFailed(
-            "cursor is not a cursor this API returned",
-            detail=[{"loc": ["query", "cursor"], "msg": "invalid cursor", "type": "cursor"}],
-        ) from None
 
 
 class DagService:
@@ -362,134 +337,6 @@ class DagService:
             self._recorder.task_created(row)
         return task_view(row), created
 
-    # ---- datasets ------------------------------------------------------------------------
-
-    async def list_datasets(self) -> DatasetList:
-        async with self._pool.connection() as conn:
-            rows = await repo.list_datasets(conn)
-        return DatasetList(datasets=[DatasetSummary.model_validate(row) for row in rows])
-
-    async def get_dataset(self, dataset_uuid: UUID) -> DatasetView:
-        async with self._pool.connection() as conn:
-            view = await self._dataset_view(conn, dataset_uuid)
-        return view
-
-    async def _dataset_view(self, conn: Conn, dataset_uuid: UUID) -> DatasetView:
-        found = await repo.get_dataset(conn, dataset_uuid)
-        if found is None:
-            raise NotFound(f"dataset {dataset_uuid} not found")
-        row, versions = found
-        buffered = (
-            await buffered_repo.buffered_view(conn, dataset_uuid)
-            if row["kind"] == "buffered_postgres"
-            else None
-        )
-        return DatasetView.model_validate(
-            {
-                **{key: row[key] for key in DatasetView.model_fields if key in row},
-                "versions": [DatasetVersionView.model_validate(v) for v in versions],
-                **(buffered or {}),
-            }
-        )
-
-    async def new_version(self, dataset_uuid: UUID) -> NewVersionResponse:
-        now = self._clock.sql_now()
-        async with self._pool.connection() as conn:
-            async with conn.transaction():
-                if await repo.lock_dataset(conn, dataset_uuid) is None:
-                    raise NotFound(f"dataset {dataset_uuid} not found")
-                current = await buffered_repo.current_table(conn, dataset_uuid)
-                version = uuid4()
-                canceled = await repo.make_version_current(
-                    conn, dataset_uuid, version, "created", now
-                )
-                if current is not None:
-                    # A buffered dataset's new version gets a new table of the same schema.
-                    columns = [Column(c["name"], c["type"]) for c in current["columns"]]
-                    await buffered_repo.create_table(conn, dataset_uuid, version, columns, now)
-                await audit.record(
-                    conn,
-                    f"version {version}, {len(canceled)} tasks canceled",
-                    detail={"dataset_version": str(version), "canceled_tasks": len(canceled)},
-                    now=now,
-                )
-            view = await self._dataset_view(conn, dataset_uuid)
-        for row in canceled:
-            self._recorder.task_canceled(row, by="version_rollover")
-        return NewVersionResponse(dataset=view, canceled_tasks=len(canceled))
-
-    async def make_current(self, dataset_uuid: UUID, dataset_version: UUID) -> NewVersionResponse:
-        """Make an earlier version current again (a rollback): the live tasks pinned to the
-        version that stops being current are canceled in the same transaction. The current
-        version again changes nothing."""
-        now = self._clock.sql_now()
-        canceled: list[Row] = []
-        async with self._pool.connection() as conn:
-            async with conn.transaction():
-                locked = await repo.lock_dataset(conn, dataset_uuid)
-                if locked is None:
-                    raise NotFound(f"dataset {dataset_uuid} not found")
-                if not await repo.version_exists(conn, dataset_uuid, dataset_version):
-                    raise ValidationFailed(
-                        f"{dataset_version} is not a version of dataset {dataset_uuid}",
-                        detail=[{"loc": ["body", "dataset_version"], "msg": "unknown version",
-                                 "type": "unknown_version"}],
-                    )  # fmt: skip
-                if locked["current_version"] != dataset_version:
-                    canceled = await repo.make_version_current(
-                        conn, dataset_uuid, dataset_version, "rollback", now
-                    )
-                    outcome = f"rolled back to {dataset_version}, {len(canceled)} tasks canceled"
-                else:
-                    outcome = f"{dataset_version} already current"
-                await audit.record(
-                    conn,
-                    outcome,
-                    detail={
-                        "dataset_version": str(dataset_version),
-                        "canceled_tasks": len(canceled),
-                    },
-                    now=now,
-                )
-            view = await self._dataset_view(conn, dataset_uuid)
-        for row in canceled:
-            self._recorder.task_canceled(row, by="version_rollback")
-        return NewVersionResponse(dataset=view, canceled_tasks=len(canceled))
-
-    async def events(
-        self, dataset_uuid: UUID, dataset_version: UUID | None, cursor: str | None, limit: int
-    ) -> EventList:
-        params = {
-            "dataset_uuid": dataset_uuid,
-            "dataset_version": dataset_version,
-            "before_event_id": decode_event_cursor(cursor) if cursor else None,
-            "limit": limit + 1,
-        }
-        async with self._pool.connection() as conn:
-            if await repo.get_dataset(conn, dataset_uuid) is None:
-                raise NotFound(f"dataset {dataset_uuid} not found")
-            rows = await repo.list_events(conn, params)
-        return _page(rows, limit)
-
-    async def task_events(self, task_id: UUID, cursor: str | None, limit: int) -> EventList:
-        """The events a task emitted, newest first (404 for an unknown task)."""
-        params = {
-            "task_id": task_id,
-            "before_event_id": decode_event_cursor(cursor) if cursor else None,
-            "limit": limit + 1,
-        }
-        async with self._pool.connection() as conn:
-            if await task_repo.get_task(conn, task_id) is None:
-                raise NotFound(f"task {task_id} not found")
-            rows = await repo.task_events(conn, params)
-        return _page(rows, limit)
-
-
-def _page(rows: list[Row], limit: int) -> EventList:
-    page = rows[:limit]
-    next_cursor = encode_event_cursor(page[-1]["event_id"]) if len(rows) > limit else None
-    return EventList(events=[_event_view(row) for row in page], next_cursor=next_cursor)
-
 
 def _input_view(edge: Row) -> dict[str, Any]:
     source: dict[str, Any] = (
@@ -503,23 +350,3 @@ def _input_view(edge: Row) -> dict[str, Any]:
         "dataset": edge["dataset"],
         "dataset_uuid": edge["dataset_uuid"],
     }
-
-
-def _event_view(row: Row) -> EventView:
-    routed = row["routed_at"] is not None and row["route_reason"] is None
-    reason = row["route_reason"] if row["routed_at"] is not None else "Pending"
-    return EventView(
-        event_id=row["event_id"],
-        dataset_uuid=row["dataset_uuid"],
-        dataset_version=row["dataset_version"],
-        cursor=row["cursor"],
-        partition_key=row["partition_key"],
-        start=row["range_start"],
-        end=row["range_end"],
-        producer=Producer(task_id=row["task_id"], attempt=row["attempt"]),
-        routed=routed,
-        reason=reason,
-        tasks=list(row["tasks"]),
-        created_at=row["created_at"],
-        routed_at=row["routed_at"],
-    )

@@ -12,8 +12,8 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from taskplat.common.contracts import ErrorResponse
+from taskplat.dispatcher.route_guard import RouteSpec
 from taskplat.dispatcher.route_table import ALL_ROUTES, scope_of
-from taskplat.dispatcher.routes import RouteSpec
 
 _REF_TEMPLATE = "#/components/schemas/{model}"
 _UUID_SCHEMA = {"type": "string", "format": "uuid"}

@@ -12,7 +12,8 @@ from __future__ import annotations
 from taskplat.common.contracts.access import Scope
 from taskplat.dispatcher.access_routes import ACCESS_ROUTES
 from taskplat.dispatcher.dag_routes import DAG_ROUTES
-from taskplat.dispatcher.routes import ROUTES, RouteSpec
+from taskplat.dispatcher.route_guard import RouteSpec
+from taskplat.dispatcher.routes import ROUTES
 
 ALL_ROUTES: tuple[RouteSpec, ...] = ROUTES + DAG_ROUTES + ACCESS_ROUTES
 

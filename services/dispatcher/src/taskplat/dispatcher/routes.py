@@ -1,31 +1,21 @@
-"""Every HTTP route of the dispatcher, declared once: the handlers and the OpenAPI document are
-both built from `ROUTES`.
+"""The task, queue and worker routes of the dispatcher, declared once in `ROUTES` (the DAG and
+dataset routes are `dag_routes`', the access routes `access_routes`'); the handlers and the
+OpenAPI document are both built from the declarations (`route_table`), each handler wrapped by
+`route_guard.guarded`.
 
-Invariants: public routes need an API key holding the route's scope (`route_table.SCOPES`; 401
-without a valid key, 403 naming the missing scope) and internal routes the worker token (checked
-before the body is read); an `operate` or `admin` call runs as an audited call (`audit`) and every
-answer to a key names its scopes (`X-Taskplat-Scopes`); the routes of a running attempt
-(`auth="attempt"`: heartbeat, events, completion) also take that attempt's own attempt token,
-checked against the body's `(task_id, attempt)` as it is parsed, and any other use of an attempt
-token answers 403 (adding an attempt's route, such as steps, is one `RouteSpec` with
-`auth="attempt"` whose body names `task_id` and `attempt`).
-Health, readiness, metrics and the OpenAPI document are open. A handler validates the whole
-request before it calls the service, so invalid input never writes. A handler binds the
-task it acts on (`task_id`, `attempt`, `worker_id`) to the request's log context; a refused worker
-call is counted and logged (`worker_call_rejected`) and a refused token logged
-(`request_unauthorized`, never the token itself). A worker's report of itself (`worker` on
-claim-next and heartbeat) is stored only when the worker token made the call.
+Invariants: a handler validates the whole request before it calls the service, so invalid input
+never writes. A handler binds the task it acts on (`task_id`, `attempt`, `worker_id`) to the
+request's log context. A worker's report of itself (`worker` on claim-next and heartbeat) is
+stored only when the worker token made the call. Health, readiness, metrics and the OpenAPI
+document are open (`app`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated
 
-import structlog
-from pydantic import AwareDatetime, BaseModel, Field
+from pydantic import AwareDatetime, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -63,30 +53,20 @@ from taskplat.common.contracts import (
     TaskStatus,
     TaskView,
 )
-from taskplat.common.contracts.access import Scope, WorkerReport
+from taskplat.common.contracts.access import WorkerReport
 from taskplat.common.contracts.base import Contract, OperatorName, QueueName
-from taskplat.common.errors import Forbidden, Rejected, Unauthorized
-from taskplat.common.logging import get_logger
-from taskplat.dispatcher import audit
-from taskplat.dispatcher.access import Identity, KeyStore
 from taskplat.dispatcher.access_service import AccessService
-from taskplat.dispatcher.audit import AuditCall
-from taskplat.dispatcher.auth import authorize, bearer_token, check_attempt_scope
 from taskplat.dispatcher.errors import json_response
 from taskplat.dispatcher.operations import Operations
-from taskplat.dispatcher.recorder import Recorder
 from taskplat.dispatcher.requests import parse_body, parse_query, parse_queue_name, parse_uuid
-from taskplat.dispatcher.service import TaskService
+from taskplat.dispatcher.route_guard import (
+    RouteSpec,
+    bind_log_fields,
+    read_body,
+    service_of,
+    settings_of,
+)
 from taskplat.dispatcher.service_rules import ListFilters
-from taskplat.dispatcher.settings import DispatcherSettings
-
-ModelT = TypeVar("ModelT", bound=BaseModel)
-Handler = Callable[[Request], Awaitable[Response]]
-# `attempt`: the worker token, or the attempt token of the very (task_id, attempt) the body names.
-Auth = Literal["api_key", "worker_token", "attempt", "none"]
-AUDITED_SCOPES: frozenset[Scope | None] = frozenset({"operate", "admin"})
-# Every answer to an API key names the key's scopes (the dashboard hides what it may not do).
-SCOPES_HEADER = "X-Taskplat-Scopes"
 
 
 class ListTasksQuery(Contract):
@@ -109,113 +89,28 @@ class FetchQuery(Contract):
     task_id: Annotated[str, Field(json_schema_extra={"format": "uuid"})]
 
 
-@dataclass(frozen=True)
-class RouteSpec:
-    method: str
-    path: str
-    name: str
-    summary: str
-    auth: Auth
-    handler: Handler
-    body: type[BaseModel] | None = None
-    query: type[BaseModel] | None = None
-    path_params: tuple[str, ...] = ()
-    responses: dict[int, tuple[str, type[BaseModel] | list[type[BaseModel]] | None]] = field(
-        default_factory=dict
-    )
-    body_media_types: tuple[str, ...] = ("application/json",)
-    body_required: bool = True
-
-
-def _service(request: Request) -> TaskService:
-    service: TaskService = request.app.state.service
-    return service
-
-
 def _operations(request: Request) -> Operations:
     operations: Operations = request.app.state.operations
     return operations
-
-
-def _recorder(request: Request) -> Recorder:
-    recorder: Recorder = request.app.state.recorder
-    return recorder
-
-
-def _bind(**fields: object) -> None:
-    """Add the task a request acts on to its log context."""
-    structlog.contextvars.bind_contextvars(
-        **{key: str(value) if key == "task_id" else value for key, value in fields.items()}
-    )
-
-
-def _settings(request: Request) -> DispatcherSettings:
-    settings: DispatcherSettings = request.app.state.settings
-    return settings
-
-
-settings_of = _settings
-bind_log_fields = _bind
-
-
-def _authorize(request: Request, auth: Auth) -> None:
-    """The worker-token and attempt-token checks (API keys: `_identify`)."""
-    settings = _settings(request)
-    if auth in ("worker_token", "attempt"):
-        scope = authorize(
-            request,
-            [settings.worker_token],
-            what="worker token",
-            attempts=_service(request).tokens,
-            attempt_scoped=auth == "attempt",
-        )
-        request.state.attempt_scope = scope
-
-
-async def _identify(request: Request, scope: Scope) -> Identity:
-    """The key of a public call (401 without a valid one), which must hold `scope` (403)."""
-    token = bearer_token(request)
-    keys: KeyStore = request.app.state.keys
-    identity = await keys.identify(token) if token is not None else None
-    if identity is None:
-        if token is not None and token.count(".") == 2:
-            # A valid attempt token is a real credential, just not one for this call (403).
-            authorize(request, [], what="API key", attempts=_service(request).tokens)
-        raise Unauthorized("a valid API key is required as 'Authorization: Bearer <API key>'")
-    if not identity.allows(scope):
-        get_logger().info("request_forbidden", key=identity.name, missing_scope=scope)
-        raise Forbidden(
-            f"this call needs the {scope!r} scope; key {identity.name!r} has "
-            f"{', '.join(sorted(identity.scopes))}",
-            detail={"missing_scope": scope, "key": identity.name},
-        )
-    request.state.identity = identity
-    return identity
-
-
-async def _body(request: Request, model: type[ModelT]) -> ModelT:
-    body = await parse_body(request, model, _settings(request).max_body_bytes)
-    check_attempt_scope(getattr(request.state, "attempt_scope", None), body)
-    return body
 
 
 # ---- public ------------------------------------------------------------------------------
 
 
 async def create_task(request: Request) -> Response:
-    body = await _body(request, CreateTaskRequest)
-    view, created = await _service(request).create(body)
+    body = await read_body(request, CreateTaskRequest)
+    view, created = await service_of(request).create(body)
     return json_response(view, 201 if created else 200)
 
 
 async def create_tasks(request: Request) -> Response:
-    body = await _body(request, CreateTasksRequest)
-    return json_response(await _service(request).create_many(body), 201)
+    body = await read_body(request, CreateTasksRequest)
+    return json_response(await service_of(request).create_many(body), 201)
 
 
 async def list_tasks(request: Request) -> Response:
     query = parse_query(request, ListTasksQuery)
-    limit = min(query.limit, _settings(request).list_max_limit)
+    limit = min(query.limit, settings_of(request).list_max_limit)
     filters = ListFilters(
         query.status,
         query.queue,
@@ -228,30 +123,32 @@ async def list_tasks(request: Request) -> Response:
         until=query.until,
         idempotency_key=query.idempotency_key,
     )
-    return json_response(await _service(request).list(filters))
+    return json_response(await service_of(request).list(filters))
 
 
 async def get_task(request: Request) -> Response:
     task_id = parse_uuid(request.path_params["task_id"], name="task_id")
-    _bind(task_id=task_id)
-    return json_response(await _service(request).get(task_id))
+    bind_log_fields(task_id=task_id)
+    return json_response(await service_of(request).get(task_id))
 
 
 async def cancel_task(request: Request) -> Response:
     task_id = parse_uuid(request.path_params["task_id"], name="task_id")
-    _bind(task_id=task_id)
-    return json_response(await _service(request).cancel(task_id))
+    bind_log_fields(task_id=task_id)
+    return json_response(await service_of(request).cancel(task_id))
 
 
 async def retry_task(request: Request) -> Response:
     task_id = parse_uuid(request.path_params["task_id"], name="task_id")
-    _bind(task_id=task_id)
-    body = await parse_body(request, RetryRequest, _settings(request).max_body_bytes, optional=True)
-    return json_response(await _service(request).replay(task_id, repin=body.repin))
+    bind_log_fields(task_id=task_id)
+    body = await parse_body(
+        request, RetryRequest, settings_of(request).max_body_bytes, optional=True
+    )
+    return json_response(await service_of(request).replay(task_id, repin=body.repin))
 
 
 async def retry_tasks(request: Request) -> Response:
-    body = await _body(request, BulkRetryRequest)
+    body = await read_body(request, BulkRetryRequest)
     return json_response(await _operations(request).replay_many(body))
 
 
@@ -286,27 +183,27 @@ async def _report_worker(request: Request, report: WorkerReport | None) -> None:
 
 
 async def task_claim(request: Request) -> Response:
-    body = await _body(request, ClaimRequest)
-    _bind(task_id=body.task_id, worker_id=body.worker_id)
-    return json_response(await _service(request).claim(body))
+    body = await read_body(request, ClaimRequest)
+    bind_log_fields(task_id=body.task_id, worker_id=body.worker_id)
+    return json_response(await service_of(request).claim(body))
 
 
 async def task_claim_batch(request: Request) -> Response:
-    body = await _body(request, ClaimBatchRequest)
-    _bind(worker_id=body.worker_id)
-    return json_response(await _service(request).claim_batch(body))
+    body = await read_body(request, ClaimBatchRequest)
+    bind_log_fields(worker_id=body.worker_id)
+    return json_response(await service_of(request).claim_batch(body))
 
 
 async def task_claim_next(request: Request) -> Response:
-    body = await _body(request, ClaimNextRequest)
-    _bind(worker_id=body.worker_id)
+    body = await read_body(request, ClaimNextRequest)
+    bind_log_fields(worker_id=body.worker_id)
     await _report_worker(request, body.worker)
     if body.wait_seconds <= 0:
-        return json_response(await _service(request).claim_next(body))
+        return json_response(await service_of(request).claim_next(body))
     # The body is read: the next ASGI message is the client's disconnect.
     gone: asyncio.Future[object] = asyncio.ensure_future(request.receive())
     try:
-        return json_response(await _service(request).claim_next(body, gone))
+        return json_response(await service_of(request).claim_next(body, gone))
     finally:
         gone.cancel()
 
@@ -314,38 +211,38 @@ async def task_claim_next(request: Request) -> Response:
 async def task_fetch(request: Request) -> Response:
     query = parse_query(request, FetchQuery)
     task_id = parse_uuid(query.task_id, name="task_id", where="query")
-    _bind(task_id=task_id)
-    return json_response(await _service(request).fetch(task_id))
+    bind_log_fields(task_id=task_id)
+    return json_response(await service_of(request).fetch(task_id))
 
 
 async def heartbeat(request: Request) -> Response:
-    body = await _body(request, HeartbeatRequest)
-    _bind(task_id=body.task_id, attempt=body.attempt)
+    body = await read_body(request, HeartbeatRequest)
+    bind_log_fields(task_id=body.task_id, attempt=body.attempt)
     await _report_worker(request, body.worker)
-    return json_response(await _service(request).heartbeat(body))
+    return json_response(await service_of(request).heartbeat(body))
 
 
 async def events(request: Request) -> Response:
-    body = await _body(request, EventsRequest)
-    _bind(task_id=body.task_id, attempt=body.attempt)
-    return json_response(await _service(request).events(body))
+    body = await read_body(request, EventsRequest)
+    bind_log_fields(task_id=body.task_id, attempt=body.attempt)
+    return json_response(await service_of(request).events(body))
 
 
 async def steps(request: Request) -> Response:
-    body = await _body(request, StepRequest)
-    _bind(task_id=body.task_id, attempt=body.attempt)
-    return json_response(await _service(request).step(body))
+    body = await read_body(request, StepRequest)
+    bind_log_fields(task_id=body.task_id, attempt=body.attempt)
+    return json_response(await service_of(request).step(body))
 
 
 async def task_complete(request: Request) -> Response:
-    body = await _body(request, CompleteRequest)
-    _bind(task_id=body.task_id, attempt=body.attempt)
-    return json_response(await _service(request).complete(body))
+    body = await read_body(request, CompleteRequest)
+    bind_log_fields(task_id=body.task_id, attempt=body.attempt)
+    return json_response(await service_of(request).complete(body))
 
 
 async def task_complete_batch(request: Request) -> Response:
-    body = await _body(request, CompleteBatchRequest)
-    return json_response(await _service(request).complete_batch(body))
+    body = await read_body(request, CompleteBatchRequest)
+    return json_response(await service_of(request).complete_batch(body))
 
 
 _AUTH_FAIL = (401, ("missing or wrong bearer token", ErrorResponse))
@@ -453,40 +350,3 @@ ROUTES: tuple[RouteSpec, ...] = (
               responses={200: ("one result per completion, in order", CompleteBatchResponse),
                          **_BODY_ERRORS}),
 )  # fmt: skip
-
-
-def guarded(spec: RouteSpec, scope: Scope | None = None) -> Handler:
-    """Wrap a handler with its authentication check (before any body is read): the worker or
-    attempt token, or an API key holding `scope`. An `operate` or `admin` call is audited."""
-
-    async def endpoint(request: Request) -> Response:
-        identity: Identity | None = None
-        try:
-            if spec.auth == "api_key":
-                identity = await _identify(request, scope or "admin")
-            else:
-                _authorize(request, spec.auth)
-        except Unauthorized:
-            get_logger().info("request_unauthorized", method=spec.method, route=spec.path)
-            raise
-        call: AuditCall | None = None
-        if identity is not None and scope in AUDITED_SCOPES:
-            target = "/".join(str(value) for value in request.path_params.values()) or None
-            call = AuditCall(identity.name, spec.name, target)
-        token = audit.begin(call) if call is not None else None
-        try:
-            response = await spec.handler(request)
-        except Rejected as exc:
-            _recorder(request).worker_call_rejected(spec.path, exc.reason)
-            raise
-        finally:
-            if token is not None:
-                audit.end(token)
-        if call is not None and call.recorded == 0 and response.status_code < 400:
-            get_logger().error("audit_missing", action=spec.name)
-        if identity is not None:
-            response.headers[SCOPES_HEADER] = ",".join(identity.effective_scopes())
-        return response
-
-    endpoint.__name__ = spec.name
-    return endpoint

@@ -18,7 +18,7 @@ from psycopg_pool import ConnectionPool
 from taskplat.common.db.loop_service import LoopProcess, run_db_loop_service
 from taskplat.common.sqs import sqs_client
 from taskplat.common.telemetry import Telemetry
-from taskplat.outbox_relay.invoker import Invoker, lambda_client
+from taskplat.outbox_relay.lambda_invoker import Invoker, lambda_client
 from taskplat.outbox_relay.relay import Relay
 from taskplat.outbox_relay.settings import RelaySettings
 

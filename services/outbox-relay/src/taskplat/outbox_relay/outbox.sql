@@ -6,7 +6,8 @@
 -- The locks last until the caller's transaction ends. The order (available_at, outbox_id) is the
 -- pending partial index's, so the scan reads only pending rows however many sent rows the table
 -- holds (ordering by outbox_id alone made the planner walk the primary key through every sent row).
--- `invoke_lambda` rows are the invoker's (invoke.sql), never part of a batch of messages.
+-- `invoke_lambda` rows are the Lambda invoker's (lambda_invoker/invoke.sql), never part of a batch
+-- of messages.
 -- With %(skip_not_queued)s, an `enqueue_task` row whose task is not Queued in this statement's
 -- snapshot (claimed already, canceled, finished, pruned) is marked sent here with `skipped`, and
 -- returned with skipped = true so the caller sends nothing for it. Safe because every transition

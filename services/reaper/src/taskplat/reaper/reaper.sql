@@ -1,12 +1,13 @@
 -- Batches of the reaper loop.
 --
 -- The timeouts are SQL functions of migration 0020 (taskplat_reap_timeouts,
--- taskplat_expire_unstarted), which state their guards: each is one statement, a bounded
--- FOR UPDATE SKIP LOCKED selection, an UPDATE guarded by the status, attempt and lease token it
--- selected, the attempt history row closed, and the dead-letter record (taskplat_dead_letter) of
--- each task that became Dead. A completion or heartbeat that holds the row lock makes the reaper
--- skip the row; one that committed after the statement's snapshot is seen when the lock is taken,
--- and the re-checked guard then excludes the row, so the reaper never overwrites it.
+-- taskplat_expire_unstarted), which state their guards: each is a bounded FOR UPDATE SKIP LOCKED
+-- selection, an UPDATE guarded by the status, attempt and lease token it selected (for the
+-- timeouts, the end every attempt shares: taskplat_end_running, migration 0022), the attempt
+-- history row closed, and the dead-letter record (taskplat_dead_letter) of each task that became
+-- Dead. A completion or heartbeat that holds the row lock makes the reaper skip the row; one that
+-- committed after the statement's snapshot is seen when the lock is taken, and the re-checked
+-- guard then excludes the row, so the reaper never overwrites it.
 -- Time is coalesce(%(now)s::timestamptz, now()). Jitter for the retry delay comes from the caller,
 -- one value per selected row (%(jitters)s, indexed by row number). Transitions return each moved
 -- task's task_id, attempt, new status, queue, operator and dead_reason (timeouts also worker_id and

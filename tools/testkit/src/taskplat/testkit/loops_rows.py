@@ -1,6 +1,8 @@
 """Test rows for the scheduler's and the reaper's tests (not product code).
 
-Shared by both packages' tests from the testkit (`taskplat.testkit.loops_rows`). A
+Shared by both packages' tests from the testkit (`taskplat.testkit.loops_rows`). What
+another service does to a task (a completion, a heartbeat, a late success, a dead-letter record)
+is done through the SQL functions every service calls (`Q`), never a copy of its statements. A
 `LoopRows` holds one autocommit connection of its own: each call commits at once, so what it writes
 is what the loops under test see. Inserted tasks get the column values a real dispatcher would have
 written for their status (a Running task has a lease, a deadline and an open attempt row).
@@ -33,18 +35,12 @@ from taskplat.common.settings import DatabaseSettings
 
 _SQL_PATH = Path(__file__).with_name("loops_rows.sql")
 Q = parse_queries(_SQL_PATH.read_text(encoding="utf-8"), source=str(_SQL_PATH))
-# The dispatcher's own statements (its `tasks.sql`, read from the repository, not imported: a
-# service never imports another), so races are run against what the dispatcher really executes.
-DISPATCHER_SQL = (
-    Path(__file__).resolve().parents[5]  # the repository root, above tools/testkit/src/taskplat/
-    / "services/dispatcher/src/taskplat/dispatcher/repository/tasks.sql"
-)
-DISPATCHER = parse_queries(DISPATCHER_SQL.read_text(encoding="utf-8"), source=str(DISPATCHER_SQL))
 
 
 def completion_params(fence: dict[str, Any], **fields: Any) -> dict[str, Any]:
-    """The parameters of the dispatcher's `complete_running` / `complete_late` for a plain
-    Completed report of `fence` (`task_id`, `attempt`, `lease_token`, `now`)."""
+    """The parameters of a holder's completion (`Q["complete_running"]`) or late success
+    (`Q["complete_late"]`), through the platform's functions, for a plain Completed report of
+    `fence` (`task_id`, `attempt`, `lease_token`, `now`)."""
     return {
         "status": "Completed",
         "ended": "Completed",

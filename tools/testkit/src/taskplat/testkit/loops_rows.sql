@@ -47,6 +47,48 @@ CROSS JOIN LATERAL taskplat_end_attempts(
     ARRAY['digest'], ARRAY['[]'::jsonb], ARRAY['[]'::jsonb], %(finished_at)s::timestamptz) AS e
 WHERE t.task_id = %(task_id)s AND t.status = 'Running'
 
+-- name: complete_running
+-- A holder's completion of its attempt as the dispatcher reports it (taskplat_end_attempts,
+-- migration 0020), with the dead-letter record of a task it killed (taskplat_dead_letter).
+WITH done AS MATERIALIZED (
+    SELECT e.*
+    FROM taskplat_end_attempts(
+        ARRAY[%(task_id)s::uuid], ARRAY[%(attempt)s::integer], ARRAY[%(lease_token)s::uuid],
+        ARRAY[%(ended)s::text], ARRAY[%(retryable)s::boolean], ARRAY[%(result)s::jsonb],
+        ARRAY[%(error_message)s::text], ARRAY[%(retry_after_seconds)s::double precision],
+        ARRAY[%(jitter)s::double precision], ARRAY[%(completion_digest)s::text],
+        ARRAY[%(events)s::jsonb], ARRAY[%(outputs)s::jsonb], %(now)s::timestamptz) AS e
+),
+dead_letter AS (
+    SELECT l.queue
+    FROM done AS d, taskplat_dead_letter(ARRAY[d.task_id], d.ended_at, %(trace_context)s::jsonb)
+         AS l(queue)
+    WHERE d.status = 'Dead'
+)
+SELECT d.*, (SELECT count(*) FROM dead_letter) AS dead_lettered FROM done AS d
+
+-- name: heartbeat
+-- A holder's heartbeat (taskplat_heartbeat, migration 0022).
+SELECT * FROM taskplat_heartbeat(%(task_id)s::uuid, %(attempt)s::integer, %(lease_token)s::uuid,
+                                 %(lease_seconds)s::double precision, %(now)s::timestamptz)
+
+-- name: lock_task
+-- The row lock a late success takes before it decides (the dispatcher reads its fence so).
+SELECT task_id FROM tasks WHERE task_id = %(task_id)s FOR UPDATE
+
+-- name: complete_late
+-- A late success of a timed-out attempt (taskplat_complete_late, migration 0022).
+SELECT * FROM taskplat_complete_late(%(task_id)s::uuid, %(attempt)s::integer,
+                                     %(lease_token)s::uuid, %(result)s::jsonb,
+                                     %(trace_context)s::jsonb, %(now)s::timestamptz)
+
+-- name: dead_letter
+-- The dead-letter record of a Dead task, as every service writes it (taskplat_dead_letter,
+-- migration 0020).
+SELECT count(*) AS written
+FROM taskplat_dead_letter(ARRAY[%(task_id)s::uuid], %(now)s::timestamptz,
+                          %(trace_context)s::jsonb)
+
 -- name: attempts_closed_with
 SELECT count(*) AS n
 FROM task_attempts

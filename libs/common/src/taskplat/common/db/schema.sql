@@ -6,6 +6,59 @@
 --
 
 --
+-- Name: taskplat_add_dataset_table(uuid, uuid, jsonb, text, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_add_dataset_table(p_dataset_uuid uuid, p_dataset_version uuid, p_columns jsonb, p_schema_hash text, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS text
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_now constant timestamptz := coalesce(p_now, now());
+    v_ordinal integer;
+    v_table text;
+BEGIN
+    SELECT coalesce(max(t.ordinal), 0) + 1 INTO v_ordinal
+    FROM dataset_tables AS t WHERE t.dataset_uuid = p_dataset_uuid;
+    v_table := 'dataset_' || p_dataset_uuid::text
+        || CASE WHEN v_ordinal = 1 THEN '' ELSE '_v' || v_ordinal::text END;
+    PERFORM taskplat_create_dataset_table(v_table, p_columns);
+    INSERT INTO dataset_tables (dataset_uuid, dataset_version, ordinal, table_name, columns,
+                                schema_hash, created_at)
+    VALUES (p_dataset_uuid, p_dataset_version, v_ordinal, v_table, p_columns, p_schema_hash,
+            v_now);
+    UPDATE datasets AS d
+    SET location = 'postgres_table:' || v_table, updated_at = v_now
+    WHERE d.dataset_uuid = p_dataset_uuid;
+    -- The buffer row and the task its sink events are stored under (Completed, never finished:
+    -- retention keeps it). Nothing when the buffer exists.
+    WITH fresh AS (
+        SELECT gen_random_uuid() AS task_id
+        WHERE NOT EXISTS (SELECT 1 FROM dataset_buffers AS b
+                          WHERE b.dataset_uuid = p_dataset_uuid)
+    ),
+    task AS (
+        INSERT INTO tasks AS t (task_id, status, queue, operator, config, max_attempts,
+                                backoff_base_seconds, backoff_max_seconds, attempt_outcome,
+                                created_at, updated_at)
+        SELECT f.task_id, 'Completed', 'default', 'taskplat.sink',
+               jsonb_build_object('dataset_uuid', p_dataset_uuid::text), 1, 0, 0, 'Completed',
+               v_now, v_now
+        FROM fresh AS f
+        RETURNING t.task_id
+    )
+    INSERT INTO dataset_buffers (dataset_uuid, producer_task_id, created_at)
+    SELECT p_dataset_uuid, k.task_id, v_now FROM task AS k;
+    RETURN v_table;
+END
+$$;
+
+--
+-- Name: FUNCTION taskplat_add_dataset_table(p_dataset_uuid uuid, p_dataset_version uuid, p_columns jsonb, p_schema_hash text, p_now timestamp with time zone); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_add_dataset_table(p_dataset_uuid uuid, p_dataset_version uuid, p_columns jsonb, p_schema_hash text, p_now timestamp with time zone) IS 'Creates and records the table of a buffered dataset''s version; the dataset''s location names it.';
+
+--
 -- Name: taskplat_claim(uuid[], text, double precision, integer, timestamp with time zone, uuid, text, double precision); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -97,6 +150,104 @@ $$;
 --
 
 COMMENT ON FUNCTION public.taskplat_claim_next(p_queue text, p_max integer, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone) IS 'Claims up to p_max claimable tasks of a queue, oldest first, skipping locked rows and the tasks of runtime: lambda jobs.';
+
+--
+-- Name: taskplat_complete_late(uuid, integer, uuid, jsonb, jsonb, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_complete_late(p_task_id uuid, p_attempt integer, p_lease_token uuid, p_result jsonb, p_trace_context jsonb DEFAULT NULL::jsonb, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(task_id uuid, status text, queue text, operator text, attempt integer, max_attempts integer, worker_id text, started_at timestamp with time zone, dead_reason text, next_retry_at timestamp with time zone, ended_at timestamp with time zone, notified bigint)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    -- A late success of the current attempt after its lease or deadline ran out: accepted while
+    -- no newer attempt started (attempt and lease token unchanged) and the task was not
+    -- canceled (Failed or Dead of LeaseExpired / DeadlineExceeded). A task that had died of the
+    -- timeout was dead-lettered (unless it discards): a `resolved` record follows the first one,
+    -- and the relay is notified. The caller holds the row lock, so `old` is the row this updates.
+    RETURN QUERY
+    WITH n AS (SELECT coalesce(p_now, now()) AS now),
+    old AS MATERIALIZED (  -- read by primary key, whatever the later filter on status
+        SELECT t.task_id, t.status, t AS task FROM tasks AS t WHERE t.task_id = p_task_id
+    ),
+    done AS (
+        UPDATE tasks AS t
+        SET status = 'Completed',
+            attempt_outcome = 'Completed',
+            result = p_result,
+            dead_reason = NULL,
+            next_retry_at = NULL,
+            finished_at = n.now,
+            updated_at = n.now
+        FROM n
+        WHERE t.task_id = p_task_id
+          AND t.status IN ('Failed', 'Dead')
+          AND t.attempt_outcome IN ('LeaseExpired', 'DeadlineExceeded')
+          AND t.attempt = p_attempt
+          AND t.lease_token = p_lease_token
+        RETURNING t.task_id, t.status, t.queue, t.operator, t.attempt, t.max_attempts,
+                  t.worker_id, t.started_at, t.dead_reason, t.next_retry_at, n.now AS ended_at
+    ),
+    resolved AS (  -- the first record (taskplat_dead_letter_payload), marked resolved
+        INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at,
+                            available_at)
+        SELECT 'dead_letter', d.task_id, d.queue,
+               taskplat_dead_letter_payload(o.task)
+                   || jsonb_build_object('record', 'resolved', 'resolved_at', d.ended_at),
+               p_trace_context, d.ended_at, d.ended_at
+        FROM done AS d JOIN old AS o ON o.task_id = d.task_id
+        WHERE o.status = 'Dead' AND taskplat_dead_letter_wanted(d.task_id)
+        RETURNING outbox.queue
+    ),
+    notified AS (SELECT pg_notify('taskplat_outbox', r.queue) FROM resolved AS r)
+    SELECT d.task_id, d.status, d.queue, d.operator, d.attempt, d.max_attempts, d.worker_id,
+           d.started_at, d.dead_reason, d.next_retry_at, d.ended_at,
+           (SELECT count(*) FROM notified)
+    FROM done AS d;
+END
+$$;
+
+--
+-- Name: FUNCTION taskplat_complete_late(p_task_id uuid, p_attempt integer, p_lease_token uuid, p_result jsonb, p_trace_context jsonb, p_now timestamp with time zone); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_complete_late(p_task_id uuid, p_attempt integer, p_lease_token uuid, p_result jsonb, p_trace_context jsonb, p_now timestamp with time zone) IS 'Completes an attempt whose late success arrived after its timeout (same attempt and lease).';
+
+--
+-- Name: taskplat_create_dataset(text, text, text, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_create_dataset(p_name text, p_kind text, p_location text, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(dataset_uuid uuid, current_version uuid)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH n AS (SELECT coalesce(p_now, now()) AS now),
+    created AS (
+        INSERT INTO datasets AS d (dataset_uuid, name, kind, location, current_version,
+                                   created_at, updated_at)
+        SELECT gen_random_uuid(), p_name, p_kind, p_location, gen_random_uuid(), n.now, n.now
+        FROM n
+        ON CONFLICT (name) DO NOTHING
+        RETURNING d.dataset_uuid, d.current_version, d.created_at
+    ),
+    first_version AS (
+        INSERT INTO dataset_versions (dataset_uuid, dataset_version, created_at, current_since,
+                                      became_current)
+        SELECT c.dataset_uuid, c.current_version, c.created_at, c.created_at, 'created'
+        FROM created AS c
+    )
+    SELECT c.dataset_uuid, c.current_version FROM created AS c;
+END
+$$;
+
+--
+-- Name: FUNCTION taskplat_create_dataset(p_name text, p_kind text, p_location text, p_now timestamp with time zone); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_create_dataset(p_name text, p_kind text, p_location text, p_now timestamp with time zone) IS 'Creates a dataset with its first (current) version; nothing when the name exists.';
 
 --
 -- Name: taskplat_create_dataset_table(text, jsonb); Type: FUNCTION; Schema: public; Owner: -
@@ -297,64 +448,24 @@ CREATE FUNCTION public.taskplat_end_attempts(p_task_ids uuid[], p_attempts integ
     AS $$
 #variable_conflict use_column
 BEGIN
-    -- Guard (fencing): an element moves its task only while the task is Running the named
-    -- attempt under the named lease token; the rows are locked in task_id order (concurrent
-    -- batches of overlapping tasks wait for each other, never deadlock). For each element that
-    -- matched, in this statement: the task's fate by the rule every ended attempt follows
-    -- (taskplat_ended_status: Completed, Failed with a retry at now + backoff, or Dead), the
-    -- attempt record closed with its digest (and error, for Failed and Drained), its events
-    -- stored and, for Completed, its outputs (replacing those of an earlier completion of a
-    -- replayed task). p_ended: Completed, Failed or Drained. Elements name distinct tasks.
+    -- The end itself is taskplat_end_running's (guard, fate, attempt record). For each element
+    -- that moved, in this statement: its events stored and, for Completed, its outputs
+    -- (replacing those of an earlier completion of a replayed task). p_ended: Completed, Failed
+    -- or Drained. Elements name distinct tasks.
     RETURN QUERY
-    WITH n AS (SELECT coalesce(p_now, now()) AS now),
+    WITH done AS MATERIALIZED (
+        SELECT e.* FROM taskplat_end_running(p_task_ids, p_attempts, p_lease_tokens, p_ended,
+            p_retryables, p_results, p_errors, p_retry_afters, p_jitters, p_digests, p_now) AS e
+    ),
     c AS (
-        SELECT * FROM unnest(p_task_ids, p_attempts, p_lease_tokens, p_ended, p_results,
-                             p_errors, p_retry_afters, p_jitters, p_digests, p_events, p_outputs,
-                             p_retryables)
-            AS c(task_id, attempt, lease_token, status, result, error, retry_after, jitter,
-                 digest, events, outputs, retryable)
-    ),
-    locked AS MATERIALIZED (
-        SELECT t.task_id FROM tasks AS t JOIN c ON c.task_id = t.task_id
-        WHERE t.status = 'Running' AND t.attempt = c.attempt AND t.lease_token = c.lease_token
-        ORDER BY t.task_id
-        FOR UPDATE OF t
-    ),
-    done AS (
-        UPDATE tasks AS t
-        SET status = taskplat_ended_status(t, c.status, c.retryable),
-            attempt_outcome = c.status,
-            result = CASE WHEN c.status = 'Completed' THEN c.result ELSE t.result END,
-            last_error = CASE WHEN c.status = 'Completed' THEN t.last_error ELSE c.error END,
-            dead_reason = taskplat_dead_reason(t, c.status, c.retryable),
-            processing_attempts = t.processing_attempts + (c.status = 'Drained')::int,
-            next_retry_at = taskplat_retry_at(t, c.status, c.retryable, n.now, c.retry_after,
-                c.jitter),
-            finished_at = CASE WHEN taskplat_ended_status(t, c.status, c.retryable) = 'Failed'
-                THEN NULL ELSE n.now END,
-            lease_expires_at = NULL,
-            updated_at = n.now
-        FROM n, c, locked AS l
-        WHERE t.task_id = c.task_id AND l.task_id = t.task_id AND t.status = 'Running'
-          AND t.attempt = c.attempt AND t.lease_token = c.lease_token
-        RETURNING t.task_id, t.status, t.queue, t.operator, t.attempt, t.max_attempts,
-            t.worker_id, t.started_at, t.dead_reason, t.last_error, t.next_retry_at,
-            t.finished_at, n.now AS ended_at, c.status AS reported, c.error, c.digest,
-            c.lease_token, c.events, c.outputs
-    ),
-    closed AS (
-        UPDATE task_attempts AS a
-        SET finished_at = d.ended_at, outcome = d.reported, completion_digest = d.digest,
-            error = CASE WHEN d.reported IN ('Failed', 'Drained') THEN d.error END
-        FROM done AS d
-        WHERE a.task_id = d.task_id AND a.attempt = d.attempt AND a.lease_token = d.lease_token
+        SELECT * FROM unnest(p_task_ids, p_events, p_outputs) AS c(task_id, events, outputs)
     ),
     events AS (
         INSERT INTO task_events (task_id, attempt, dataset_uuid, dataset_version, "cursor",
             partition_key, range_start, range_end, created_at)
         SELECT d.task_id, d.attempt, e.dataset_uuid, e.dataset_version, e.cursor,
             e.partition_key, e.start, e.end, d.ended_at
-        FROM done AS d, jsonb_to_recordset(d.events) AS e(
+        FROM done AS d JOIN c ON c.task_id = d.task_id, jsonb_to_recordset(c.events) AS e(
             dataset_uuid uuid, dataset_version uuid, "cursor" bigint, partition_key text,
             "start" bigint, "end" bigint)
         ON CONFLICT (task_id, dataset_uuid, dataset_version, event_key) DO NOTHING
@@ -364,7 +475,7 @@ BEGIN
             location, "cursor", row_count, committed_at)
         SELECT d.task_id, x.output_index, d.attempt, x.dataset_uuid, x.dataset_version,
             x.location, x.cursor, x.row_count, d.ended_at
-        FROM done AS d, jsonb_to_recordset(d.outputs) AS x(
+        FROM done AS d JOIN c ON c.task_id = d.task_id, jsonb_to_recordset(c.outputs) AS x(
             output_index integer, dataset_uuid uuid, dataset_version uuid, location text,
             "cursor" bigint, row_count bigint)
         WHERE d.status = 'Completed'
@@ -386,6 +497,76 @@ $$;
 --
 
 COMMENT ON FUNCTION public.taskplat_end_attempts(p_task_ids uuid[], p_attempts integer[], p_lease_tokens uuid[], p_ended text[], p_retryables boolean[], p_results jsonb[], p_errors text[], p_retry_afters double precision[], p_jitters double precision[], p_digests text[], p_events jsonb[], p_outputs jsonb[], p_now timestamp with time zone) IS 'Ends the named Running attempts their lease holders report (fenced by attempt and lease).';
+
+--
+-- Name: taskplat_end_running(uuid[], integer[], uuid[], text[], boolean[], jsonb[], text[], double precision[], double precision[], text[], timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_end_running(p_task_ids uuid[], p_attempts integer[], p_lease_tokens uuid[], p_ended text[], p_retryables boolean[], p_results jsonb[], p_errors text[], p_retry_afters double precision[], p_jitters double precision[], p_digests text[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(task_id uuid, attempt integer, status text, queue text, operator text, max_attempts integer, worker_id text, started_at timestamp with time zone, dead_reason text, last_error text, next_retry_at timestamp with time zone, finished_at timestamp with time zone, ended_at timestamp with time zone, ended text)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    -- p_ended: how each attempt ended (Completed, Failed, Drained from its holder; LeaseExpired,
+    -- DeadlineExceeded from the timeouts). Returns the moved tasks in task_id order.
+    RETURN QUERY
+    WITH n AS (SELECT coalesce(p_now, now()) AS now),
+    c AS (
+        SELECT * FROM unnest(p_task_ids, p_attempts, p_lease_tokens, p_ended, p_retryables,
+                             p_results, p_errors, p_retry_afters, p_jitters, p_digests)
+            AS c(task_id, attempt, lease_token, ended, retryable, result, error, retry_after,
+                 jitter, digest)
+    ),
+    locked AS MATERIALIZED (
+        SELECT t.task_id FROM tasks AS t JOIN c ON c.task_id = t.task_id
+        WHERE t.status = 'Running' AND t.attempt = c.attempt AND t.lease_token = c.lease_token
+        ORDER BY t.task_id
+        FOR UPDATE OF t
+    ),
+    done AS (
+        UPDATE tasks AS t
+        SET status = taskplat_ended_status(t, c.ended, c.retryable),
+            attempt_outcome = c.ended,
+            result = CASE WHEN c.ended = 'Completed' THEN c.result ELSE t.result END,
+            last_error = CASE WHEN c.ended = 'Completed' THEN t.last_error ELSE c.error END,
+            dead_reason = taskplat_dead_reason(t, c.ended, c.retryable),
+            processing_attempts = t.processing_attempts
+                + (c.ended IN ('LeaseExpired', 'Drained'))::int,
+            next_retry_at = taskplat_retry_at(t, c.ended, c.retryable, n.now, c.retry_after,
+                c.jitter),
+            finished_at = CASE WHEN taskplat_ended_status(t, c.ended, c.retryable) = 'Failed'
+                THEN NULL ELSE n.now END,
+            lease_expires_at = NULL,
+            updated_at = n.now
+        FROM n, c, locked AS l
+        WHERE t.task_id = c.task_id AND l.task_id = t.task_id AND t.status = 'Running'
+          AND t.attempt = c.attempt AND t.lease_token = c.lease_token
+        RETURNING t.task_id, t.attempt, t.status, t.queue, t.operator, t.max_attempts,
+            t.worker_id, t.started_at, t.dead_reason, t.last_error, t.next_retry_at,
+            t.finished_at, n.now AS ended_at, c.ended, c.error, c.digest, c.lease_token
+    ),
+    closed AS (
+        UPDATE task_attempts AS a
+        SET finished_at = d.ended_at, outcome = d.ended, completion_digest = d.digest,
+            error = CASE WHEN d.ended <> 'Completed' THEN d.error END
+        FROM done AS d
+        WHERE a.task_id = d.task_id AND a.attempt = d.attempt AND a.lease_token = d.lease_token
+          AND a.outcome IS NULL
+    )
+    SELECT d.task_id, d.attempt, d.status, d.queue, d.operator, d.max_attempts, d.worker_id,
+           d.started_at, d.dead_reason, d.last_error, d.next_retry_at, d.finished_at,
+           d.ended_at, d.ended
+    FROM done AS d
+    ORDER BY d.task_id;
+END
+$$;
+
+--
+-- Name: FUNCTION taskplat_end_running(p_task_ids uuid[], p_attempts integer[], p_lease_tokens uuid[], p_ended text[], p_retryables boolean[], p_results jsonb[], p_errors text[], p_retry_afters double precision[], p_jitters double precision[], p_digests text[], p_now timestamp with time zone); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_end_running(p_task_ids uuid[], p_attempts integer[], p_lease_tokens uuid[], p_ended text[], p_retryables boolean[], p_results jsonb[], p_errors text[], p_retry_afters double precision[], p_jitters double precision[], p_digests text[], p_now timestamp with time zone) IS 'Ends the named Running attempts (fenced by attempt and lease): the columns every end sets.';
 
 --
 -- Name: taskplat_ended_status(public.tasks, text, boolean); Type: FUNCTION; Schema: public; Owner: -
@@ -503,6 +684,37 @@ $$;
 --
 
 COMMENT ON FUNCTION public.taskplat_expire_unstarted(p_now timestamp with time zone, p_limit integer) IS 'Queued or Scheduled tasks past expires_at become Dead (Expired).';
+
+--
+-- Name: taskplat_heartbeat(uuid, integer, uuid, double precision, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_heartbeat(p_task_id uuid, p_attempt integer, p_lease_token uuid, p_lease_seconds double precision, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(lease_expires_at timestamp with time zone, queue text)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    -- Guard (fencing): only while the task is Running the named attempt under the named lease
+    -- token; the lease then runs p_lease_seconds from now. Nothing else of the row changes.
+    RETURN QUERY
+    UPDATE tasks AS t
+    SET lease_expires_at = n.now + make_interval(secs => p_lease_seconds),
+        updated_at = n.now
+    FROM (SELECT coalesce(p_now, now()) AS now) AS n
+    WHERE t.task_id = p_task_id
+      AND t.status = 'Running'
+      AND t.attempt = p_attempt
+      AND t.lease_token = p_lease_token
+    RETURNING t.lease_expires_at, t.queue;
+END
+$$;
+
+--
+-- Name: FUNCTION taskplat_heartbeat(p_task_id uuid, p_attempt integer, p_lease_token uuid, p_lease_seconds double precision, p_now timestamp with time zone); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_heartbeat(p_task_id uuid, p_attempt integer, p_lease_token uuid, p_lease_seconds double precision, p_now timestamp with time zone) IS 'Extends the lease of the named Running attempt (fenced by attempt and lease).';
 
 --
 -- Name: taskplat_input_pins(jsonb); Type: FUNCTION; Schema: public; Owner: -
@@ -761,68 +973,65 @@ CREATE FUNCTION public.taskplat_reap_timeouts(p_now timestamp with time zone, p_
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 #variable_conflict use_column
+DECLARE
+    v_now constant timestamptz := coalesce(p_now, now());
+    v_overrun constant timestamptz := v_now - make_interval(secs => p_grace_seconds);
+    v_ids uuid[];
+    v_attempts integer[];
+    v_tokens uuid[];
+    v_ended text[];
+    v_count integer;
 BEGIN
     -- Running attempts that timed out, at most p_limit, earliest first: the lease ran out
     -- (LeaseExpired: the worker vanished, not the task's fault), or deadline_at + grace passed
     -- even while heartbeats kept the lease fresh (DeadlineExceeded); both: LeaseExpired.
     -- Guard: rows held by a completion or heartbeat are skipped (SKIP LOCKED); a row one of them
-    -- changed after this snapshot fails the re-checked status, attempt, lease token and timeout.
-    -- The task's fate is the rule every ended attempt follows (taskplat_ended_status); the lease
-    -- token stays on the row so a late success of this attempt can still be recognised; a task
-    -- that became Dead gets its dead-letter record. p_jitters: one retry jitter per row, in order.
-    RETURN QUERY
-    WITH n AS (
-        SELECT coalesce(p_now, now()) AS now,
-               coalesce(p_now, now()) - make_interval(secs => p_grace_seconds) AS overrun
-    ),
-    due AS (
+    -- committed after this statement's snapshot is re-tested on its newest version when the
+    -- lock is taken, and left out when it no longer timed out. The locks are kept until the
+    -- transaction ends, so the rows cannot change before taskplat_end_running moves them.
+    SELECT array_agg(d.task_id ORDER BY d.due_at, d.task_id),
+           array_agg(d.attempt ORDER BY d.due_at, d.task_id),
+           array_agg(d.lease_token ORDER BY d.due_at, d.task_id),
+           array_agg(d.ended ORDER BY d.due_at, d.task_id)
+    INTO v_ids, v_attempts, v_tokens, v_ended
+    FROM (
         SELECT t.task_id, t.attempt, t.lease_token,
-               CASE WHEN t.lease_expires_at < n.now THEN 'LeaseExpired'
+               least(t.lease_expires_at, t.deadline_at) AS due_at,
+               CASE WHEN t.lease_expires_at < v_now THEN 'LeaseExpired'
                     ELSE 'DeadlineExceeded' END AS ended
-        FROM tasks AS t, n
+        FROM tasks AS t
         WHERE t.status = 'Running'
-          AND (t.lease_expires_at < n.now OR t.deadline_at < n.overrun)
+          AND (t.lease_expires_at < v_now OR t.deadline_at < v_overrun)
         ORDER BY least(t.lease_expires_at, t.deadline_at)
         LIMIT p_limit
         FOR UPDATE OF t SKIP LOCKED
-    ),
-    jittered AS (
-        SELECT due.*, p_jitters[row_number() OVER ()] AS jitter FROM due
-    ),
-    moved AS (
-        UPDATE tasks AS t
-        SET status = taskplat_ended_status(t, j.ended, true),
-            attempt_outcome = j.ended,
-            last_error = CASE j.ended WHEN 'LeaseExpired' THEN 'lease expired'
-                                      ELSE 'deadline exceeded' END,
-            dead_reason = taskplat_dead_reason(t, j.ended, true),
-            processing_attempts = t.processing_attempts + (j.ended = 'LeaseExpired')::int,
-            next_retry_at = taskplat_retry_at(t, j.ended, true, n.now, NULL,
-                                              coalesce(j.jitter, 1.0)),
-            finished_at = CASE WHEN taskplat_ended_status(t, j.ended, true) = 'Dead'
-                               THEN n.now END,
-            lease_expires_at = NULL,
-            updated_at = n.now
-        FROM jittered AS j, n
-        WHERE t.task_id = j.task_id
-          AND t.status = 'Running'
-          AND t.attempt = j.attempt
-          AND t.lease_token = j.lease_token
-          AND (t.lease_expires_at < n.now OR t.deadline_at < n.overrun)
-        RETURNING t.task_id, t.attempt, t.lease_token, t.status, t.queue, t.operator,
-                  t.worker_id, t.dead_reason, t.last_error, t.next_retry_at, j.ended
-    ),
-    closed AS (
-        UPDATE task_attempts AS a
-        SET finished_at = n.now, outcome = m.ended, error = m.last_error
-        FROM moved AS m, n
-        WHERE a.task_id = m.task_id AND a.attempt = m.attempt AND a.lease_token = m.lease_token
-          AND a.outcome IS NULL
+    ) AS d;
+    v_count := coalesce(cardinality(v_ids), 0);
+    IF v_count = 0 THEN
+        RETURN;
+    END IF;
+    -- The end is taskplat_end_running's: retryable, the error named after the timeout, no
+    -- retry_after, p_jitters[i] (else 1.0) for the i-th row, earliest first. A task that became
+    -- Dead gets its dead-letter record.
+    RETURN QUERY
+    WITH moved AS MATERIALIZED (
+        SELECT e.* FROM taskplat_end_running(
+            v_ids, v_attempts, v_tokens, v_ended,
+            array_fill(true, ARRAY[v_count]),
+            array_fill(NULL::jsonb, ARRAY[v_count]),
+            ARRAY(SELECT CASE x.ended WHEN 'LeaseExpired' THEN 'lease expired'
+                                      ELSE 'deadline exceeded' END
+                  FROM unnest(v_ended) WITH ORDINALITY AS x(ended, i) ORDER BY x.i),
+            array_fill(NULL::double precision, ARRAY[v_count]),
+            ARRAY(SELECT coalesce(p_jitters[i], 1.0) FROM generate_series(1, v_count) AS i
+                  ORDER BY i),
+            array_fill(NULL::text, ARRAY[v_count]),
+            v_now) AS e
     ),
     dead AS (
         SELECT count(*) AS written
-        FROM n, taskplat_dead_letter(
-            ARRAY(SELECT m.task_id FROM moved AS m WHERE m.status = 'Dead'), n.now)
+        FROM taskplat_dead_letter(
+            ARRAY(SELECT m.task_id FROM moved AS m WHERE m.status = 'Dead'), v_now)
     )
     SELECT m.task_id, m.attempt, m.status, m.queue, m.operator, m.worker_id, m.dead_reason,
            m.next_retry_at, m.ended

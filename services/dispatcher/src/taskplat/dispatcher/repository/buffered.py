@@ -1,7 +1,8 @@
 """Tables and buffers of buffered Postgres datasets (`buffered.sql`) and the DDL of their tables.
 
 Invariants: functions take the caller's connection and never commit; a caller holds the dataset
-row's lock. A table is created by `taskplat_create_dataset_table` (migration 0009: it runs as the
+row's lock. A table is created, named and recorded by `taskplat_add_dataset_table` (migration
+0022), which creates it through `taskplat_create_dataset_table` (migration 0009: it runs as the
 schema owner, since the services' role holds no DDL rights, and refuses names and types outside the
 same allow-list as `taskplat.common.buffered.full_schema`, which the columns already passed); a
 table is created once and never altered. Reads of a table name it through `psycopg.sql`.
@@ -17,7 +18,7 @@ from psycopg import AsyncConnection, sql
 from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
-from taskplat.common.buffered import Column, schema_hash, table_name
+from taskplat.common.buffered import Column, schema_hash
 from taskplat.common.db.queries import load_queries
 
 Q = load_queries("taskplat.dispatcher.repository", "buffered.sql")
@@ -39,30 +40,20 @@ async def create_table(
     now: datetime | None,
 ) -> str:
     """Create the table of `dataset_version` and record it; the dataset's location names it, and
-    the dataset has its buffer row. Returns the table's name."""
-    cursor = await conn.execute(Q["next_ordinal"], {"dataset_uuid": dataset_uuid})
+    the dataset has its buffer row (taskplat_add_dataset_table, migration 0022). Returns the
+    table's name."""
+    described = Jsonb([{"name": c.name, "type": c.type} for c in columns])
+    params = {
+        "dataset_uuid": dataset_uuid,
+        "dataset_version": dataset_version,
+        "columns": described,
+        "schema_hash": schema_hash(columns),
+        "now": now,
+    }
+    cursor = await conn.execute(Q["add_table"], params)
     row = await cursor.fetchone()
     assert row is not None
-    name = table_name(dataset_uuid, int(row["ordinal"]))
-    described = Jsonb([{"name": c.name, "type": c.type} for c in columns])
-    await conn.execute(Q["create_table"], {"table_name": name, "columns": described})
-    await conn.execute(
-        Q["insert_table"],
-        {
-            "dataset_uuid": dataset_uuid,
-            "dataset_version": dataset_version,
-            "ordinal": row["ordinal"],
-            "table_name": name,
-            "columns": described,
-            "schema_hash": schema_hash(columns),
-            "now": now,
-        },
-    )
-    await conn.execute(
-        Q["set_location"],
-        {"dataset_uuid": dataset_uuid, "location": f"postgres_table:{name}", "now": now},
-    )
-    await conn.execute(Q["ensure_buffer"], {"dataset_uuid": dataset_uuid, "now": now})
+    name: str = row["table_name"]
     return name
 
 

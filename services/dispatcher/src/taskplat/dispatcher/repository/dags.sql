@@ -24,22 +24,10 @@ SET document = EXCLUDED.document,
 DELETE FROM jobs WHERE dag_name = %(dag_name)s
 
 -- name: create_dataset
--- A new dataset with its first version; nothing when the name exists (see find_dataset).
-WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
-created AS (
-    INSERT INTO datasets (dataset_uuid, name, kind, location, current_version, created_at,
-                          updated_at)
-    SELECT gen_random_uuid(), %(name)s, %(kind)s, %(location)s, gen_random_uuid(), n.now, n.now
-    FROM n
-    ON CONFLICT (name) DO NOTHING
-    RETURNING dataset_uuid, current_version, created_at
-),
-first_version AS (
-    INSERT INTO dataset_versions (dataset_uuid, dataset_version, created_at, current_since,
-                                  became_current)
-    SELECT dataset_uuid, current_version, created_at, created_at, 'created' FROM created
-)
-SELECT dataset_uuid FROM created
+-- A new dataset with its first version (taskplat_create_dataset, migration 0022); nothing when the
+-- name exists (see find_dataset).
+SELECT dataset_uuid FROM taskplat_create_dataset(%(name)s, %(kind)s, %(location)s,
+                                                 %(now)s::timestamptz)
 
 -- name: find_dataset
 SELECT dataset_uuid, name, kind FROM datasets WHERE name = %(name)s

@@ -116,15 +116,9 @@ FROM tasks
 WHERE task_id = %(task_id)s
 
 -- name: heartbeat
-UPDATE tasks AS t
-SET lease_expires_at = n.now + make_interval(secs => %(lease_seconds)s),
-    updated_at = n.now
-FROM (SELECT coalesce(%(now)s::timestamptz, now()) AS now) AS n
-WHERE t.task_id = %(task_id)s
-  AND t.status = 'Running'
-  AND t.attempt = %(attempt)s
-  AND t.lease_token = %(lease_token)s
-RETURNING t.lease_expires_at, t.queue
+-- The lease extension of the named Running attempt (taskplat_heartbeat, migration 0022).
+SELECT * FROM taskplat_heartbeat(%(task_id)s::uuid, %(attempt)s::integer, %(lease_token)s::uuid,
+                                 %(lease_seconds)s::double precision, %(now)s::timestamptz)
 
 -- name: insert_events
 -- Stores events only while the named attempt is Running and holds the lease (when a token is
@@ -206,45 +200,13 @@ notified AS (SELECT pg_notify('taskplat_outbox', queue) FROM dead_letter)
 SELECT d.*, (SELECT count(*) FROM notified) AS notified FROM done AS d
 
 -- name: complete_late
--- A late success of the current attempt after its lease or deadline ran out: accepted while no
--- newer attempt started (attempt unchanged) and the task was not canceled. A task that had died
--- of the timeout was dead-lettered (unless it discards): a `resolved` record follows the first
--- one, in this statement.
--- The caller holds the row lock (read_fence_for_update), so `old` is the row this updates.
-WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
-old AS MATERIALIZED (  -- read by primary key, whatever the later filter on status
-    SELECT t.task_id, t.status, t AS task FROM tasks AS t WHERE t.task_id = %(task_id)s
-),
-done AS (
-    UPDATE tasks AS t
-    SET status = 'Completed',
-        attempt_outcome = 'Completed',
-        result = %(result)s::jsonb,
-        dead_reason = NULL,
-        next_retry_at = NULL,
-        finished_at = n.now,
-        updated_at = n.now
-    FROM n
-    WHERE t.task_id = %(task_id)s
-      AND t.status IN ('Failed', 'Dead')
-      AND t.attempt_outcome IN ('LeaseExpired', 'DeadlineExceeded')
-      AND t.attempt = %(attempt)s
-      AND t.lease_token = %(lease_token)s
-    RETURNING t.task_id, t.status, t.queue, t.operator, t.attempt, t.max_attempts, t.worker_id,
-              t.started_at, t.dead_reason, t.next_retry_at, n.now AS ended_at
-),
-resolved AS (  -- the first record (taskplat_dead_letter_payload), marked resolved
-    INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at)
-    SELECT 'dead_letter', d.task_id, d.queue,
-           taskplat_dead_letter_payload(o.task)
-               || jsonb_build_object('record', 'resolved', 'resolved_at', d.ended_at),
-           %(trace_context)s, d.ended_at, d.ended_at
-    FROM done AS d JOIN old AS o ON o.task_id = d.task_id
-    WHERE o.status = 'Dead' AND taskplat_dead_letter_wanted(d.task_id)
-    RETURNING queue
-),
-notified AS (SELECT pg_notify('taskplat_outbox', queue) FROM resolved)
-SELECT d.*, (SELECT count(*) FROM notified) AS notified FROM done AS d
+-- A late success of the current attempt after its lease or deadline ran out
+-- (taskplat_complete_late, migration 0022): accepted while no newer attempt started and the task
+-- was not canceled; a task that had died of the timeout gets a `resolved` dead-letter record.
+-- The caller holds the row lock (read_fence_for_update).
+SELECT * FROM taskplat_complete_late(%(task_id)s::uuid, %(attempt)s::integer,
+                                     %(lease_token)s::uuid, %(result)s::jsonb,
+                                     %(trace_context)s::jsonb, %(now)s::timestamptz)
 
 -- name: close_attempt
 UPDATE task_attempts

@@ -62,9 +62,6 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from uuid import uuid4
 
-import boto3
-from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
 from psycopg import Connection
 from psycopg.rows import DictRow
 from psycopg_pool import ConnectionPool
@@ -72,7 +69,6 @@ from psycopg_pool import ConnectionPool
 from taskplat.common.backoff import full_jitter_delay
 from taskplat.common.claim_answer import attempt_token as claim_attempt_token
 from taskplat.common.claim_answer import capability_token as claim_capability_token
-from taskplat.common.claim_answer import claimed_response
 from taskplat.common.clock import Clock, SystemClock
 from taskplat.common.db.notify import INVOKE_CHANNEL, PgNotifyWaker
 from taskplat.common.db.queries import load_queries
@@ -83,6 +79,12 @@ from taskplat.common.tokens.attempt import attempt_key_ring
 from taskplat.common.tokens.capability import StorageLayout, capability_key_ring
 from taskplat.common.tokens.keys import KeyRing
 from taskplat.outbox_relay import outbox
+from taskplat.outbox_relay.lambda_invoker.client import (
+    InvokeFailed,
+    function_name,
+    invocation_payload,
+    invoke_async,
+)
 from taskplat.outbox_relay.metrics import RelayMetrics
 from taskplat.outbox_relay.outbox import Failure, OutboxRow
 from taskplat.outbox_relay.settings import RelaySettings
@@ -92,10 +94,9 @@ if TYPE_CHECKING:
 else:
     LambdaClient = Any
 
-Q = load_queries("taskplat.outbox_relay", "invoke.sql")
+Q = load_queries("taskplat.outbox_relay.lambda_invoker", "invoke.sql")
 
 LOOP_NAME = "lambda_invoker"
-LOCAL_HOSTS = ("://127.0.0.1", "://localhost", "://[::1]")
 MAX_ERROR_CHARS = 2000
 NO_KEYS = (
     "attempt token keys are not configured (TASKPLAT_ATTEMPT_TOKEN_KEYS and "
@@ -108,50 +109,12 @@ NO_CAPABILITY_KEYS = (
 )
 
 
-class InvokeFailed(Exception):
-    """Lambda did not accept the invocation; the claim made for it is rolled back."""
-
-
 @dataclass(frozen=True, slots=True)
 class InvokerBatch:
     invoked: int
     skipped: int
     failed: int
     more: bool
-
-
-def function_name(settings: RelaySettings, operator: str) -> str:
-    """The function a `runtime: lambda` task of `operator` invokes."""
-    return f"{settings.lambda_function_prefix}{operator}"
-
-
-def invocation_payload(
-    row: dict[str, Any], attempt_token: str, capability_token: str | None = None
-) -> bytes:
-    """The event the function receives: the claim as `task-claim` answers it (the `task-fetch`
-    task, the attempt, its lease token and expiry) plus the attempt token, and for an untrusted
-    job its capability token."""
-    answer = claimed_response(row, attempt_token=attempt_token, capability_token=capability_token)
-    return answer.model_dump_json().encode()
-
-
-def lambda_client(settings: RelaySettings, *, max_pool_connections: int = 10) -> LambdaClient:
-    """A boto3 Lambda client that retries nothing (the invoker does, with a new claim)."""
-    config = Config(
-        retries={"total_max_attempts": 1, "mode": "standard"},
-        max_pool_connections=max_pool_connections,
-        connect_timeout=min(5.0, settings.lambda_invoke_timeout_seconds),
-        read_timeout=settings.lambda_invoke_timeout_seconds,
-    )
-    kwargs: dict[str, Any] = {"region_name": settings.aws_region, "config": config}
-    if settings.lambda_endpoint_url:
-        kwargs["endpoint_url"] = settings.lambda_endpoint_url
-        if any(local in settings.lambda_endpoint_url for local in LOCAL_HOSTS):
-            # A local endpoint (LocalStack, the tests' LocalLambda) takes any credentials.
-            kwargs["aws_access_key_id"] = "test"
-            kwargs["aws_secret_access_key"] = "test"
-    client: LambdaClient = boto3.session.Session().client("lambda", **kwargs)
-    return client
 
 
 class Invoker:
@@ -289,22 +252,7 @@ class Invoker:
         token = claim_attempt_token(self._ring, claimed, self._grace)
         capability_token = self._capability_token(claimed)
         name = function_name(self._settings, claimed["operator"])
-        try:
-            answer = self._client.invoke(
-                FunctionName=name,
-                InvocationType="Event",
-                Payload=invocation_payload(claimed, token, capability_token),
-            )
-        except ClientError as exc:
-            error = exc.response.get("Error", {})
-            raise InvokeFailed(
-                f"invoke {name}: {error.get('Code', 'ClientError')}: {error.get('Message', exc)}"
-            ) from exc
-        except BotoCoreError as exc:
-            raise InvokeFailed(f"invoke {name}: {type(exc).__name__}: {exc}") from exc
-        status = answer.get("StatusCode")
-        if status != 202:
-            raise InvokeFailed(f"invoke {name}: Lambda answered {status}, not 202 (accepted)")
+        invoke_async(self._client, name, invocation_payload(claimed, token, capability_token))
 
     def _capability_token(self, claimed: dict[str, Any]) -> str | None:
         """An untrusted job's capability token (as the dispatcher's claim issues it); never an

@@ -1,4 +1,5 @@
-"""Routing of events to downstream jobs: the work behind a `route_event` outbox row.
+"""Routing of dataset events to the jobs that read the dataset: the work behind a `route_event`
+outbox row (queries in `dataset_events.sql`).
 
 Invariants:
   * functions take the relay's connection and never commit: the tasks an event creates, their
@@ -31,7 +32,7 @@ from psycopg.types.json import Jsonb
 
 from taskplat.common.db.queries import load_queries
 
-Q = load_queries("taskplat.outbox_relay", "routing.sql")
+Q = load_queries("taskplat.outbox_relay.routing", "dataset_events.sql")
 
 Conn = Connection[DictRow]
 

@@ -1,4 +1,4 @@
--- Lambda invocations of the relay (taskplat.outbox_relay.invoker). One `invoke_lambda` row is
+-- Lambda invocations of the relay (taskplat.outbox_relay.lambda_invoker.invoker). One `invoke_lambda` row is
 -- taken, its task claimed for the function and the row marked, all in the caller's transaction,
 -- which stays open around the Invoke call. Time is coalesce(%(now)s::timestamptz, now()).
 
