@@ -209,6 +209,8 @@ NOT_EXPRESSIBLE = {
     "GET /datasets/{dataset_uuid}/events": "`cursor` is opaque",
     "POST /tasks": "free-form `config`/`inputs` JSON: strings with NUL cannot be stored",
     "POST /tasks/batch": "free-form `config`/`inputs` JSON: strings with NUL cannot be stored",
+    "POST /dags/{dag_name}/jobs/{job}/runs": "free-form `config` JSON: strings with NUL cannot "
+    "be stored",
     "POST /internal/events": _EVENT_POSITION,
     "POST /internal/task-complete": _EVENT_POSITION,
     "POST /internal/task-complete-batch": _EVENT_POSITION,

@@ -14,7 +14,7 @@ from psycopg.rows import DictRow, dict_row
 
 from taskplat.common.clock import FakeClock
 from taskplat.reaper.reaper import Reaper, ReaperBatch
-from taskplat.testkit.loops_rows import Q, LoopRows, completion_params, run_replicas
+from taskplat.testkit.loops_rows import LoopRows, Q, completion_params, run_replicas
 
 MakeReaper = Callable[..., Reaper]
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from taskplat.common.clock import FakeClock
 from taskplat.reaper.reaper import Reaper, ReaperBatch
-from taskplat.testkit.loops_rows import Q, LoopRows, seconds
+from taskplat.testkit.loops_rows import LoopRows, Q, seconds
 
 MakeReaper = Callable[..., Reaper]
 

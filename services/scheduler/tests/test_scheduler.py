@@ -13,8 +13,8 @@ from taskplat.common.clock import FakeClock
 from taskplat.common.db.notify import OUTBOX_CHANNEL
 from taskplat.scheduler.scheduler import Scheduler, SchedulerBatch
 from taskplat.testkit.loops_rows import (
-    Q,
     LoopRows,
+    Q,
     completion_params,
     run_replicas,
     seconds,
