@@ -33,7 +33,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import Case, GenerationMode
-from schemathesis.specs.openapi.checks import positive_data_acceptance
+from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
 from taskplat.dispatcher.openapi import build_openapi
 from taskplat.testkit.dispatcher_calls import claimed, create_task, cursor_event, emit_events
@@ -217,6 +217,12 @@ NOT_EXPRESSIBLE = {
     "PUT /dags/{dag_name}": "a DAG's rules: no cycle, known jobs and output indexes, cron syntax",
 }
 
+# Operations where schemathesis's `negative_data_rejection` check is not run: once in three full
+# runs it reported `GET /audit?action=0`, a valid query, as a schema-violating request accepted
+# (its negative case's extra query key did not reach the request). The route's refusals of bad
+# queries are tested in test_audit_workers.py; every other check runs on it.
+NEGATIVE_NOT_SENT = {"GET /audit"}
+
 # One test per operation of the document the dispatcher serves (built by the same generator).
 OPERATIONS = [
     (path, method.upper()) for path, item in build_openapi()["paths"].items() for method in item
@@ -250,7 +256,10 @@ def test_every_route_answers_within_its_document(
         case.call_and_validate(
             base_url=seeded.dispatcher.base_url,
             headers=headers,
-            excluded_checks=[positive_data_acceptance] if label in NOT_EXPRESSIBLE else [],
+            excluded_checks=[
+                *([positive_data_acceptance] if label in NOT_EXPRESSIBLE else []),
+                *([negative_data_rejection] if label in NEGATIVE_NOT_SENT else []),
+            ],
         )
 
     fuzz()

@@ -107,6 +107,7 @@ def test_the_audit_log_filters_and_pages(dispatcher: Dispatcher) -> None:
         ]
         assert [e["target"] for e in recent] == ["c", "b"]
         assert v.get("/audit", params={"since": "yesterday"}).status_code == 422
+        assert v.get("/audit", params={"actions": "x"}).status_code == 422  # not a parameter
 
 
 def _iso(timestamp: float) -> str:
