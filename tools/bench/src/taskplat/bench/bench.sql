@@ -78,12 +78,17 @@ ORDER BY attempt;
 -- name: prefill
 -- W4: `rows` finished tasks of queue 'default', each with its one Completed attempt, finished
 -- between 3 days and ~1 day ago (inside the reaper's default 7-day retention, so none is pruned).
+-- Their ids are UUIDv7 of their creation time, as the dispatcher makes them: a random uuid whose
+-- first 48 bits are the Unix time in milliseconds and whose version nibble is 7.
 WITH inserted AS (
     INSERT INTO tasks (
         task_id, status, queue, operator, config, inputs, attempt, max_attempts,
         backoff_base_seconds, backoff_max_seconds, lease_token, worker_id, queued_at,
         attempt_outcome, result, created_at, started_at, finished_at, updated_at)
-    SELECT gen_random_uuid(), 'Completed', 'default', 'noop', '{}'::jsonb, '[]'::jsonb, 1, 3,
+    SELECT encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid()) PLACING
+                  substring(int8send((extract(epoch FROM c.created) * 1000)::bigint) FROM 3)
+                  FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid,
+           'Completed', 'default', 'noop', '{}'::jsonb, '[]'::jsonb, 1, 3,
            1.0, 300.0, gen_random_uuid(), 'bench-prefill', c.created, 'Completed',
            '{"prefill": true}'::jsonb, c.created, c.created + interval '10 ms',
            c.created + interval '20 ms', c.created + interval '20 ms'
