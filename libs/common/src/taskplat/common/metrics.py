@@ -159,8 +159,14 @@ class Counter(_Instrument):
         super().__init__(name, unit, description)
         self._series = _Series(lambda: [0])
 
+    _family: type[CounterMetricFamily | GaugeMetricFamily] = CounterMetricFamily
+
+    @staticmethod
+    def _accepts(amount: float) -> bool:
+        return 0 <= amount < math.inf  # also false for NaN
+
     def add(self, amount: float, attributes: Attributes = None) -> None:
-        if not 0 <= amount < math.inf:  # also false for NaN
+        if not self._accepts(amount):
             _log.warning("metric %s: amount %s dropped", self.name, amount)
             return
         series = self._series
@@ -172,36 +178,20 @@ class Counter(_Instrument):
         if not snapshot:
             return None
         names, rows = _label_rows(snapshot)
-        family = CounterMetricFamily(self.name, self.description, labels=names, unit=self.unit)
+        family = self._family(self.name, self.description, labels=names, unit=self.unit)
         for values, cell in rows:
             family.add_metric(values, cell[0])
         return family
 
 
-class UpDownCounter(_Instrument):
+class UpDownCounter(Counter):
     """A sum that may go down, exposed as a gauge."""
 
-    def __init__(self, name: str, unit: str, description: str) -> None:
-        super().__init__(name, unit, description)
-        self._series = _Series(lambda: [0])
+    _family = GaugeMetricFamily
 
-    def add(self, amount: float, attributes: Attributes = None) -> None:
-        if not math.isfinite(amount):
-            _log.warning("metric %s: amount %s dropped", self.name, amount)
-            return
-        series = self._series
-        with series.lock:
-            series.cell(attributes)[0] += amount
-
-    def collect(self) -> Metric | None:
-        snapshot = self._series.snapshot()
-        if not snapshot:
-            return None
-        names, rows = _label_rows(snapshot)
-        family = GaugeMetricFamily(self.name, self.description, labels=names, unit=self.unit)
-        for values, cell in rows:
-            family.add_metric(values, cell[0])
-        return family
+    @staticmethod
+    def _accepts(amount: float) -> bool:
+        return math.isfinite(amount)
 
 
 class Histogram(_Instrument):

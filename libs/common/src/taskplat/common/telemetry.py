@@ -175,7 +175,7 @@ class Telemetry:
                 self._instruments[exposed] = instrument
                 self._collector.add(instrument)
                 return instrument
-        if not isinstance(existing, kind):
+        if type(existing) is not kind:  # exact: an UpDownCounter is a Counter subclass
             raise ValueError(
                 f"metric {name!r} exists as a {type(existing).__name__}, not a {kind.__name__}"
             )
