@@ -330,7 +330,8 @@ EXAMPLES: dict[str, dict[str, Any]] = {
             {"task_id": U1, "attempt": 1, "lease_token": U2, "status": "Completed",
              "outputs": [OUTPUT], "events": [EVENT], "error_message": None, "result": {"rows": 1},
              "retry_after_seconds": None}
-        ]
+        ],
+        "claim_next": {"worker_id": "w", "queue": "default", "max": 10, "worker": WORKER_REPORT},
     },
     "CompleteBatchResult": {
         "task_id": U1,
@@ -341,7 +342,11 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "results": [
             {"task_id": U1, "status_code": 200,
              "body": {"status": "Accepted", "task_status": "Completed", "repeated": False}},
-        ]
+        ],
+        "claimed": [
+            {"status": "Claimed", "attempt": 1, "lease_token": U2, "lease_expires_at": T1,
+             "task": CLAIM_TASK, "attempt_token": "h.c.s"}
+        ],
     },
     "CreateTasksRequest": {
         "tasks": [

@@ -1,6 +1,8 @@
 """`/internal/task-complete-batch`: each completion is its own guarded transition with the status
 and body the single route would answer, a refused one writes nothing and cannot undo another's
-acceptance, and a completion that cannot be stored fails alone."""
+acceptance, and a completion that cannot be stored fails alone. With `claim_next` the same call
+claims the next tasks of a queue in the completions' transaction (one commit), at most `max`, and
+a request refused as a whole claims nothing."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from uuid import uuid4
 import psycopg
 import pytest
 
-from taskplat.common.contracts import CompleteBatchResponse
+from taskplat.common.contracts import ClaimedResponse, CompleteBatchResponse
 from taskplat.testkit.dispatcher_calls import (
     Lease,
     cancel,
@@ -31,6 +33,7 @@ from taskplat.testkit.dispatcher_rows import (
     reap_timeout,
     task_row,
     task_state,
+    task_xmin,
 )
 
 JsonDict = dict[str, Any]
@@ -245,3 +248,133 @@ def test_a_task_completed_twice_in_one_batch_is_applied_once(
     assert len(attempt_rows(db_url, lease.task_id)) == 1
     assert len(event_rows(db_url, lease.task_id)) == 1
     assert task_row(db_url, lease.task_id)["status"] == "Completed"
+
+
+# ---- completions and a claim-next in one call -------------------------------------------------
+
+
+def complete_and_claim(
+    dispatcher: Dispatcher, completions: list[JsonDict], queue: str, limit: int
+) -> tuple[list[JsonDict], list[JsonDict]]:
+    """One task-complete-batch call carrying a claim-next; (results, claimed)."""
+    claim = {"worker_id": "w-combined", "queue": queue, "max": limit}
+    response = dispatcher.worker.post(
+        "/internal/task-complete-batch", json={"completions": completions, "claim_next": claim}
+    )
+    assert response.status_code == 200, response.text
+    CompleteBatchResponse.model_validate_json(response.text)
+    body = response.json()
+    assert [r["task_id"] for r in body["results"]] == [c["task_id"] for c in completions]
+    return body["results"], body["claimed"]
+
+
+def test_a_batch_with_claim_next_completes_and_claims_in_one_transaction(
+    dispatcher: Dispatcher, db_url: str
+) -> None:
+    done = [running(dispatcher, queue="q1") for _ in range(2)]
+    queued = [create_task(dispatcher, queue="q2")["task_id"] for _ in range(3)]
+    results, claimed_now = complete_and_claim(
+        dispatcher, [{**lease.fence(), "status": "Completed"} for lease in done], "q2", 10
+    )
+    assert [(r["status_code"], r["body"]["task_status"]) for r in results] == [
+        (200, "Completed")
+    ] * 2
+    assert [c["task"]["task_id"] for c in claimed_now] == queued  # oldest first
+    for answer in claimed_now:
+        ClaimedResponse.model_validate(answer)
+        row = task_row(db_url, answer["task"]["task_id"])
+        assert row is not None
+        assert (row["status"], row["worker_id"]) == ("Running", "w-combined")
+        assert str(row["lease_token"]) == answer["lease_token"]
+    # One transaction, one commit: every row the call wrote carries the same transaction id.
+    xmins = {task_xmin(db_url, task_id) for task_id in [d.task_id for d in done] + queued}
+    assert len(xmins) == 1
+    # The claimed attempt is the current one: its holder can complete it.
+    lease = Lease(claimed_now[0]["task"]["task_id"], 1, claimed_now[0]["lease_token"])
+    assert complete(dispatcher, lease).status_code == 200
+
+
+def test_a_stale_completion_in_a_batch_with_claim_next_changes_nothing_and_the_claim_stands(
+    dispatcher: Dispatcher, db_url: str
+) -> None:
+    ok, stale = running(dispatcher, queue="q1"), running(dispatcher, queue="q1")
+    stale_before = task_state(db_url, stale.task_id)
+    queued = create_task(dispatcher, queue="q2")["task_id"]
+    results, claimed_now = complete_and_claim(
+        dispatcher,
+        [{**ok.fence(), "status": "Completed"},
+         {**stale.fence(), "attempt": stale.attempt + 1, "status": "Completed"}],
+        "q2",
+        4,
+    )  # fmt: skip
+    assert results[0]["status_code"] == 200
+    assert (results[1]["status_code"], results[1]["body"]["reason"]) == (409, "StaleAttempt")
+    assert task_state(db_url, stale.task_id) == stale_before
+    assert [c["task"]["task_id"] for c in claimed_now] == [queued]
+    assert task_row_status(dispatcher, queued) == "Running"
+
+
+def test_claim_next_in_a_batch_claims_at_most_max(dispatcher: Dispatcher, db_url: str) -> None:
+    lease = running(dispatcher, queue="q1")
+    queued = [create_task(dispatcher, queue="q3")["task_id"] for _ in range(5)]
+    _, claimed_now = complete_and_claim(
+        dispatcher, [{**lease.fence(), "status": "Completed"}], "q3", 2
+    )
+    assert [c["task"]["task_id"] for c in claimed_now] == queued[:2]
+    assert [task_row_status(dispatcher, t) for t in queued] == ["Running"] * 2 + ["Queued"] * 3
+    # A queue with nothing Queued: the completions go through, the claim is empty.
+    other = running(dispatcher, queue="q1")
+    results, none = complete_and_claim(
+        dispatcher, [{**other.fence(), "status": "Completed"}], "alpha", 10
+    )
+    assert results[0]["status_code"] == 200 and none == []
+
+
+def test_a_batch_refused_as_a_whole_claims_nothing(dispatcher: Dispatcher, db_url: str) -> None:
+    lease = running(dispatcher, queue="q1")
+    queued = create_task(dispatcher, queue="q2")["task_id"]
+    before = task_state(db_url, lease.task_id), task_state(db_url, queued)
+    good = {**lease.fence(), "status": "Completed"}
+    claim = {"worker_id": "w", "queue": "q2", "max": 1}
+    bodies = [
+        {"completions": [good], "claim_next": {**claim, "wait_seconds": 1}},  # never waits
+        {"completions": [good, {**good, "attempt": 0}], "claim_next": claim},
+        {"completions": [], "claim_next": claim},
+        {"completions": [good], "claim_next": {**claim, "max": 11}},
+        {"completions": [good], "claim_next": {**claim, "queue": ""}},
+    ]
+    for body in bodies:
+        response = dispatcher.worker.post("/internal/task-complete-batch", json=body)
+        assert response.status_code == 422, response.text
+        assert response.json()["error"] == "validation_error", response.text
+    assert (task_state(db_url, lease.task_id), task_state(db_url, queued)) == before
+
+
+def test_a_batch_without_claim_next_answers_no_claimed_field(dispatcher: Dispatcher) -> None:
+    """A wrapper that predates `claim_next` refuses unknown fields: it gets none."""
+    lease = running(dispatcher)
+    response = dispatcher.worker.post(
+        "/internal/task-complete-batch",
+        json={"completions": [{**lease.fence(), "status": "Completed"}]},
+    )
+    assert response.status_code == 200, response.text
+    assert set(response.json()) == {"results"}
+
+
+def test_a_batch_retried_completion_by_completion_still_answers_its_claim(
+    dispatcher: Dispatcher, db_url: str, refuses_poison_results: None
+) -> None:
+    ok, poisoned = running(dispatcher, queue="q1"), running(dispatcher, queue="q1")
+    queued = [create_task(dispatcher, queue="q2")["task_id"] for _ in range(2)]
+    results, claimed_now = complete_and_claim(
+        dispatcher,
+        [{**ok.fence(), "status": "Completed"},
+         {**poisoned.fence(), "status": "Completed", "result": {"poison": 1}}],
+        "q2",
+        5,
+    )  # fmt: skip
+    assert [r["status_code"] for r in results] == [200, 422]
+    assert task_row_status(dispatcher, poisoned.task_id) == "Running"
+    # The claim ran in its own transaction after the retried completions; it is answered.
+    assert sorted(c["task"]["task_id"] for c in claimed_now) == sorted(queued)
+    assert [task_row_status(dispatcher, t) for t in queued] == ["Running"] * 2

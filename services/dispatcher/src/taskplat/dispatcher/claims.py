@@ -22,6 +22,9 @@ Invariants:
     the queue's `polled_until` is stamped (at most every half wait per queue and dispatcher;
     its own statement, a failed stamp fails nothing): creates then hold the queue's wake-ups
     back for `polled_wakeup_delay_seconds`.
+  * A claim-next carried by a completion batch (`claim_next_in`) is the same statement, run in
+    the batch's transaction, which commits the completions and the claim together; it never
+    waits, and it is answered, recorded and stamped (`claim_next_answer`) only after that commit.
   * Each claim and each NotClaimed answer is recorded after the statement committed.
   * Every Claimed answer carries the attempt token of the attempt it claimed (and, for an
     untrusted task, its capability token), issued from the committed row.
@@ -173,19 +176,32 @@ class Claims:
                     return []
                 listener.rearm(waiter)
 
-    async def _claim_next_now(
-        self, queue: str, worker_id: str, limit: int, *, stamp_polled: float
-    ) -> list[ClaimedResponse]:
+    async def claim_next_in(self, conn: Conn, queue: str, worker_id: str, limit: int) -> list[Row]:
+        """The claim-next statement in the caller's transaction (no wait); the claimed rows,
+        to be answered with `claim_next_answer` once that transaction committed."""
         params = {**self._params(worker_id), "queue": queue, "max": limit}
-        async with self._pool.connection() as conn:
-            if stamp_polled > 0:
-                await self._stamp_polled(conn, queue, stamp_polled)
-            rows = await batch.claim_next(conn, params)  # one statement: committed on return
-            if len(rows) >= max(limit, 2):
-                await self._stamp_claimed_ahead(conn, queue)
+        return await batch.claim_next(conn, params)
+
+    async def claim_next_answer(
+        self, conn: Conn | None, queue: str, limit: int, rows: list[Row]
+    ) -> list[ClaimedResponse]:
+        """Answer a committed claim-next: stamp a full one's queue (on `conn`, else on a
+        connection of the pool), record, issue the tokens."""
+        if len(rows) >= max(limit, 2):
+            await self._stamp_claimed_ahead(conn, queue)
         for row in rows:
             self._recorder.task_claimed(row)
         return [self._claimed(row) for row in rows]
+
+    async def _claim_next_now(
+        self, queue: str, worker_id: str, limit: int, *, stamp_polled: float
+    ) -> list[ClaimedResponse]:
+        async with self._pool.connection() as conn:
+            if stamp_polled > 0:
+                await self._stamp_polled(conn, queue, stamp_polled)
+            # One statement: committed on return.
+            rows = await self.claim_next_in(conn, queue, worker_id, limit)
+            return await self.claim_next_answer(conn, queue, limit, rows)
 
     async def _stamp_polled(self, conn: Conn, queue: str, wait: float) -> None:
         now = time.monotonic()
@@ -197,12 +213,16 @@ class Claims:
         except psycopg.Error as exc:  # a hint for creates: the claim stands without it
             get_logger().warning("polled_not_stamped", queue=queue, error=str(exc))
 
-    async def _stamp_claimed_ahead(self, conn: Conn, queue: str) -> None:
+    async def _stamp_claimed_ahead(self, conn: Conn | None, queue: str) -> None:
         now = time.monotonic()
         if now - self._claimed_ahead_stamped.get(queue, -math.inf) < CLAIMED_AHEAD_STAMP_SECONDS:
             return
         self._claimed_ahead_stamped[queue] = now
         try:
-            await queues.mark_claimed_ahead(conn, queue, self._clock.sql_now())
+            if conn is None:
+                async with self._pool.connection() as own:
+                    await queues.mark_claimed_ahead(own, queue, self._clock.sql_now())
+            else:
+                await queues.mark_claimed_ahead(conn, queue, self._clock.sql_now())
         except psycopg.Error as exc:  # a hint for the relay: the claim stands without it
             get_logger().warning("claimed_ahead_not_stamped", queue=queue, error=str(exc))

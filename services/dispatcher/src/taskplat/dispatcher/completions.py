@@ -15,6 +15,11 @@ Invariants:
     A refused completion writes nothing, so it cannot undo another's acceptance; when a
     completion cannot be stored at all (a value Postgres refuses, a deadlock), the transaction
     is rolled back and every completion of the batch is retried on its own.
+  * A batch may carry one more statement (`also`, the claim-next of a combined call) that runs in
+    the batch's transaction after its completions: the completions and it commit together or
+    not at all. When the batch is retried completion by completion, `also` runs after them in a
+    transaction of its own; a batch that fails otherwise fails the whole call, having claimed
+    nothing.
   * A transition is recorded (metrics, one log event) only after its transaction committed.
 """
 
@@ -22,9 +27,10 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 import psycopg
@@ -52,6 +58,7 @@ from taskplat.dispatcher.settings import DispatcherSettings
 BATCH_ROUTE = "/internal/task-complete-batch"
 Conn = AsyncConnection[DictRow]
 Row = dict[str, Any]
+T = TypeVar("T")
 # Errors after which a batch is retried completion by completion (nothing of it committed).
 _RETRY_ALONE = (psycopg.DataError, psycopg.errors.DeadlockDetected)
 
@@ -111,6 +118,14 @@ class Completions:
         return settled.response
 
     async def complete_batch(self, requests: list[CompleteRequest]) -> list[CompleteBatchResult]:
+        results, _ = await self.complete_batch_and(requests, None)
+        return results
+
+    async def complete_batch_and(
+        self, requests: list[CompleteRequest], also: Callable[[Conn], Awaitable[T]] | None
+    ) -> tuple[list[CompleteBatchResult], T | None]:
+        """The batch, then `also` (given the connection) in the same transaction; each
+        completion's result and what `also` returned (None without it)."""
         results: dict[int, CompleteBatchResult] = {}
         pending: list[_Prepared] = []
         for index, request in enumerate(requests):
@@ -120,6 +135,7 @@ class Completions:
                 results[index] = _error_result(request, exc)
         pending.sort(key=lambda item: (item.request.task_id, item.index))
         settled: list[tuple[_Prepared, _Settled]] = []
+        extra: T | None = None
         try:
             async with self._pool.connection() as conn, conn.transaction():
                 for item, outcome in await self._complete_all_in(conn, pending):
@@ -128,13 +144,18 @@ class Completions:
                     else:
                         settled.append((item, outcome))
                         results[item.index] = _ok_result(item.request, outcome.response)
+                if also is not None:
+                    extra = await also(conn)
         except _RETRY_ALONE:
             settled.clear()
             for item in pending:
                 results[item.index] = await self._complete_alone(item.request)
+            if also is not None:
+                async with self._pool.connection() as conn, conn.transaction():
+                    extra = await also(conn)
         for item, outcome in settled:  # committed
             self._record(item.request, outcome)
-        return [results[index] for index in range(len(requests))]
+        return [results[index] for index in range(len(requests))], extra
 
     # ---- internals ----------------------------------------------------------------------
 

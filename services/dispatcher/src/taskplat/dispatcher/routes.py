@@ -242,6 +242,14 @@ async def task_complete(request: Request) -> Response:
 
 async def task_complete_batch(request: Request) -> Response:
     body = await read_body(request, CompleteBatchRequest)
+    if body.claim_next is None:  # no `claimed` field: a wrapper that predates it is served
+        answer = await service_of(request).complete_batch(body)
+        return Response(
+            answer.model_dump_json(by_alias=True, exclude={"claimed"}),
+            media_type="application/json",
+        )
+    bind_log_fields(worker_id=body.claim_next.worker_id)
+    await _report_worker(request, body.claim_next.worker)
     return json_response(await service_of(request).complete_batch(body))
 
 
@@ -345,7 +353,8 @@ ROUTES: tuple[RouteSpec, ...] = (
                          **_BODY_ERRORS, **dict([_REJECTED, _WORKER_NOT_FOUND])}),
     RouteSpec("POST", "/internal/task-complete-batch", "task_complete_batch",
               "Report the outcomes of up to 10 attempts: each the status and body "
-              "task-complete would answer", "worker_token", task_complete_batch,
+              "task-complete would answer; with `claim_next`, also claim the next tasks of a "
+              "queue in the same transaction", "worker_token", task_complete_batch,
               body=CompleteBatchRequest,
               responses={200: ("one result per completion, in order", CompleteBatchResponse),
                          **_BODY_ERRORS}),

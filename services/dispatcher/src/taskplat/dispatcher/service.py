@@ -341,8 +341,20 @@ class TaskService:
         return await self._completions.complete(request)
 
     async def complete_batch(self, request: CompleteBatchRequest) -> CompleteBatchResponse:
-        results = await self._completions.complete_batch(list(request.completions))
-        return CompleteBatchResponse(results=results)
+        """The completions, and the claim-next the request carries, in one transaction."""
+        claim = request.claim_next
+        if claim is None:
+            results = await self._completions.complete_batch(list(request.completions))
+            return CompleteBatchResponse(results=results)
+
+        async def claim_next(conn: AsyncConnection[DictRow]) -> list[dict[str, Any]]:
+            return await self._claims.claim_next_in(conn, claim.queue, claim.worker_id, claim.max)
+
+        results, rows = await self._completions.complete_batch_and(
+            list(request.completions), claim_next
+        )
+        claimed = await self._claims.claim_next_answer(None, claim.queue, claim.max, rows or [])
+        return CompleteBatchResponse(results=results, claimed=claimed)
 
     async def create_many(self, request: CreateTasksRequest) -> CreateTasksResponse:
         created = await self._bulk.create_many(list(request.tasks))

@@ -11,6 +11,11 @@ Outputs are unique per `output_index` within one completion.
 The batch routes (`task-claim-batch`, `task-complete-batch`, `task-claim-next`) carry at most
 `MAX_BATCH` items; every item named gets an answer with exactly the meaning of the single-task
 route's (a completion's result carries the HTTP status and body `task-complete` would answer).
+
+`task-complete-batch` may carry a `claim_next` (a `task-claim-next` body that does not wait): the
+completions and that claim then run in one transaction, and the answer's `claimed` holds what it
+claimed. Without `claim_next` the answer has no `claimed` field at all, so a wrapper that predates
+it is served; a dispatcher that predates it refuses the field (422).
 """
 
 from __future__ import annotations
@@ -354,9 +359,23 @@ class ClaimNextResponse(Contract):
 
 
 class CompleteBatchRequest(Contract):
-    """`POST /internal/task-complete-batch`: several completions, each its own transition."""
+    """`POST /internal/task-complete-batch`: several completions, each its own transition, and
+    optionally the claim of the next tasks, all in one transaction."""
 
     completions: Annotated[list[CompleteRequest], Field(min_length=1, max_length=MAX_BATCH)]
+    claim_next: ClaimNextRequest | None = Field(
+        None,
+        description="Optional: also claim up to `max` Queued tasks of `queue`, as "
+        "`task-claim-next` would (`wait_seconds` must be 0: this call never waits), in the "
+        "completions' transaction; the answer's `claimed` holds them. Omitted: no claim, and "
+        "the answer has no `claimed` field.",
+    )
+
+    @model_validator(mode="after")
+    def _claim_does_not_wait(self) -> Self:
+        if self.claim_next is not None and self.claim_next.wait_seconds != 0:
+            raise ValueError("claim_next.wait_seconds must be 0: a completion batch never waits")
+        return self
 
 
 class CompleteBatchResult(Contract):
@@ -372,4 +391,9 @@ class CompleteBatchResult(Contract):
 class CompleteBatchResponse(Contract):
     results: list[CompleteBatchResult] = Field(
         description="One result per completion, in the order given."
+    )
+    claimed: list[ClaimedResponse] | None = Field(
+        None,
+        description="Only when the request carried `claim_next`: the tasks it claimed (maybe "
+        "none), at most its `max`.",
     )
