@@ -18,6 +18,14 @@ Invariants:
     tasks to complete too (`busy`: the tasks the wrapper handles), and goes at once when every
     one of them has asked (or 10 have): a lone task never waits, and under load one call carries
     the completions of the tasks that were claimed together.
+  * Claims along (`claim_along`, set by the loop that claims; `claim_with_completions`): as it is
+    sent, a completion call asks the loop whether it wants tasks claimed; if it does (a
+    `ClaimAlong`, its slots reserved by the loop), the call is one task-complete-batch carrying
+    that claim-next, made once. Its answer resolves the `ClaimAlong` with the tasks claimed;
+    when it fails as a whole, the `ClaimAlong` gets the error (nothing was claimed: one
+    transaction) and the completions go as if no claim had come along. Every `ClaimAlong`
+    handed out is resolved, whatever happens. A dispatcher that refuses the field (422: it
+    predates it) ends claims along for good.
 """
 
 from __future__ import annotations
@@ -25,10 +33,12 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from uuid import UUID
 
 from taskplat.common.contracts import ClaimedResponse, CompleteRequest, CompleteResponse
 from taskplat.common.contracts.internal import MAX_BATCH
+from taskplat.common.logging import get_logger
 from taskplat.worker_wrapper.dispatcher_client import (
     ClaimAnswer,
     CompleteResult,
@@ -92,6 +102,22 @@ class ClaimGroup:
             self.settled.set()
 
 
+@dataclass
+class ClaimAlong:
+    """A claim-next the loop wants made with a completion call: up to `limit` tasks of `queue`."""
+
+    queue: str
+    worker_id: str
+    limit: int
+    answer: asyncio.Future[list[ClaimedResponse]] = field(repr=False)
+
+    def failed(self, exc: BaseException) -> None:
+        if not self.answer.done():
+            if not isinstance(exc, Exception):  # cancelled: the loop still gets an answer
+                exc = DispatcherUnavailable(f"the completion call ended: {type(exc).__name__}")
+            self.answer.set_exception(exc)
+
+
 class CompletionBatcher:
     """Completion calls: single while few are in flight, batched when they pile up."""
 
@@ -106,6 +132,8 @@ class CompletionBatcher:
         self._client = client
         self._enabled = enabled
         self.busy: Callable[[], int] = lambda: 0
+        # Set by the loop that claims (with `claim_with_completions`): asked as a call is sent.
+        self.claim_along: Callable[[], ClaimAlong | None] | None = None
         self._turns: TurnBatcher[tuple[CompleteRequest, float], CompleteResponse | Rejection] = (
             TurnBatcher(
                 self._send,
@@ -119,6 +147,11 @@ class CompletionBatcher:
     def _all_asked(self, waiting: int, sent: int) -> bool:
         return waiting + sent >= self.busy()
 
+    @property
+    def waiting(self) -> int:
+        """Completions asked for and not yet sent (a call that may carry a claim is coming)."""
+        return self._turns.waiting if self._enabled else 0
+
     async def complete(
         self, body: CompleteRequest, *, until: float
     ) -> CompleteResponse | Rejection:
@@ -130,6 +163,11 @@ class CompletionBatcher:
     async def _send(
         self, batch: list[tuple[CompleteRequest, float]]
     ) -> list[CompleteResponse | Rejection | BaseException]:
+        along = self.claim_along() if self.claim_along is not None else None
+        if along is not None:
+            together = await self._send_along(batch, along)
+            if together is not None:
+                return together
         if len(batch) > 1:
             until = min(until for _, until in batch)
             try:
@@ -146,3 +184,25 @@ class CompletionBatcher:
                 return_exceptions=True,
             )
         )
+
+    async def _send_along(
+        self, batch: list[tuple[CompleteRequest, float]], along: ClaimAlong
+    ) -> list[CompleteResponse | Rejection | BaseException] | None:
+        """The completions and the claim in one call; None when it failed as a whole (the
+        claim got the error; the completions are to be sent without it)."""
+        bodies = [body for body, _ in batch]
+        try:
+            answers, claimed = await self._client.complete_batch_and_claim(
+                bodies, along.queue, along.worker_id, along.limit
+            )
+        except (DispatcherUnavailable, DispatcherProtocolError) as exc:
+            along.failed(exc)
+            if isinstance(exc, DispatcherProtocolError) and exc.status_code == 422:
+                self.claim_along = None  # a dispatcher that predates `claim_next`
+                get_logger().warning("claims_along_refused", error=str(exc))
+            return None
+        except BaseException as exc:
+            along.failed(exc)
+            raise
+        along.answer.set_result(claimed)
+        return list(answers)

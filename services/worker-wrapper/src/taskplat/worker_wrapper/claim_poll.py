@@ -8,6 +8,8 @@ Invariants:
   * It is not retried by the client: a failure (dispatcher unreachable, 5xx, a protocol error) is
     logged, claims nothing, and the next one starts only after a full-jitter backoff; the SQS
     long poll beside it goes on meanwhile, so no task depends on it.
+  * A claim that goes along with a completion call (`attach`, no wait) is held as the poll in
+    flight: the same reservation, the same answer and failure handling.
 """
 
 from __future__ import annotations
@@ -49,6 +51,14 @@ class ClaimPoll:
         self._ready_at = 0.0  # event-loop time before which no new poll starts (a backoff)
 
     @property
+    def queue(self) -> str:
+        return self._queue
+
+    @property
+    def worker_id(self) -> str:
+        return self._worker_id
+
+    @property
     def reserved(self) -> int:
         """Slots held by the poll in flight (0 when none is)."""
         return self.slots if self.future is not None else 0
@@ -70,6 +80,12 @@ class ClaimPoll:
             )
         )
         return self.future
+
+    def attach(self, limit: int, answer: asyncio.Future[list[ClaimedResponse]]) -> None:
+        """Hold a claim made along with a completion call as the poll in flight."""
+        assert self.future is None and limit > 0
+        self.slots = limit
+        self.future = answer
 
     def take(self) -> list[ClaimedResponse]:
         """The answer of the finished poll (none after a failure, which is logged); frees its

@@ -22,8 +22,13 @@ Invariants:
     `dispatcher.complete_batch`), and every HTTP request carries that span's W3C `traceparent`
     header, so the dispatcher's server spans join the task's trace. Each answer is counted by
     route and status, each request that got no answer by route.
-  * With a `SelfReport`, claim-next and heartbeat carry the wrapper's report of itself when one
-    is due (`self_report`); without one the body has no `worker` field at all.
+  * With a `SelfReport`, claim-next (alone or carried by a completion batch) and heartbeat carry
+    the wrapper's report of itself when one is due (`self_report`); without one the body has no
+    `worker` field at all.
+  * `complete_batch_and_claim` is one task-complete-batch call carrying a claim-next (no wait):
+    it is made once, never retried (a retry could claim again while the first claim's answer
+    was lost); it answers each completion as `complete_batch` does and the tasks claimed, at
+    most `limit`, or raises as a whole.
 """
 
 from __future__ import annotations
@@ -244,12 +249,39 @@ class DispatcherClient:
         self, bodies: list[CompleteRequest], *, until: float
     ) -> list[CompleteResult]:
         """One task-complete-batch call: each completion's answer, as `complete` would give it."""
+        results, _ = await self._complete_batch(CompleteBatchRequest(completions=bodies), until)
+        return results
+
+    async def complete_batch_and_claim(
+        self, bodies: list[CompleteRequest], queue: str, worker_id: str, limit: int
+    ) -> tuple[list[CompleteResult], list[ClaimedResponse]]:
+        """One task-complete-batch call that also claims up to `limit` Queued tasks of `queue`
+        in the same transaction, made once (no retry): each completion's answer, as
+        `complete` would give it, and the tasks claimed."""
+        claim = ClaimNextRequest(
+            worker_id=worker_id,
+            queue=queue,
+            max=limit,
+            worker=self._report.due() if self._report is not None else None,
+        )
+        body = CompleteBatchRequest(completions=bodies, claim_next=claim)
+        until = asyncio.get_running_loop().time()  # one try: the caller falls back
+        results, claimed = await self._complete_batch(body, until, limit=limit)
+        return results, claimed
+
+    async def _complete_batch(
+        self, body: CompleteBatchRequest, until: float, *, limit: int = 0
+    ) -> tuple[list[CompleteResult], list[ClaimedResponse]]:
         path = "/internal/task-complete-batch"
-        body = CompleteBatchRequest(completions=bodies)
+        bodies = body.completions
         response = await self._post(path, body, until=until, span="complete_batch")
         answer = self._parse_ok(response, CompleteBatchResponse, path)
+        claimed = list(answer.claimed or [])
+        if body.claim_next is not None and (answer.claimed is None or len(claimed) > limit):
+            raise _unexpected(response, f"{path}: no claim answer, or more than {limit} tasks")
         if [result.task_id for result in answer.results] != [each.task_id for each in bodies]:
             raise _unexpected(response, f"{path}: the results do not match the completions")
+        self._claimed(claimed)
         if self._report is not None:
             self._report.finished(each.task_id for each in bodies)
         results: list[CompleteResult] = []
@@ -268,7 +300,7 @@ class DispatcherClient:
                         body=excerpt,
                     )
                 )
-        return results
+        return results, claimed
 
     def _claimed(self, answers: Sequence[object]) -> None:
         """Note the tasks now running here (for the wrapper's report of itself)."""

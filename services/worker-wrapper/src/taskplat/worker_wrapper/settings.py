@@ -225,6 +225,13 @@ class WrapperSettings(
         "running tasks to complete too, so one `task-complete-batch` call carries them; it goes "
         "at once when every running task has completed (a lone task never waits).",
     )
+    claim_with_completions: bool = Field(
+        True,
+        description="With `batch_calls` and `poll_dispatcher`: under a backlog, the claim of the "
+        "next tasks goes along with the completion call about to be sent (one "
+        "`task-complete-batch` carrying `claim_next`: one request and one transaction) instead "
+        "of a `task-claim-next` of its own.",
+    )
     parallel_calls: int = Field(
         4,
         ge=1,

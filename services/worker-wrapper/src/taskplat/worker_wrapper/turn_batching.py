@@ -57,9 +57,15 @@ class TurnBatcher(Generic[Item, Result]):
         self._max_batch = max(1, max_batch)
         self._parallel = max(1, parallel)
         self._in_flight = 0
+        self._starting = 0  # items of sends created that have not begun
         self._flush_scheduled = False
         self._waiting: list[_Waiting[Item, Result]] = []
         self._sends: set[asyncio.Future[None]] = set()
+
+    @property
+    def waiting(self) -> int:
+        """Items submitted whose send has not started yet (their submitters still waiting)."""
+        return sum(not each.future.done() for each in self._waiting) + self._starting
 
     async def submit(self, item: Item) -> Result:
         """Queue `item` for this turn's send; return its result (or raise its exception)."""
@@ -93,12 +99,14 @@ class TurnBatcher(Generic[Item, Result]):
             self._waiting = self._waiting[self._max_batch :]
             self._in_flight += 1
             self._items_in_flight += len(batch)
+            self._starting += len(batch)
             context = batch[0].context if len(batch) == 1 else contextvars.Context()
             send = asyncio.get_running_loop().create_task(self._send(batch), context=context)
             self._sends.add(send)
             send.add_done_callback(self._sends.discard)
 
     async def _send(self, batch: list[_Waiting[Item, Result]]) -> None:
+        self._starting -= len(batch)
         results: Sequence[Result | BaseException]
         try:
             results = await self._send_batch([each.item for each in batch])

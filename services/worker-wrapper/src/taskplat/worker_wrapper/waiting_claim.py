@@ -10,6 +10,14 @@ Invariants:
     slot waits for a slot (its visibility renewed as usual) before any new poll starts.
   * Under a backlog (the last poll came back full, two or more tasks) the loop gathers free slots
     as claim-ahead does, so one call fills them all; claim-ahead itself is not used.
+  * With `claims_along` (`claim_with_completions`), under a backlog the claim goes along with the
+    completion call about to be sent instead of a claim-next of its own: the completion batcher
+    asks (`_claim_along`) as it sends, and gets a claim for the free slots when no poll is in
+    flight or backing off, no received message waits for a slot and the wrapper is not
+    stopping; that claim is held as the poll in flight (`ClaimPoll.attach`). While completions
+    wait to be sent the loop starts no claim-next itself; when none do, it makes one as before.
+    A claim made along comes back full when it brought every task it asked for (it never
+    waits, so even one is a sign of a backlog).
   * A failing receive is logged and retried after a backoff (`ReceiveBackoff`) while the poll
     goes on; a failing poll is logged and retried after its own backoff while SQS is polled.
   * Liveness: the mark moves each time a receive returned, and each time a saturated wrapper's
@@ -24,7 +32,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from taskplat.common.contracts import ClaimedResponse
 from taskplat.common.contracts.internal import MAX_BATCH
+from taskplat.worker_wrapper.batching import ClaimAlong
 from taskplat.worker_wrapper.claim_poll import ClaimPoll
 from taskplat.worker_wrapper.intake import Delivery, SqsIntake
 from taskplat.worker_wrapper.observability import IntakeHealth
@@ -40,6 +50,8 @@ class WaitingClaimLoop:
         slots: WorkSlots,
         health: IntakeHealth,
         backoff: ReceiveBackoff,
+        *,
+        claims_along: bool = False,
     ) -> None:
         self.poll = poll
         self.intake = intake
@@ -48,6 +60,30 @@ class WaitingClaimLoop:
         self._backoff = backoff
         self._backlog = False
         self._waiting: list[Delivery] = []  # received while the poll held every free slot
+        self._stop: asyncio.Event | None = None  # set while the loop runs
+        self._along = False  # the poll in flight is a claim made along with completions
+        self._answered = asyncio.Event()  # a claim made along was answered: the loop turns
+        self._completions = slots.executor.completions
+        if claims_along:
+            self._completions.claim_along = self._claim_along
+
+    def _claim_along(self) -> ClaimAlong | None:
+        """Asked by a completion call as it is sent: a claim for the free slots to go along
+        with it, under a backlog when no poll is in flight (None: no claim goes along)."""
+        poll, slots = self.poll, self.slots
+        if self._stop is None or self._stop.is_set() or not self._backlog or self._waiting:
+            return None
+        if poll.future is not None or poll.delay():
+            return None
+        room = slots.concurrency - slots.occupied
+        if room <= 0:
+            return None
+        limit = min(room, MAX_BATCH)
+        answer: asyncio.Future[list[ClaimedResponse]] = asyncio.get_running_loop().create_future()
+        answer.add_done_callback(lambda _: self._answered.set())
+        poll.attach(limit, answer)
+        self._along = True
+        return ClaimAlong(poll.queue, poll.worker_id, limit, answer)
 
     async def run(
         self, stop: asyncio.Event, stop_wait: asyncio.Future[Any]
@@ -55,12 +91,14 @@ class WaitingClaimLoop:
         """Keep one waiting claim-next open on the dispatcher while slots are free, and long-poll
         SQS beside it; the receive still in flight when the stop came."""
         poll, slots = self.poll, self.slots
+        self._stop = stop
         loop = asyncio.get_running_loop()
         receive: asyncio.Future[list[Delivery]] | None = None
         receive_failures = 0
         receive_at = 0.0  # event-loop time before which no receive starts (a backoff)
         while not stop.is_set():
             slots.freed.clear()
+            self._answered.clear()
             self._start_waiting()
             room = slots.concurrency - slots.occupied - poll.reserved
             if poll.future is None and room > 0 and not self._waiting and not poll.delay():
@@ -71,7 +109,12 @@ class WaitingClaimLoop:
                     limit = min(room, MAX_BATCH)
                 else:  # it may wait long: one slot stays free for a wake-up SQS brings meanwhile
                     limit = min(room - 1 if room > 1 else room, MAX_BATCH)
-                poll.start(limit)
+                # Meanwhile a claim may have gone along with completions; or completions about
+                # to be sent take it along (`_claim_along`).
+                along = self._backlog and self._completions.claim_along is not None
+                if poll.future is None and not (along and self._completions.waiting):
+                    poll.start(limit)
+                    self._along = False
                 room = slots.concurrency - slots.occupied - poll.reserved
             if receive is None and not self._waiting and loop.time() >= receive_at:
                 if room > 0 or poll.future is not None:
@@ -83,6 +126,7 @@ class WaitingClaimLoop:
             waits: set[asyncio.Future[Any]] = {stop_wait}
             waits.update(each for each in (receive, poll.future) if each is not None)
             freed = asyncio.ensure_future(slots.freed.wait())
+            answered = asyncio.ensure_future(self._answered.wait())  # a claim made along
             timeout = slots.busy_tick
             if poll.future is None and poll.delay():
                 timeout = min(timeout, poll.delay())
@@ -90,10 +134,11 @@ class WaitingClaimLoop:
                 timeout = min(timeout, receive_at - loop.time())
             try:
                 done, _ = await asyncio.wait(
-                    waits | {freed}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                    waits | {freed, answered}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
                 )
             finally:
                 freed.cancel()
+                answered.cancel()
             if not done and saturated:
                 self.health.polled()  # saturated, yet the loop turns: that is progress
             if stop_wait.done():
@@ -102,7 +147,8 @@ class WaitingClaimLoop:
                 asked = poll.slots
                 claimed = poll.take()
                 slots.start_claimed(claimed)
-                self._backlog = len(claimed) >= max(asked, 2)
+                full = asked if self._along else max(asked, 2)
+                self._backlog = bool(claimed) and len(claimed) >= full
             if receive is not None and receive.done():
                 finished, receive = receive, None
                 try:

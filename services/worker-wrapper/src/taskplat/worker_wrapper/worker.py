@@ -60,6 +60,7 @@ class IntakeSettings:
     parallel_calls: int = 4
     claim_next_timeout_seconds: float = 10.0
     report_in_background: bool = False
+    claim_with_completions: bool = False
 
 
 class WayOfGettingWork(Protocol):
@@ -109,7 +110,14 @@ class WorkerWrapper:
         )
         self.way: WayOfGettingWork
         if poll is not None:
-            self.way = WaitingClaimLoop(poll, intake, self.slots, self.health, backoff)
+            self.way = WaitingClaimLoop(
+                poll,
+                intake,
+                self.slots,
+                self.health,
+                backoff,
+                claims_along=settings.claim_with_completions and settings.batch_calls,
+            )
         else:
             claim_ahead = (
                 ClaimAhead(
@@ -271,5 +279,6 @@ def build_wrapper(
             parallel_calls=settings.parallel_calls,
             claim_next_timeout_seconds=settings.http_timeout_seconds,
             report_in_background=settings.report_in_background,
+            claim_with_completions=settings.claim_with_completions,
         ),
     )
