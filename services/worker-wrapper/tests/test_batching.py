@@ -413,12 +413,18 @@ def _dispatcher_calls(dispatcher: Dispatcher, route: str) -> float:
 def _drain_backlog(
     dispatcher: Dispatcher, queue: Queue, operators_file: Path, tasks: int, **settings: Any
 ) -> tuple[float, float]:
-    """Run `tasks` Queued no-op tasks through one waiting-claim wrapper of 4 slots; the
+    """Run `tasks` Queued no-op tasks through one waiting-claim wrapper of 8 slots; the
     dispatcher's (claim-next, complete-batch) requests meanwhile."""
     before = [_dispatcher_calls(dispatcher, route) for route in (CLAIM_NEXT, COMPLETE_BATCH)]
     task_ids = create_many(dispatcher, tasks)
     with running_wrapper(
-        dispatcher, queue, operators_file, None, concurrency=8, poll_dispatcher=True, **settings
+        dispatcher,
+        queue,
+        operators_file,
+        Telemetry(SERVICE),
+        concurrency=8,
+        poll_dispatcher=True,
+        **settings,
     ):
         wait_all(dispatcher, task_ids, "Completed")
     after = [_dispatcher_calls(dispatcher, route) for route in (CLAIM_NEXT, COMPLETE_BATCH)]
