@@ -13,6 +13,8 @@ Invariants:
     stale (claimed none), there is no sign of Queued tasks: the backlog ends without a call.
   * A failed claim-next (dispatcher unreachable, protocol error, after the client's retries
     within `claim_next_timeout_seconds`) is logged and only ends the backlog.
+  * Its claim-next is always a call of its own: claims that go along with completion calls
+    (`claim_with_completions`) are the waiting-claim loop's (`waiting_claim`).
 """
 
 from __future__ import annotations
