@@ -15,7 +15,8 @@ Invariants:
     asks (`_claim_along`) as it sends, and gets a claim for the free slots when no poll is in
     flight or backing off, no received message waits for a slot and the wrapper is not
     stopping; that claim is held as the poll in flight (`ClaimPoll.attach`). While completions
-    wait to be sent the loop starts no claim-next itself; when none do, it makes one as before.
+    wait to be sent the loop starts no claim-next itself, for at most `ALONG_WAIT_SECONDS`;
+    when none do (or they went without taking it), it makes one as before.
     A claim made along comes back full when it brought every task it asked for (it never
     waits, so even one is a sign of a backlog).
   * A failing receive is logged and retried after a backoff (`ReceiveBackoff`) while the poll
@@ -41,6 +42,9 @@ from taskplat.worker_wrapper.observability import IntakeHealth
 from taskplat.worker_wrapper.receive_loop import ReceiveBackoff, release_deliveries
 from taskplat.worker_wrapper.slots import WorkSlots
 
+# How long the loop leaves its claim to completions waiting to be sent before it makes its own.
+ALONG_WAIT_SECONDS = 0.1
+
 
 class WaitingClaimLoop:
     def __init__(
@@ -63,9 +67,24 @@ class WaitingClaimLoop:
         self._stop: asyncio.Event | None = None  # set while the loop runs
         self._along = False  # the poll in flight is a claim made along with completions
         self._answered = asyncio.Event()  # a claim made along was answered: the loop turns
+        self._along_until = 0.0  # event-loop time until which the claim is left to completions
         self._completions = slots.executor.completions
         if claims_along:
             self._completions.claim_along = self._claim_along
+
+    def _leave_to_completions(self, now: float) -> bool:
+        """Under a backlog, whether the claim is left to completions about to be sent (they
+        take it along): only while some wait to be sent, and for at most
+        `ALONG_WAIT_SECONDS` from when the loop first left it to them."""
+        if not (self._backlog and self._completions.claim_along and self._completions.waiting):
+            self._along_until = 0.0
+            return False
+        if not self._along_until:
+            self._along_until = now + ALONG_WAIT_SECONDS
+        if now < self._along_until:
+            return True
+        self._along_until = 0.0
+        return False
 
     def _claim_along(self) -> ClaimAlong | None:
         """Asked by a completion call as it is sent: a claim for the free slots to go along
@@ -83,6 +102,7 @@ class WaitingClaimLoop:
         answer.add_done_callback(lambda _: self._answered.set())
         poll.attach(limit, answer)
         self._along = True
+        self._along_until = 0.0
         return ClaimAlong(poll.queue, poll.worker_id, limit, answer)
 
     async def run(
@@ -110,9 +130,8 @@ class WaitingClaimLoop:
                 else:  # it may wait long: one slot stays free for a wake-up SQS brings meanwhile
                     limit = min(room - 1 if room > 1 else room, MAX_BATCH)
                 # Meanwhile a claim may have gone along with completions; or completions about
-                # to be sent take it along (`_claim_along`).
-                along = self._backlog and self._completions.claim_along is not None
-                if poll.future is None and not (along and self._completions.waiting):
+                # to be sent take it along (`_claim_along`), for at most `ALONG_WAIT_SECONDS`.
+                if poll.future is None and not self._leave_to_completions(loop.time()):
                     poll.start(limit)
                     self._along = False
                 room = slots.concurrency - slots.occupied - poll.reserved
@@ -132,6 +151,8 @@ class WaitingClaimLoop:
                 timeout = min(timeout, poll.delay())
             if receive is None and receive_at > loop.time():
                 timeout = min(timeout, receive_at - loop.time())
+            if self._along_until:
+                timeout = max(0.0, min(timeout, self._along_until - loop.time()))
             try:
                 done, _ = await asyncio.wait(
                     waits | {freed, answered}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
