@@ -1,6 +1,8 @@
 """Batched calls and claim-ahead, against a real dispatcher process and a real SQS queue: tasks
 claimed ahead run without SQS messages and their late wake-ups are deleted after NotClaimed;
-batch claims, batch completions and batched deletions give each item its own outcome."""
+batch claims, batch completions and batched deletions give each item its own outcome; under a
+backlog the claim goes along with a completion call, and a combined call refused whole claims
+nothing."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from uuid import UUID
 import httpx
 from pydantic import SecretStr
 from wrapper_harness import (
+    QUEUE,
     WORKER_TOKEN,
     Dispatcher,
     Queue,
@@ -29,8 +32,12 @@ from taskplat.common.contracts import (
 from taskplat.common.sqs import wake_up_body
 from taskplat.common.telemetry import Telemetry
 from taskplat.devstack.waiting import wait_for
-from taskplat.worker_wrapper.batching import ClaimGroup, CompletionBatcher
-from taskplat.worker_wrapper.dispatcher_client import DispatcherClient, Rejection
+from taskplat.worker_wrapper.batching import ClaimAlong, ClaimGroup, CompletionBatcher
+from taskplat.worker_wrapper.dispatcher_client import (
+    DispatcherClient,
+    DispatcherProtocolError,
+    Rejection,
+)
 from taskplat.worker_wrapper.intake import SqsIntake
 from taskplat.worker_wrapper.observability import SERVICE, WrapperTelemetry
 
@@ -230,6 +237,61 @@ def test_a_batch_the_dispatcher_refuses_whole_is_sent_again_one_by_one(
     assert value(text, "taskplat_dispatcher_calls_total", route=COMPLETE, status="200") == 6
     for lease in leases:
         assert dispatcher.get(str(lease.task.task_id))["status"] == "Completed"
+
+
+def _claims_along(
+    dispatcher: Dispatcher, **completion: Any
+) -> tuple[list[ClaimedResponse] | BaseException, list[str], Telemetry]:
+    """Five completions sent in one turn by a batcher whose loop wants up to 2 tasks claimed
+    along; (what the claim got, the Queued tasks, telemetry)."""
+    telemetry = Telemetry(SERVICE)
+    leases = [_claim(dispatcher, task_id) for task_id in create_many(dispatcher, 5)]
+    queued = create_many(dispatcher, 3)
+
+    async def main() -> list[ClaimedResponse] | BaseException:
+        client = _client(dispatcher, WrapperTelemetry(telemetry))
+        batcher = CompletionBatcher(client, parallel=1, enabled=True)
+        loop = asyncio.get_running_loop()
+        along = ClaimAlong(QUEUE, "w-along", 2, loop.create_future())
+        wanted = [along]  # the loop wants one claim: the first call asking takes it
+
+        def claim_along() -> ClaimAlong | None:
+            return wanted.pop() if wanted else None
+
+        batcher.claim_along = claim_along
+        until = loop.time() + 20
+        try:
+            bodies = [_completion(lease, **completion) for lease in leases]
+            answers = await asyncio.gather(*(batcher.complete(b, until=until) for b in bodies))
+            assert all(isinstance(a, CompleteResponse) for a in answers), answers
+        finally:
+            await client.aclose()
+        assert along.answer.done()
+        return along.answer.exception() or along.answer.result()
+
+    return asyncio.run(main()), queued, telemetry
+
+
+def test_a_completion_call_takes_the_loops_claim_along(dispatcher: Dispatcher) -> None:
+    claimed, queued, telemetry = _claims_along(dispatcher)
+    assert isinstance(claimed, list)
+    assert [str(each.task.task_id) for each in claimed] == queued[:2]
+    assert [dispatcher.get(t)["status"] for t in queued] == ["Running"] * 2 + ["Queued"]
+    text = telemetry.prometheus_text()
+    assert value(text, "taskplat_dispatcher_calls_total", route=COMPLETE_BATCH) == 1
+    assert value(text, "taskplat_dispatcher_calls_total", route=CLAIM_NEXT) == 0
+
+
+def test_a_combined_call_refused_whole_claims_nothing_and_completes_as_before(
+    dispatcher: Dispatcher,
+) -> None:
+    # Each result is under the result cap, the five together over the 1 MiB body cap (413).
+    claimed, queued, telemetry = _claims_along(dispatcher, result={"pad": "x" * 240_000})
+    assert isinstance(claimed, DispatcherProtocolError) and claimed.status_code == 413
+    assert [dispatcher.get(t)["status"] for t in queued] == ["Queued"] * 3
+    text = telemetry.prometheus_text()
+    assert value(text, "taskplat_dispatcher_calls_total", route=COMPLETE_BATCH, status="413") >= 1
+    assert value(text, "taskplat_dispatcher_calls_total", route=COMPLETE, status="200") == 5
 
 
 def test_a_claim_group_claims_once_every_delivery_asked_or_withdrew(
@@ -435,7 +497,8 @@ def test_under_a_backlog_the_claim_goes_along_with_the_completions(
     dispatcher: Dispatcher, queue: Queue, operators_file: Path
 ) -> None:
     """Without claims along, a claim-next goes out for about every completion call under a
-    backlog (0.8 of them measured); with them most claims ride on the completion calls."""
+    backlog (16 for 19 measured with the setting off); with them most claims ride on the
+    completion calls."""
     claim_next, complete_batch = _drain_backlog(dispatcher, queue, operators_file, 80)
     assert complete_batch >= 5
     assert claim_next <= complete_batch / 2, (claim_next, complete_batch)
