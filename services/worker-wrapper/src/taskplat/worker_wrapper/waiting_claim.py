@@ -151,8 +151,8 @@ class WaitingClaimLoop:
                 timeout = min(timeout, poll.delay())
             if receive is None and receive_at > loop.time():
                 timeout = min(timeout, receive_at - loop.time())
-            if self._along_until:
-                timeout = max(0.0, min(timeout, self._along_until - loop.time()))
+            if self._along_until > loop.time():  # then the loop makes its own claim
+                timeout = min(timeout, self._along_until - loop.time())
             try:
                 done, _ = await asyncio.wait(
                     waits | {freed, answered}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
