@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import psycopg
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -38,31 +39,32 @@ from taskplat.common.logging import get_logger
 
 
 class Waiter:
-    """One waiting claim of one queue; woken at most once per `arm`."""
+    """One waiting claim of one queue; woken at most once per `arm`.
+
+    A plain future, not an `asyncio.Event`: a wake resumes the waiting claim one event-loop turn
+    sooner (an Event's `wait()` is a task of its own between the two)."""
 
     def __init__(self, queue: str) -> None:
         self.queue = queue
-        self._woken = asyncio.Event()
+        self._woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def wake(self) -> bool:
         """Wake it; False when it was already woken (the wake-up goes to another)."""
-        if self._woken.is_set():
+        if self._woken.done():
             return False
-        self._woken.set()
+        self._woken.set_result(None)
         return True
 
     async def wait(self, timeout: float, gone: asyncio.Future[object] | None) -> bool:
         """Up to `timeout` seconds for a wake-up (or the client going away); True when woken."""
-        woken: asyncio.Future[object] = asyncio.ensure_future(self._woken.wait())
-        waits = {woken}
-        if gone is not None:
-            waits.add(gone)
-        try:
+        woken = self._woken
+        if not woken.done():
+            waits: set[asyncio.Future[Any]] = {woken}
+            if gone is not None:
+                waits.add(gone)
             await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            woken.cancel()
-        was_woken = self._woken.is_set()
-        self._woken.clear()
+        was_woken = woken.done()
+        self._woken = asyncio.get_running_loop().create_future()
         return was_woken
 
 
