@@ -2,7 +2,9 @@
 
 A worker with free slots keeps one such claim open. A new task of its queue is then claimed for
 it as soon as the create commits: the create NOTIFYs `taskplat_queued` (payload: the queue), this
-dispatcher hears it and the waiting claim runs again, with no SQS message in between. It hears
+dispatcher hears it and the waiting claim runs again, with no SQS message in between. A create
+on the dispatcher where a waiting claim of its queue waits sends no such NOTIFY: the dispatcher
+wakes its own waiting claim once the create committed (one hop less). It hears
 the relay's channel too, `taskplat_outbox` (payload: the queue), which every other transition
 into Queued NOTIFYs (a retry, a scheduled task come due, a replay, a routed event's task): a
 waiting claim takes those tasks as well (their wake-ups are sent, then answered NotClaimed).
@@ -13,6 +15,10 @@ Invariants:
     waiting claim claims once more then). A waiting claim holds no database connection.
   * A waiter is registered before its first claim, so a NOTIFY heard during that claim is not
     lost: the waiter claims again.
+  * A create that found one of this dispatcher's waiters of its queue waiting (`waits_here`)
+    wakes it after its commit instead of NOTIFYing (`wake`, as a notification would); if that
+    waiter went away meanwhile and no other of the queue waits, the create's wake-up, held for
+    waiting claims, goes out through SQS when its hold ends (as after a lost NOTIFY).
   * Each notification wakes one waiter of its queue, the longest waiting, not all of them (they
     would all claim, and all but one find nothing); a woken waiter whose claim came back full
     wakes the next (more tasks may be Queued). A notification that comes while every waiter of
@@ -133,6 +139,11 @@ class QueuedListener:
         if self._live[queue] > 0:  # its waiters are all claiming: one of them looks again
             self._missed.add(queue)
         return False
+
+    def waits_here(self, queue: str) -> bool:
+        """A waiting claim of `queue` waits now on this dispatcher (not claiming), and the
+        LISTEN connection is up (so the queue's wake-ups are being held for waiting claims)."""
+        return self.listening and bool(self._waiters.get(queue))
 
     def waiting(self, queue: str) -> int:
         """Waiting claims of `queue`, waiting or claiming."""
