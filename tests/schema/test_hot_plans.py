@@ -159,6 +159,7 @@ VALUES: dict[str, Value] = {
     "function_prefix": _const("taskplat-"),
     "outbox_id": lambda s: s.last_outbox_id,
     "polled_wakeup_delay_seconds": _const(1.0),
+    "notify_held": _const(True),  # false only while this dispatcher's own claim of the queue waits
 }
 # Parameter names whose type differs between single and batch statements.
 BATCH_VALUES: dict[str, Value] = {

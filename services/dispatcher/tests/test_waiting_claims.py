@@ -93,6 +93,35 @@ def test_a_waiting_claim_takes_a_task_created_while_it_waits(
     assert _waiting(dispatcher, "mine") == 0
 
 
+def test_a_create_wakes_a_waiting_claim_of_its_own_dispatcher_without_a_notify(
+    dispatcher: Dispatcher, db_url: str
+) -> None:
+    """The dispatcher where the claim waits wakes it itself once the create committed: the
+    create's held wake-up NOTIFYs no one (a create with no claim waiting still does)."""
+    _until_listening(dispatcher, db_url)
+    with (
+        psycopg.connect(db_url, autocommit=True) as listener,
+        _client(dispatcher) as client,
+        ThreadPoolExecutor(max_workers=1) as pool,
+    ):
+        listener.execute("LISTEN taskplat_queued")
+        listener.execute("LISTEN taskplat_outbox")
+        poll: Future[list[JsonDict]] = pool.submit(_claim_next, client, "gamma", wait=30)
+        wait_for(lambda: _waiting(dispatcher, "gamma") == 1, timeout=DEADLINE, what="a waiter")
+        task_id = create_task(dispatcher, queue="gamma")["task_id"]
+        claimed = poll.result(timeout=DEADLINE)
+        create_task(dispatcher, queue="beta")  # nobody waits: NOTIFYs the relay
+        # Notifications come in commit order: once `beta`'s is here, `gamma`'s would have been.
+        received: list[tuple[str, str]] = []
+        for notify in listener.notifies(timeout=DEADLINE):
+            received.append((notify.channel, notify.payload))
+            if notify.payload == "beta":
+                break
+    assert [each["task"]["task_id"] for each in claimed] == [task_id]
+    assert _wakeups(db_url, task_id) == [(True, 2.0)]  # held: sent later only if still Queued
+    assert received == [("taskplat_outbox", "beta")]
+
+
 def test_a_waiting_claim_takes_a_queued_task_at_once_and_answers_none_after_its_wait(
     dispatcher: Dispatcher,
 ) -> None:

@@ -2,7 +2,9 @@
 
 A worker with free slots keeps one such claim open. A new task of its queue is then claimed for
 it as soon as the create commits: the create NOTIFYs `taskplat_queued` (payload: the queue), this
-dispatcher hears it and the waiting claim runs again, with no SQS message in between. It hears
+dispatcher hears it and the waiting claim runs again, with no SQS message in between. A create
+on the dispatcher where a waiting claim of its queue waits sends no such NOTIFY: the dispatcher
+wakes its own waiting claim once the create committed (one hop less). It hears
 the relay's channel too, `taskplat_outbox` (payload: the queue), which every other transition
 into Queued NOTIFYs (a retry, a scheduled task come due, a replay, a routed event's task): a
 waiting claim takes those tasks as well (their wake-ups are sent, then answered NotClaimed).
@@ -13,6 +15,10 @@ Invariants:
     waiting claim claims once more then). A waiting claim holds no database connection.
   * A waiter is registered before its first claim, so a NOTIFY heard during that claim is not
     lost: the waiter claims again.
+  * A create that found one of this dispatcher's waiters of its queue waiting (`waits_here`)
+    wakes it after its commit instead of NOTIFYing (`wake`, as a notification would); if that
+    waiter went away meanwhile and no other of the queue waits, the create's wake-up, held for
+    waiting claims, goes out through SQS when its hold ends (as after a lost NOTIFY).
   * Each notification wakes one waiter of its queue, the longest waiting, not all of them (they
     would all claim, and all but one find nothing); a woken waiter whose claim came back full
     wakes the next (more tasks may be Queued). A notification that comes while every waiter of
@@ -28,6 +34,7 @@ import asyncio
 import contextlib
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import psycopg
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -38,31 +45,32 @@ from taskplat.common.logging import get_logger
 
 
 class Waiter:
-    """One waiting claim of one queue; woken at most once per `arm`."""
+    """One waiting claim of one queue; woken at most once per `arm`.
+
+    A plain future, not an `asyncio.Event`: a wake resumes the waiting claim one event-loop turn
+    sooner (an Event's `wait()` is a task of its own between the two)."""
 
     def __init__(self, queue: str) -> None:
         self.queue = queue
-        self._woken = asyncio.Event()
+        self._woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def wake(self) -> bool:
         """Wake it; False when it was already woken (the wake-up goes to another)."""
-        if self._woken.is_set():
+        if self._woken.done():
             return False
-        self._woken.set()
+        self._woken.set_result(None)
         return True
 
     async def wait(self, timeout: float, gone: asyncio.Future[object] | None) -> bool:
         """Up to `timeout` seconds for a wake-up (or the client going away); True when woken."""
-        woken: asyncio.Future[object] = asyncio.ensure_future(self._woken.wait())
-        waits = {woken}
-        if gone is not None:
-            waits.add(gone)
-        try:
+        woken = self._woken
+        if not woken.done():
+            waits: set[asyncio.Future[Any]] = {woken}
+            if gone is not None:
+                waits.add(gone)
             await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            woken.cancel()
-        was_woken = self._woken.is_set()
-        self._woken.clear()
+        was_woken = woken.done()
+        self._woken = asyncio.get_running_loop().create_future()
         return was_woken
 
 
@@ -131,6 +139,11 @@ class QueuedListener:
         if self._live[queue] > 0:  # its waiters are all claiming: one of them looks again
             self._missed.add(queue)
         return False
+
+    def waits_here(self, queue: str) -> bool:
+        """A waiting claim of `queue` waits now on this dispatcher (not claiming), and the
+        LISTEN connection is up (so the queue's wake-ups are being held for waiting claims)."""
+        return self.listening and bool(self._waiters.get(queue))
 
     def waiting(self, queue: str) -> int:
         """Waiting claims of `queue`, waiting or claiming."""

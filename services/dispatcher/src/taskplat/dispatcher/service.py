@@ -101,6 +101,7 @@ class TaskService:
         self._claims = Claims(pool, clock, settings, recorder, self.tokens, listener)
         self._completions = Completions(pool, clock, settings, recorder, self._rand)
         self._registry = registry
+        self._listener = listener
         self._bulk = BulkCreate(pool, clock, settings, recorder, registry)
 
     # ---- public API ----------------------------------------------------------------------
@@ -110,11 +111,16 @@ class TaskService:
         check_times(request, ["body"])
         await self._registry.require([request.queue], ["body"])
         now = self._clock.sql_now()
+        listener = self._listener
+        # One of this dispatcher's waiting claims of the queue waits: wake it here after the
+        # commit rather than through a NOTIFY (see `claim_waits`).
+        wake_here = listener is not None and listener.waits_here(request.queue)
         params = {
             **task_values(request, self._settings),
             "now": now,
             "trace_context": repo.wakeup_trace_context(inject()),
             "polled_wakeup_delay_seconds": self._settings.polled_wakeup_delay_seconds,
+            "notify_held": not wake_here,
         }
         loc: list[str | int] = ["body", "inputs"]
         async with self._pool.connection() as conn:
@@ -135,6 +141,9 @@ class TaskService:
                 task_id, created = existing, False
             else:
                 task_id, created = row["task_id"], True
+                if wake_here and row["held"]:  # committed, and its held wake-up NOTIFYd no one
+                    assert listener is not None
+                    listener.wake(request.queue)
                 self._recorder.task_created(row)
             view = await repo.get_task(conn, task_id)
         assert view is not None

@@ -5,7 +5,9 @@ Invariants:
   * A pool has `pool_size` slots; a task takes a free slot (waiting for one counts against its
     deadline and yields to a stop), starting the slot's process if it has none or it died.
   * A task takes the most recently freed slot: an idle live process is always taken before a slot
-    without one, so a pool starts a process only when every started one is busy.
+    without one, so a pool starts a process only when every started one is busy. A free slot is
+    taken without yielding to the event loop, so a live process gets the task's line in the
+    same turn as the claim's answer, ahead of whatever else the answer started.
   * `warm()`, called before the wrapper takes work, starts the operator's `warm` processes
     (by default the whole pool) at once; one that fails to start leaves its slot to start on
     first use.
@@ -42,10 +44,11 @@ from taskplat.worker_wrapper.process import (
     OperatorProcess,
     describe_exit,
     dispose,
+    drain_input,
     kill_group,
+    offer_input,
     signal_group,
     wait_exit,
-    write_input,
 )
 from taskplat.worker_wrapper.protocol import (
     Answer,
@@ -91,20 +94,23 @@ class PooledRunner(OperatorProcesses):
         loop = asyncio.get_running_loop()
         if abort.is_set:
             return abort.stopped()
-        waited_from = loop.time()
-        take = asyncio.ensure_future(self._slots.get())
-        finish = await race(take, abort, deadline)
-        if finish != "done":
-            take.cancel()
-            if take.done() and not take.cancelled():
-                self._slots.put_nowait(take.result())
-            if finish == "stopped":
-                return abort.stopped()
-            return failure(
-                deadline_message(loop.time() - waited_from)
-                + " (no free process of the pooled operator)"
-            )
-        slot = take.result()
+        if not self._slots.empty():  # a free slot: take it now, the task's input goes out
+            slot = self._slots.get_nowait()  # before this event-loop turn ends
+        else:
+            waited_from = loop.time()
+            take = asyncio.ensure_future(self._slots.get())
+            finish = await race(take, abort, deadline)
+            if finish != "done":
+                take.cancel()
+                if take.done() and not take.cancelled():
+                    self._slots.put_nowait(take.result())
+                if finish == "stopped":
+                    return abort.stopped()
+                return failure(
+                    deadline_message(loop.time() - waited_from)
+                    + " (no free process of the pooled operator)"
+                )
+            slot = take.result()
         keep: OperatorProcess | None = None
         try:
             reused = slot is not None and slot.alive
@@ -116,14 +122,7 @@ class PooledRunner(OperatorProcesses):
                     slot = await self._start()
                 except OSError as exc:
                     return failure(f"cannot start operator {self._name!r}: {exc}")
-            get_logger().info(
-                "operator_started",
-                operator=self._name,
-                mode=self._spec.mode,
-                pid=slot.proc.pid,
-                reused=reused,
-            )
-            outcome, healthy = await self._serve(slot, task, deadline, forward, abort)
+            outcome, healthy = await self._serve(slot, task, deadline, forward, abort, reused)
             if healthy:
                 keep = slot
             else:
@@ -171,12 +170,21 @@ class PooledRunner(OperatorProcesses):
         deadline: float | None,
         forward: EventSink,
         abort: Abort,
+        reused: bool,
     ) -> tuple[RunOutcome, bool]:
         """Serve one task on `slot`; also say whether the process may serve the next one."""
         loop = asyncio.get_running_loop()
         started = loop.time()
         mark = slot.stderr.mark()
-        session = asyncio.ensure_future(self._session(slot, task, forward))
+        offered = offer_input(slot.proc, task.line())  # now, not when the session first runs
+        get_logger().info(
+            "operator_started",
+            operator=self._name,
+            mode=self._spec.mode,
+            pid=slot.proc.pid,
+            reused=reused,
+        )
+        session = asyncio.ensure_future(self._session(slot, offered, forward))
         try:
             finish = await race(session, abort, deadline)
             if finish != "done":
@@ -209,9 +217,9 @@ class PooledRunner(OperatorProcesses):
         finally:
             await cancel_and_wait(session)
 
-    async def _session(self, slot: OperatorProcess, task: TaskInput, forward: EventSink) -> Answer:
+    async def _session(self, slot: OperatorProcess, offered: bool, forward: EventSink) -> Answer:
         assert slot.proc.stdout is not None
-        if not await write_input(slot.proc, task.line(), close=False):
+        if not offered or not await drain_input(slot.proc, close=False):
             return EndOfOutput()
         return await read_answer(slot.proc.stdout, StdoutBudget(self._limits.stdout), forward)
 

@@ -277,15 +277,30 @@ async def start_operator(
     return OperatorProcess(proc, StderrTail(proc.stderr, stderr_tail_bytes))
 
 
-async def write_input(proc: Process, data: bytes, *, close: bool) -> bool:
-    """Write `data` to the operator's stdin; False when the operator closed it (or exited)."""
+def offer_input(proc: Process, data: bytes) -> bool:
+    """Hand `data` to the operator's stdin now (the pipe takes what fits at once, the rest is
+    buffered); False when the operator closed it (or exited)."""
     stdin = proc.stdin
-    if stdin is None:
-        return False
-    if stdin.is_closing():
+    if stdin is None or stdin.is_closing():
         return False
     try:
         stdin.write(data)
+    except (BrokenPipeError, ConnectionResetError):
+        return False
+    except RuntimeError:
+        if stdin.is_closing():  # uvloop: the pipe was closed under the write
+            return False
+        raise
+    return True
+
+
+async def drain_input(proc: Process, *, close: bool) -> bool:
+    """Wait until what was offered left the buffer (closing stdin after it with `close`); False
+    when the operator closed it (or exited)."""
+    stdin = proc.stdin
+    if stdin is None:
+        return False
+    try:
         await stdin.drain()
         if close:
             stdin.close()
@@ -296,3 +311,8 @@ async def write_input(proc: Process, data: bytes, *, close: bool) -> bool:
             return False
         raise
     return True
+
+
+async def write_input(proc: Process, data: bytes, *, close: bool) -> bool:
+    """Write `data` to the operator's stdin; False when the operator closed it (or exited)."""
+    return offer_input(proc, data) and await drain_input(proc, close=close)

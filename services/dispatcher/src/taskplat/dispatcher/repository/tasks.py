@@ -38,7 +38,8 @@ def wakeup_trace_context(trace_context: dict[str, str] | None) -> Jsonb | None:
 async def insert_task(conn: Conn, params: dict[str, Any]) -> Row | None:
     """Insert a task and, when it is Queued, its wake-up and the relay's NOTIFY, in one statement
     (`trace_context` as `wakeup_trace_context` gives it); None when its idempotency key already
-    exists and nothing was written. On an autocommit connection it is committed on return."""
+    exists and nothing was written. On an autocommit connection it is committed on return.
+    `notify_held` false: a held wake-up NOTIFYs no one (the row's `held` says it was held)."""
     return await _one(conn, "insert_task", params)
 
 

@@ -13,7 +13,9 @@
 -- its tasks (`queues.polled_until` ahead, migration 0016), the wake-up is written held, due
 -- %(polled_wakeup_delay_seconds)s later, and the NOTIFY goes to those waiting claims
 -- (`taskplat_queued`) instead of the relay (`taskplat_outbox`): the relay sends it then only if
--- the task is still Queued.
+-- the task is still Queued. With %(notify_held)s false (one of this dispatcher's own waiting
+-- claims of the queue waits: the caller wakes it after the commit) a held wake-up NOTIFYs no one;
+-- `held` says whether it was held.
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 inserted AS (
     INSERT INTO tasks (
@@ -53,7 +55,9 @@ wakeup AS (  -- taskplat_enqueue_wakeups (migration 0020): a Queued task's only
 SELECT i.task_id, i.status, i.queue, i.operator, i.attempt,
        (SELECT count(pg_notify(CASE WHEN w.held THEN 'taskplat_queued' ELSE 'taskplat_outbox' END,
                                w.queue))
-        FROM wakeup AS w) AS notified
+        FROM wakeup AS w
+        WHERE NOT w.held OR %(notify_held)s::boolean) AS notified,
+       coalesce((SELECT bool_or(w.held) FROM wakeup AS w), false) AS held
 FROM inserted AS i
 
 -- name: find_task_by_idempotency_key
