@@ -77,8 +77,14 @@ runtimes: runtime-deps ## Build the TypeScript (dist/) and Rust (bootstrap) oper
 	@cd libs/lambda-runtime-js && npm run --silent build
 	@cd libs/lambda-runtime-rs && cargo build --offline --bins
 
+.PHONY: bytecode
+bytecode: venv ## Compile the virtualenv's and the workspace's Python files once (the tests start hundreds of Python processes)
+	@# With PYTHONDONTWRITEBYTECODE set, each of those processes would compile its imports again.
+	@# Incremental; a file that does not compile only stays uncompiled (Python reports it on import).
+	@$(VENV)/bin/python -m compileall -qq -j 0 $(VENV)/lib $(wildcard libs/*/src services/*/src tools/*/src) || true
+
 .PHONY: test
-test: venv sqs-deps check-packages browser-deps runtime-deps ## Run every test (starts its own Postgres, SQS endpoint and a headless Chromium; builds and tests the three operator runtimes)
+test: venv bytecode sqs-deps check-packages browser-deps runtime-deps ## Run every test (starts its own Postgres, SQS endpoint and a headless Chromium; builds and tests the three operator runtimes)
 	@$(RUN) pytest $(PYTEST_ARGS)
 
 .PHONY: check-packages
@@ -86,11 +92,11 @@ check-packages: $(UV) ## Import each package with only its declared dependencies
 	@$(PYTHON) scripts/check_packages.py $(UV) .cache/package-envs
 
 .PHONY: test-fast
-test-fast: venv sqs-deps browser-deps runtime-deps ## Run the unit and integration tests, not the end-to-end suite
+test-fast: venv bytecode sqs-deps browser-deps runtime-deps ## Run the unit and integration tests, not the end-to-end suite
 	@$(RUN) pytest -m "not e2e" $(PYTEST_ARGS)
 
 .PHONY: test-e2e
-test-e2e: venv sqs-deps runtime-deps ## Run the end-to-end suite only (every service as a real process)
+test-e2e: venv bytecode sqs-deps runtime-deps ## Run the end-to-end suite only (every service as a real process)
 	@$(RUN) pytest -m e2e $(PYTEST_ARGS)
 
 .PHONY: lint

@@ -16,7 +16,7 @@ import pytest
 
 from taskplat.testkit.testdb import TemplateDatabases
 
-pytest_plugins = ["taskplat.testkit.fixtures"]
+pytest_plugins = ["taskplat.testkit.fixtures", "taskplat.testkit.prebuild"]
 
 
 @pytest.fixture(scope="session")

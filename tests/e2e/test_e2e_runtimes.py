@@ -28,7 +28,11 @@ from taskplat.testkit.runtime_builds import (
 )
 
 # The module fixture builds the runtimes (a first Rust build is slow on a small machine).
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(BUILD_TIMEOUT)]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.timeout(BUILD_TIMEOUT),
+    pytest.mark.prebuild("rust-runtime", "js-runtime"),
+]
 
 CURSORS = [11, 12, 13]
 

@@ -35,7 +35,10 @@ from taskplat.testkit.runtime_builds import (
 )
 
 # The first test to use a runtime builds it (a first Rust build is slow on a small machine).
-pytestmark = pytest.mark.timeout(BUILD_TIMEOUT)
+pytestmark = [
+    pytest.mark.timeout(BUILD_TIMEOUT),
+    pytest.mark.prebuild("rust-runtime", "js-runtime"),
+]
 
 FIXTURES = sorted((Path(__file__).parent / "contract").glob("*.json"))
 RUNTIMES = ("python", "javascript", "rust")

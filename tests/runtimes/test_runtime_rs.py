@@ -14,7 +14,7 @@ from taskplat.testkit.dispatcher_harness import API_KEY, WORKER_TOKEN, Dispatche
 from taskplat.testkit.runtime_builds import BUILD_TIMEOUT, RustRuntime
 
 # The first test to use a runtime builds it (a first Rust build is slow on a small machine).
-pytestmark = pytest.mark.timeout(BUILD_TIMEOUT)
+pytestmark = [pytest.mark.timeout(BUILD_TIMEOUT), pytest.mark.prebuild("rust-runtime")]
 
 KEYS = {"k1": "attempt-signing-key-of-the-runtime-tests-0123"}
 

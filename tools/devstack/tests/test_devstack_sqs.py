@@ -79,9 +79,14 @@ def test_local_sqs_send_receive_delete(tmp_path: Path) -> None:
     sqs.stop()  # idempotent
 
 
+@pytest.mark.prebuild("moto-venv")
 def test_falls_back_to_moto_when_localstack_cannot_be_installed(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    moto_venv_python: Path,
 ) -> None:
+    # moto_venv_python: the venv the fallback starts moto from, built in the background.
     def broken_install(cache_dir: Path | None = None, *, uv: str | None = None) -> Path:
         raise DevstackError("simulated: LocalStack cannot be installed")
 

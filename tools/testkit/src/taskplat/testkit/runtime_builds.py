@@ -2,22 +2,25 @@
 
 Invariants: builds run the packages' own commands (`npm ci`, `npm run build`, `cargo build
 --offline`) in their directories, never a download of a toolchain, and each at most once per test
-process (a successful build is cached); a missing toolchain skips the caller (fails it with
-CI=true) with a one-line reason. A first Rust build takes a minute or two on a small machine:
-callers' tests allow `BUILD_TIMEOUT` seconds.
+process (its outcome is kept); a missing toolchain skips the caller (fails it with CI=true) with a
+one-line reason. The builds are the preparations "js-runtime" and "rust-runtime" of
+`taskplat.testkit.prebuild`: a test marked ``@pytest.mark.prebuild("rust-runtime")`` has the
+build started in the background when the session begins, and `build_rust()` waits for it. A first
+Rust build takes a minute or two on a small machine: callers' tests allow `BUILD_TIMEOUT` seconds.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, cast
 
 import pytest
+
+from taskplat.testkit import prebuild
 
 ROOT = Path(__file__).resolve().parents[5]  # the repository, above tools/testkit/src/taskplat/
 JS_DIR = ROOT / "libs" / "lambda-runtime-js"
@@ -50,15 +53,20 @@ def missing(reason: str) -> NoReturn:
 
 
 def run(argv: list[str], cwd: Path, what: str, timeout: float = 600) -> None:
-    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    if done.returncode != 0:
-        pytest.fail(
-            f"{what} failed ({done.returncode}):\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
-        )
+    prebuild.run(argv, cwd, what, timeout)
 
 
-@functools.cache
 def build_js() -> JsRuntime:
+    """The built TypeScript runtime (waits for the background build when one was started)."""
+    return cast(JsRuntime, prebuild.result("js-runtime", BUILD_TIMEOUT))
+
+
+def build_rust() -> RustRuntime:
+    """The built Rust runtime (waits for the background build when one was started)."""
+    return cast(RustRuntime, prebuild.result("rust-runtime", BUILD_TIMEOUT))
+
+
+def _build_js() -> JsRuntime:
     node, npm = shutil.which("node"), shutil.which("npm")
     if node is None or npm is None:
         missing("node and npm are not installed: the JavaScript runtime is not tested")
@@ -71,8 +79,7 @@ def build_js() -> JsRuntime:
     return JsRuntime(node, npm, JS_DIR, JS_DIR / "examples" / "operator.mjs")
 
 
-@functools.cache
-def build_rust() -> RustRuntime:
+def _build_rust() -> RustRuntime:
     cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
     if not Path(cargo).exists():
         missing("cargo is not installed: the Rust runtime is not tested")
@@ -88,3 +95,8 @@ def build_rust() -> RustRuntime:
         timeout=BUILD_TIMEOUT,
     )
     return RustRuntime(cargo, RS_DIR, RS_DIR / "target" / "debug" / "bootstrap")
+
+
+# The Rust build first: it is the long one.
+prebuild.register("rust-runtime", _build_rust)
+prebuild.register("js-runtime", _build_js)
