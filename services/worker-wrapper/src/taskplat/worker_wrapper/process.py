@@ -277,6 +277,13 @@ async def start_operator(
     return OperatorProcess(proc, StderrTail(proc.stderr, stderr_tail_bytes))
 
 
+def _closed_under(stdin: asyncio.StreamWriter, exc: Exception) -> bool:
+    """Whether `exc`, raised writing to `stdin`, means the operator closed the pipe (or exited)."""
+    if isinstance(exc, BrokenPipeError | ConnectionResetError):
+        return True
+    return isinstance(exc, RuntimeError) and stdin.is_closing()  # uvloop: closed under the write
+
+
 def offer_input(proc: Process, data: bytes) -> bool:
     """Hand `data` to the operator's stdin now (the pipe takes what fits at once, the rest is
     buffered); False when the operator closed it (or exited)."""
@@ -285,10 +292,8 @@ def offer_input(proc: Process, data: bytes) -> bool:
         return False
     try:
         stdin.write(data)
-    except (BrokenPipeError, ConnectionResetError):
-        return False
-    except RuntimeError:
-        if stdin.is_closing():  # uvloop: the pipe was closed under the write
+    except (OSError, RuntimeError) as exc:
+        if _closed_under(stdin, exc):
             return False
         raise
     return True
@@ -304,10 +309,8 @@ async def drain_input(proc: Process, *, close: bool) -> bool:
         await stdin.drain()
         if close:
             stdin.close()
-    except (BrokenPipeError, ConnectionResetError):
-        return False
-    except RuntimeError:
-        if stdin.is_closing():  # uvloop: the pipe was closed under the write
+    except (OSError, RuntimeError) as exc:
+        if _closed_under(stdin, exc):
             return False
         raise
     return True
