@@ -37,6 +37,10 @@ class _Replica(BaseHTTPRequestHandler):
             }
         elif self.path == "/internal/task-claim-next":
             answer = {"claimed": [_claimed(body["queue"], 2)]}
+        elif self.path == "/internal/task-complete-batch":
+            answer = {"results": []}
+            if body.get("claim_next") is not None:
+                answer["claimed"] = [_claimed(body["claim_next"]["queue"], 3)]
         else:
             answer = {"replica": self.server.server_address[1], "echo": body}
         data = json.dumps(answer).encode()
@@ -93,10 +97,17 @@ def test_claims_are_recorded_by_how_they_were_made(replicas: list[str]) -> None:
         client.post("/internal/task-claim-batch", json={"task_ids": ["b", "c"], "worker_id": "w"})
         client.post("/internal/task-claim-next", json={"queue": "d", "max": 1, "wait_seconds": 5})
         client.post("/internal/task-claim-next", json={"queue": "e", "max": 1})
+        client.post("/internal/task-complete-batch", json={"completions": []})
+        client.post(
+            "/internal/task-complete-batch",
+            json={"completions": [], "claim_next": {"queue": "f", "max": 1}},
+        )
         claims = balancer.claims
     assert claims == {
         ("a", 1): "sqs",
         ("b", 1): "sqs",
         ("d", 2): "waiting_claim",
         ("e", 2): "claim_ahead",
+        ("f", 3): "claim_ahead",  # along with completions
     }
+    assert "unparsed_claim_answers" not in balancer.counts

@@ -11,8 +11,9 @@ It also records, from the answers it forwards, how each attempt was claimed:
   received from SQS;
 - `waiting_claim`: `POST /internal/task-claim-next` with `wait_seconds > 0` (a wrapper's waiting
   claim);
-- `claim_ahead`: `POST /internal/task-claim-next` without a wait (a wrapper claiming ahead under a
-  backlog).
+- `claim_ahead`: `POST /internal/task-claim-next` without a wait, or the `claimed` of a
+  `POST /internal/task-complete-batch` that carried a `claim_next` (a wrapper claiming ahead
+  under a backlog, alone or along with its completions).
 Only a wrapper that got the claim answer can complete the attempt, and every answer passes
 through here, so every completed attempt's source is known.
 
@@ -58,7 +59,9 @@ _CLAIM_ROUTES = {
     "/internal/task-claim": "sqs",
     "/internal/task-claim-batch": "sqs",
     "/internal/task-claim-next": "claim_next",
+    "/internal/task-complete-batch": "claim_ahead",  # its `claimed`, when it carried a claim_next
 }
+_COMPLETE_BATCH = "/internal/task-complete-batch"
 _UPSTREAM_TIMEOUT_SECONDS = 90.0  # above the longest waiting claim
 ClaimSource = str  # "sqs", "waiting_claim" or "claim_ahead"
 
@@ -214,6 +217,8 @@ class DispatcherBalancer:
             if source == "claim_next":
                 wait = float((json.loads(request_body) or {}).get("wait_seconds") or 0)
                 source = "waiting_claim" if wait > 0 else "claim_ahead"
+            if path == _COMPLETE_BATCH and "claimed" not in answer:
+                return  # completions alone: nothing claimed
             claimed = answer.get("claimed") if "claimed" in answer else [answer]
             pairs = [
                 (str(item["task"]["task_id"]), int(item["attempt"]))
