@@ -5,6 +5,7 @@ slot; a chatty or greedy token answers 429."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -178,8 +179,8 @@ def test_429_past_the_rate_and_the_running_queries_of_a_token(
         results: list[httpx.Response] = []
         running = threading.Thread(target=lambda: results.append(ask(service, token, SLOW)))
         running.start()
-        service_state = service.get("/metrics")
-        assert service_state.status_code == 200
+        # Asked before the slow query was admitted, a fast one would run and use up the rate.
+        wait_for(lambda: _engines(service) >= 1, timeout=10, what="the slow query admitted")
 
         def busy() -> bool:
             answer = ask(service, token, "SELECT 1")
@@ -200,6 +201,13 @@ def test_429_past_the_rate_and_the_running_queries_of_a_token(
         refused = ask(service, token, "SELECT 1")
         assert refused.status_code == 429 and refused.json()["error"] == "rate_limited"
         assert int(refused.headers["Retry-After"]) >= 1
+
+
+def _engines(service: httpx.Client) -> int:
+    """`taskplat_query_engines_opened`: queries admitted past the guard so far."""
+    text = service.get("/metrics").text
+    found = re.search(r"^taskplat_query_engines_opened_total (\d+(\.\d+)?)$", text, re.M)
+    return int(float(found.group(1))) if found else 0
 
 
 def test_health_metrics_and_document(
