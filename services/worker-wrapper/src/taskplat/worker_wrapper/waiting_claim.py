@@ -145,7 +145,10 @@ class WaitingClaimLoop:
             waits: set[asyncio.Future[Any]] = {stop_wait}
             waits.update(each for each in (receive, poll.future) if each is not None)
             freed = asyncio.ensure_future(slots.freed.wait())
-            answered = asyncio.ensure_future(self._answered.wait())  # a claim made along
+            wakes = {freed}
+            if self._backlog and self._completions.claim_along is not None:
+                # Only under a backlog can a claim go along (`_claim_along`) during this wait.
+                wakes.add(asyncio.ensure_future(self._answered.wait()))
             timeout = slots.busy_tick
             if poll.future is None and poll.delay():
                 timeout = min(timeout, poll.delay())
@@ -155,11 +158,11 @@ class WaitingClaimLoop:
                 timeout = min(timeout, self._along_until - loop.time())
             try:
                 done, _ = await asyncio.wait(
-                    waits | {freed, answered}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                    waits | wakes, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
                 )
             finally:
-                freed.cancel()
-                answered.cancel()
+                for each in wakes:
+                    each.cancel()
             if not done and saturated:
                 self.health.polled()  # saturated, yet the loop turns: that is progress
             if stop_wait.done():
