@@ -60,6 +60,9 @@ TEST_ENV: Mapping[str, str] = {
     "TASKPLAT_WORKER_CONCURRENCY": "4",
     "TASKPLAT_WORKER_OPERATORS_FILE": str(OPERATORS_FILE),
     "TASKPLAT_WORKER_WAIT_TIME_SECONDS": "1",
+    # A stopping wrapper waits for its open waiting claim (never cancelled: what it claims is
+    # leased to it), so the default 10 s wait made every stack's stop take ~10 s.
+    "TASKPLAT_WORKER_POLL_WAIT_SECONDS": "1",
     "TASKPLAT_WORKER_VISIBILITY_TIMEOUT_SECONDS": "10",
     "TASKPLAT_WORKER_VISIBILITY_EXTENSION_SECONDS": "3",
     "TASKPLAT_WORKER_DRAIN_TIMEOUT_SECONDS": "1",

@@ -160,6 +160,15 @@ def test_one_trace_links_the_dispatcher_the_relay_and_the_worker(
     trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
     worker = stack.stack.add_worker("woken", env={"TASKPLAT_WORKER_POLL_DISPATCHER": "false"})
     try:
+        # Only once it takes work: a wrapper slower to start than the scheduler's requeue (3 s,
+        # seen on a busy machine) would claim the task from the republished wake-up's trace.
+        log = stack.stack.log_dir / f"{worker}.log"
+        wait_for(
+            lambda: "worker_wrapper_started" in log.read_text(errors="replace"),
+            timeout=60,
+            what=f"{worker} to start",
+            interval=0.1,
+        )
         _traced_task(stack, trace_id, "woken")
     finally:
         stack.stack.remove(worker)

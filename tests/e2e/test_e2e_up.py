@@ -46,6 +46,10 @@ class Up:
 def _env(port: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "SQS_ENDPOINT_URL")}
     env.update(TASKPLAT_DISPATCHER_PORT=str(port), TASKPLAT_WORKERS="1")
+    # The stopping wrapper waits for its open waiting claim and its SQS receive in flight:
+    # short ones keep the stop quick.
+    env["TASKPLAT_WORKER_POLL_WAIT_SECONDS"] = "1"
+    env["TASKPLAT_WORKER_WAIT_TIME_SECONDS"] = "1"
     return env
 
 

@@ -144,7 +144,8 @@ def test_a_quick_bench_writes_every_figure(tmp_path: Path) -> None:
         "5",
         # One stack for everything: its lease TTL is W3's; short polls for a quick stop.
         "--variant",
-        f"smoke={LEASE_TTL}=3,TASKPLAT_WORKER_WAIT_TIME_SECONDS=1",
+        f"smoke={LEASE_TTL}=3,TASKPLAT_WORKER_WAIT_TIME_SECONDS=1,"
+        "TASKPLAT_WORKER_POLL_WAIT_SECONDS=1",
     ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]

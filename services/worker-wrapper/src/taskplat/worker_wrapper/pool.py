@@ -17,7 +17,7 @@ Invariants:
   * A process that crashed, was killed (deadline, stop) or broke the protocol (flood, malformed
     line, stdout closed) is retired (its group killed) and its slot restarts on next use; a
     process that answered, whatever the status, is kept.
-  * `close()` kills every process of the pool.
+  * `close()` kills every process of the pool, all at once (a stop waits one kill grace).
   * Each process start is counted; each task handed to a process is logged (`operator_started`,
     with `reused`); kills are counted and logged with their reason; a process that died or
     closed stdout before answering (also while idle) is counted as a crash.
@@ -224,8 +224,9 @@ class PooledRunner(OperatorProcesses):
         return await read_answer(slot.proc.stdout, StdoutBudget(self._limits.stdout), forward)
 
     async def close(self) -> None:
-        for slot in list(self._live):
-            await self._retire(slot)
+        # All at once: one after the other, a pool whose processes wait out the kill grace
+        # would take `pool_size` graces to stop.
+        await asyncio.gather(*(self._retire(slot) for slot in list(self._live)))
 
 
 def build_runners(

@@ -166,8 +166,7 @@ class WorkerWrapper:
         await release_deliveries(self.intake, receive.result())
 
     async def aclose(self) -> None:
-        for runner in self.runners.values():
-            await runner.close()
+        await asyncio.gather(*(runner.close() for runner in self.runners.values()))
         await self.executor.client.aclose()
         self.intake.close()
 

@@ -93,6 +93,9 @@ STACK_ENV: dict[str, str] = {
     "TASKPLAT_WORKER_DRAIN_TIMEOUT_SECONDS": "3",
     "TASKPLAT_WORKER_KILL_GRACE_SECONDS": "1",
     "TASKPLAT_WORKER_SHUTDOWN_REPORT_TIMEOUT_SECONDS": "3",
+    # A stopping wrapper waits for its open waiting claim: as short as the SQS long poll, so the
+    # final stop does not wait the default 10 s for it.
+    "TASKPLAT_WORKER_POLL_WAIT_SECONDS": "2",
 }
 OPERATORS_YAML = """\
 # Written by `make chaos`: the operator that records each run in its own file.

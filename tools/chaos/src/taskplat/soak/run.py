@@ -57,6 +57,9 @@ STACK_ENV: dict[str, str] = {
     "TASKPLAT_WORKER_DRAIN_TIMEOUT_SECONDS": "5",
     "TASKPLAT_WORKER_KILL_GRACE_SECONDS": "1",
     "TASKPLAT_WORKER_SHUTDOWN_REPORT_TIMEOUT_SECONDS": "5",
+    # A stopping wrapper waits for its open waiting claim: no longer than the SQS long poll (5 s
+    # in development) rather than the default 10 s.
+    "TASKPLAT_WORKER_POLL_WAIT_SECONDS": "5",
 }
 
 
