@@ -15,10 +15,11 @@ Invariants:
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import datetime
 from typing import Any
 
-from taskplat.common.logging import get_logger
+from taskplat.common.logging import get_logger, info_lines
 from taskplat.common.telemetry import Telemetry
 
 Row = dict[str, Any]
@@ -94,6 +95,14 @@ class Recorder:
     def task_created(self, row: Row) -> None:
         self._created.add(1, {"queue": row["queue"], "operator": row["operator"]})
         get_logger().info("task_created", status=row["status"], **_task_fields(row))
+
+    def tasks_created(self, rows: list[Row]) -> None:
+        """`task_created` for each row of a bulk create: the counts added once per label set,
+        the lines written together (`info_lines`), the same lines as one call per row."""
+        counts = Counter((row["queue"], row["operator"]) for row in rows)
+        for (queue, operator), count in counts.items():
+            self._created.add(count, {"queue": queue, "operator": operator})
+        info_lines("task_created", [{"status": row["status"], **_task_fields(row)} for row in rows])
 
     def task_canceled(self, row: Row, *, by: str = "api") -> None:
         self._canceled.add(1, {"queue": row["queue"], "operator": row["operator"]})
