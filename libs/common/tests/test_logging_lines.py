@@ -18,7 +18,13 @@ from typing import Any
 import pytest
 import structlog
 
-from taskplat.common.logging import configure_logging, get_logger, info_lines, mask_secrets
+from taskplat.common.logging import (
+    configure_logging,
+    get_logger,
+    info_events,
+    info_lines,
+    mask_secrets,
+)
 
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 
@@ -112,7 +118,7 @@ def _written(monkeypatch: pytest.MonkeyPatch, log: Any) -> list[dict[str, Any]]:
     return [json.loads(line) for line in buffer.getvalue().splitlines()]
 
 
-def test_info_lines_writes_the_lines_of_one_call_per_line(
+def test_info_events_writes_the_lines_of_one_call_per_line(
     configured: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fields: list[dict[str, Any]] = [
@@ -121,12 +127,14 @@ def test_info_lines_writes_the_lines_of_one_call_per_line(
         {"task_id": "t-3", "secret_value": "s", "level": "mine", "task": uuid.UUID(int=3)},
     ]
 
+    events = ["task_created", "task_claimed", "task_created"]
+
     def one_by_one() -> None:
-        for each in fields:
-            get_logger().info("task_created", **each)
+        for event, each in zip(events, fields, strict=True):
+            get_logger().info(event, **each)
 
     def together() -> None:
-        info_lines("task_created", fields)
+        info_events(zip(events, fields, strict=True))
 
     each, batched = _written(monkeypatch, one_by_one), _written(monkeypatch, together)
     for line in (*each, *batched):

@@ -154,8 +154,13 @@ def get_logger(name: str | None = None) -> Any:
 
 
 def info_lines(event: str, lines: Iterable[Mapping[str, Any]]) -> None:
-    """One INFO line of `event` per mapping of fields: the lines `get_logger().info(event,
-    **fields)` writes for each, in order.
+    """One INFO line of `event` per mapping of fields (`info_events` with one event)."""
+    info_events((event, fields) for fields in lines)
+
+
+def info_events(lines: Iterable[tuple[str, Mapping[str, Any]]]) -> None:
+    """One INFO line per (event, fields): the lines `get_logger().info(event, **fields)` writes
+    for each, in order.
 
     Under `configure_logging`'s JSON lines the bound context, level and timestamp are taken once
     for all the lines (they are logged at one moment, so they share the timestamp) and the lines
@@ -171,9 +176,9 @@ def info_lines(event: str, lines: Iterable[Mapping[str, Any]]) -> None:
         or tuple(structlog.get_config()["processors"]) != fast[0]  # capture_logs edits it
         or fast[1] > logging.INFO
         or not isinstance(output, structlog.PrintLogger)
-        or any("stack_info" in fields or "exc_info" in fields for fields in lines)
+        or any("stack_info" in fields or "exc_info" in fields for _, fields in lines)
     ):
-        for fields in lines:
+        for event, fields in lines:
             logger.info(event, **fields)
         return
     # What `prepare_event` adds after the fields: the context not given (the bound logger of
@@ -183,7 +188,7 @@ def info_lines(event: str, lines: Iterable[Mapping[str, Any]]) -> None:
     level = "info"
     timestamp = datetime.now(tz=UTC).isoformat().replace("+00:00", "Z")
     rendered: list[str] = []
-    for fields in lines:
+    for event, fields in lines:
         line = dict(fields)
         line["event"] = event
         for key, value in context.items():

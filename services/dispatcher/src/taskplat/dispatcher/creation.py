@@ -169,9 +169,9 @@ class BulkCreate:
                             wanted[position] = found
             self._recorder.tasks_created(rows)  # committed
             views = {row["task_id"]: task_view(_new_task_row(row)) for row in rows}
-            existing = [task_id for task_id in dict.fromkeys(wanted) if task_id not in views]
-            if existing:  # idempotency keys already taken: the tasks as they are now
-                for task_id, row in (await batch.get_tasks(conn, existing)).items():
+            earlier = [task_id for task_id in dict.fromkeys(wanted) if task_id not in views]
+            if earlier:  # idempotency keys already taken: the tasks as they are now
+                for task_id, row in (await batch.get_tasks(conn, earlier)).items():
                     views[task_id] = task_view(row)
         return [
             (views[task_id], each["task_id"] in inserted)
