@@ -18,7 +18,13 @@ from typing import Any
 import pytest
 import structlog
 
-from taskplat.common.logging import configure_logging, get_logger, mask_secrets
+from taskplat.common.logging import (
+    configure_logging,
+    get_logger,
+    info_events,
+    info_lines,
+    mask_secrets,
+)
 
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 
@@ -101,3 +107,49 @@ def test_get_logger_follows_a_reconfiguration(
     assert [json.loads(line)["event"] for line in first.getvalue().splitlines()] == ["one"]
     assert [json.loads(line)["event"] for line in second.getvalue().splitlines()] == ["two"]
     assert [entry["event"] for entry in captured] == ["three"]
+
+
+def _written(monkeypatch: pytest.MonkeyPatch, log: Any) -> list[dict[str, Any]]:
+    buffer = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", buffer)
+    configure_logging("logging-test", level="INFO", fmt="json")
+    structlog.contextvars.bind_contextvars(trace_id="t-9", queue="bound", api_key="k")
+    log()
+    return [json.loads(line) for line in buffer.getvalue().splitlines()]
+
+
+def test_info_events_writes_the_lines_of_one_call_per_line(
+    configured: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fields: list[dict[str, Any]] = [
+        {"status": "Queued", "task_id": "t-1", "attempt": 1, "queue": "a", "operator": "echo"},
+        {"status": "Scheduled", "task_id": "t-2", "attempt": 1, "queue": "b", "operator": "x"},
+        {"task_id": "t-3", "secret_value": "s", "level": "mine", "task": uuid.UUID(int=3)},
+    ]
+
+    events = ["task_created", "task_claimed", "task_created"]
+
+    def one_by_one() -> None:
+        for event, each in zip(events, fields, strict=True):
+            get_logger().info(event, **each)
+
+    def together() -> None:
+        info_events(zip(events, fields, strict=True))
+
+    each, batched = _written(monkeypatch, one_by_one), _written(monkeypatch, together)
+    for line in (*each, *batched):
+        assert TIMESTAMP.match(line.pop("timestamp")), line
+    assert batched == each
+    assert [list(line) for line in batched] == [list(line) for line in each]  # key order too
+    assert batched[0]["queue"] == "a" and batched[0]["trace_id"] == "t-9"
+    assert batched[2]["secret_value"] == "***" and batched[2]["api_key"] == "***"
+    assert batched[2]["level"] == "info"
+
+
+def test_info_lines_follows_another_configuration(configured: None) -> None:
+    with structlog.testing.capture_logs() as captured:
+        info_lines("task_created", [{"task_id": "t-1"}, {"task_id": "t-2"}])
+    assert [(entry["event"], entry["task_id"]) for entry in captured] == [
+        ("task_created", "t-1"),
+        ("task_created", "t-2"),
+    ]

@@ -8,7 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from taskplat.common.contracts import CreateTasksResponse
-from taskplat.testkit.dispatcher_calls import create_task, get_task
+from taskplat.testkit.dispatcher_calls import claimed, create_task, get_task
 from taskplat.testkit.dispatcher_harness import Dispatcher
 from taskplat.testkit.dispatcher_rows import outbox_rows, row_counts, task_row
 
@@ -71,6 +71,33 @@ def test_idempotency_keys_are_honoured_per_item(dispatcher: Dispatcher, db_url: 
     again = create_many(dispatcher, [{"operator": "echo", "idempotency_key": "new"}])
     assert again[0] == {"created": False, "task": results[1]["task"]}
     assert row_counts(db_url)["outbox"] == 3  # one wake-up per task created
+
+
+def test_the_answer_is_each_task_as_a_read_after_the_commit_shows_it(
+    dispatcher: Dispatcher,
+) -> None:
+    """A task the call created is answered from its insert (no attempts, no outputs yet); a task
+    whose key was taken is answered as it is now, its attempts included: each equal to the
+    GET that follows."""
+    existing = create_task(dispatcher, idempotency_key="taken", config={"was": "first"})
+    claimed(dispatcher, existing["task_id"], worker_id="worker-9")
+    results = create_many(
+        dispatcher,
+        [
+            {"operator": "echo", "idempotency_key": "taken", "config": {"was": "second"}},
+            {"operator": "echo", "idempotency_key": "fresh", "max_processing_attempts": 3},
+            {"operator": "echo", "idempotency_key": "fresh"},
+        ],
+    )
+    assert [r["created"] for r in results] == [False, True, False]
+    taken, fresh, repeat = (r["task"] for r in results)
+    assert taken == get_task(dispatcher, existing["task_id"])
+    assert taken["status"] == "Running" and taken["config"] == {"was": "first"}
+    assert [a["worker_id"] for a in taken["attempts"]] == ["worker-9"]
+    assert fresh == repeat == get_task(dispatcher, fresh["task_id"])
+    assert fresh["attempts"] == [] and fresh["outputs"] == []
+    assert fresh["counted_attempts"] == 1 and fresh["processing_attempts"] == 0
+    assert fresh["max_processing_attempts"] == 3 and fresh["idempotency_key"] == "fresh"
 
 
 def test_an_invalid_item_writes_nothing_and_is_named(dispatcher: Dispatcher, db_url: str) -> None:

@@ -137,3 +137,82 @@ def test_a_database_outage_logs_no_password(db_url: str, json_logs: io.StringIO)
     _assert_no_secret(text)
     events = {line["event"] for line in lines}
     assert {"database_unavailable", "metrics_refresh_failed"} <= events, events
+
+
+def test_a_bulk_create_logs_one_task_created_line_per_task_it_created(
+    db_url: str, json_logs: io.StringIO
+) -> None:
+    telemetry = Telemetry("dispatcher", span_exporter=InMemorySpanExporter())
+    try:
+        with serve_dispatcher(db_url, telemetry=telemetry) as dispatcher:
+            taken = create_task(dispatcher, queue="alpha", idempotency_key="taken")["task_id"]
+            response = dispatcher.api.post(
+                "/tasks/batch",
+                json={
+                    "tasks": [
+                        {"operator": "echo", "queue": "alpha"},
+                        {"operator": "echo", "queue": "alpha", "idempotency_key": "taken"},
+                        {
+                            "operator": "sleep",
+                            "queue": "beta",
+                            "scheduled_for": "2999-01-01T00:00:00Z",
+                        },
+                    ]
+                },
+                headers={"traceparent": TRACEPARENT},
+            )
+            assert response.status_code == 201, response.text
+    finally:
+        telemetry.shutdown()
+    results = response.json()["results"]
+    _, lines = _lines(json_logs)
+    created = [line for line in lines if line["event"] == "task_created"]
+    assert [line["task_id"] for line in created] == [
+        taken,
+        results[0]["task"]["task_id"],
+        results[2]["task"]["task_id"],
+    ]
+    first, scheduled = created[1:]
+    assert first["status"] == "Queued" and scheduled["status"] == "Scheduled"
+    assert (first["queue"], first["operator"], first["attempt"]) == ("alpha", "echo", 1)
+    assert (scheduled["queue"], scheduled["operator"]) == ("beta", "sleep")
+    for line in created[1:]:
+        assert line["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
+        assert line["service"] == "dispatcher" and line["level"] == "info"
+        assert "worker_id" not in line
+
+
+def test_a_completion_batch_with_claim_next_logs_a_line_per_completion_and_claim(
+    db_url: str, json_logs: io.StringIO
+) -> None:
+    with serve_dispatcher(db_url) as dispatcher:
+        done = [claimed(dispatcher, create_task(dispatcher, queue="q1")["task_id"], "w-1")]
+        done.append(claimed(dispatcher, create_task(dispatcher, queue="q1")["task_id"], "w-1"))
+        queued = [create_task(dispatcher, queue="q2")["task_id"] for _ in range(2)]
+        response = dispatcher.worker.post(
+            "/internal/task-complete-batch",
+            json={
+                "completions": [
+                    {**done[0].fence(), "status": "Completed"},
+                    {**done[1].fence(), "status": "Failed", "error_message": "boom"},
+                ],
+                "claim_next": {"worker_id": "w-2", "queue": "q2", "max": 4},
+            },
+        )
+        assert response.status_code == 200, response.text
+    _, lines = _lines(json_logs)
+    by_task = {
+        (line["event"], line["task_id"]): line
+        for line in lines
+        if line["event"] in ("task_completed", "task_failed", "task_claimed")
+    }
+    completed = by_task["task_completed", done[0].task_id]
+    assert completed["late"] is False and completed["worker_id"] == "w-1"
+    assert completed["run_time_seconds"] >= 0 and completed["queue"] == "q1"
+    failed = by_task["task_failed", done[1].task_id]
+    assert failed["reason"] == "Reported" and failed["next_retry_at"] is not None
+    for task_id in queued:
+        line = by_task["task_claimed", task_id]
+        assert line["worker_id"] == "w-2" and line["attempt"] == 1 and line["queue"] == "q2"
+        assert line["schedule_lag_seconds"] >= 0 and line["level"] == "info"
+        assert line["service"] == "dispatcher" and "timestamp" in line

@@ -7,7 +7,9 @@ that name a secret are masked before rendering, so a token or password never rea
 Cost: a few lines per task are logged at INFO on the hot paths, so structlog's line is built by one
 processor (`prepare_event`: context, level, timestamp, masking; the stack and exception renderers
 only for a line that carries `stack_info` or `exc_info`) and rendered by one prepared JSON encoder;
-the lines are the ones structlog's separate processors wrote, key for key.
+the lines are the ones structlog's separate processors wrote, key for key. `info_lines` writes
+many lines of one event (a bulk create's `task_created` per task) with the per-line work only:
+the same lines, the context, level and timestamp taken once for them all, one write.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import functools
 import json
 import logging
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -94,8 +96,10 @@ def configure_logging(service: str, *, level: str = "INFO", fmt: str = "json") -
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         mask_secrets,
     ]
+    global _json_lines
+    processors = [prepare_event, renderer]
     structlog.configure(
-        processors=[prepare_event, renderer],
+        processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(numeric_level),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
@@ -113,12 +117,16 @@ def configure_logging(service: str, *, level: str = "INFO", fmt: str = "json") -
             foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
         )
     )
+    _json_lines = (tuple(processors), numeric_level) if fmt != "console" else None
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(numeric_level)
     for noisy in ("botocore", "boto3", "urllib3", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(max(numeric_level, logging.WARNING))
 
+
+# The processors and level `configure_logging` set for JSON lines (None: console, or not set).
+_json_lines: tuple[tuple[Any, ...], int] | None = None
 
 _loggers: dict[str | None, Any] = {}
 _loggers_made_for: tuple[Any, ...] = ()
@@ -143,3 +151,53 @@ def get_logger(name: str | None = None) -> Any:
     if logger is None:
         logger = _loggers[name] = structlog.get_logger(name).bind()
     return logger
+
+
+def info_lines(event: str, lines: Iterable[Mapping[str, Any]]) -> None:
+    """One INFO line of `event` per mapping of fields (`info_events` with one event)."""
+    info_events((event, fields) for fields in lines)
+
+
+def info_events(lines: Iterable[tuple[str, Mapping[str, Any]]]) -> None:
+    """One INFO line per (event, fields): the lines `get_logger().info(event, **fields)` writes
+    for each, in order.
+
+    Under `configure_logging`'s JSON lines the bound context, level and timestamp are taken once
+    for all the lines (they are logged at one moment, so they share the timestamp) and the lines
+    go out in one write; under any other configuration (console lines, a test's `capture_logs`)
+    each line is logged on its own.
+    """
+    logger = get_logger()
+    output = getattr(logger, "_logger", None)
+    fast = _json_lines
+    lines = list(lines)
+    if (
+        fast is None
+        or tuple(structlog.get_config()["processors"]) != fast[0]  # capture_logs edits it
+        or fast[1] > logging.INFO
+        or not isinstance(output, structlog.PrintLogger)
+        or any("stack_info" in fields or "exc_info" in fields for _, fields in lines)
+    ):
+        for event, fields in lines:
+            logger.info(event, **fields)
+        return
+    # What `prepare_event` adds after the fields: the context not given (the bound logger of
+    # `get_logger` carries none of its own), then the level and the timestamp, set over any field
+    # of the same name.
+    context = structlog.contextvars.get_contextvars()
+    level = "info"
+    timestamp = datetime.now(tz=UTC).isoformat().replace("+00:00", "Z")
+    rendered: list[str] = []
+    for event, fields in lines:
+        line = dict(fields)
+        line["event"] = event
+        for key, value in context.items():
+            line.setdefault(key, value)
+        line["level"] = level
+        line["timestamp"] = timestamp
+        for key in line:
+            if _is_secret_key(key):
+                line[key] = _MASK
+        rendered.append(_JSON.encode(line))
+    if rendered:
+        output.msg("\n".join(rendered))

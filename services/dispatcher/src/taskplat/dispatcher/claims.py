@@ -189,8 +189,7 @@ class Claims:
         connection of the pool), record, issue the tokens."""
         if len(rows) >= max(limit, 2):
             await self._stamp_claimed_ahead(conn, queue)
-        for row in rows:
-            self._recorder.task_claimed(row)
+        self._recorder.tasks_claimed(rows)
         return [self._claimed(row) for row in rows]
 
     async def _claim_next_now(

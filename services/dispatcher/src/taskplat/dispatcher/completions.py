@@ -153,8 +153,7 @@ class Completions:
             if also is not None:
                 async with self._pool.connection() as conn, conn.transaction():
                     extra = await also(conn)
-        for item, outcome in settled:  # committed
-            self._record(item.request, outcome)
+        self._record_all(settled)  # committed
         return [results[index] for index in range(len(requests))], extra
 
     # ---- internals ----------------------------------------------------------------------
@@ -279,6 +278,19 @@ class Completions:
         if settled.row is not None:
             self._recorder.attempt_ended(settled.row, request.ended, late=settled.late)
             self._recorder.events_received(len(request.events))
+
+    def _record_all(self, settled: list[tuple[_Prepared, _Settled]]) -> None:
+        """`_record` for each settled completion of a batch, their lines written together."""
+        ended = [
+            (outcome.row, item.request.ended, outcome.late)
+            for item, outcome in settled
+            if outcome.row is not None
+        ]
+        self._recorder.attempts_ended(ended)
+        events = sum(
+            len(item.request.events) for item, outcome in settled if outcome.row is not None
+        )
+        self._recorder.events_received(events)
 
     def _rejected_result(self, request: CompleteRequest, exc: Rejected) -> CompleteBatchResult:
         with structlog.contextvars.bound_contextvars(

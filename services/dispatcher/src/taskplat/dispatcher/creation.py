@@ -10,8 +10,10 @@ Invariants:
     primary key grows at its right edge instead of touching a random page per insert.
   * A task of a job is pinned to the dataset versions its inputs name (the current one where an
     entry names none; `pins`); untrusted tasks are refused while no capability keys are set.
-  * Creations are recorded only after the transaction committed; the views answered are read
-    after it.
+  * Creations are recorded only after the transaction committed. A task the batch inserted is
+    answered as the insert returned it (the task as created, with no attempts and no outputs):
+    no second read. A task whose idempotency key was already taken is answered as read after the
+    commit.
 """
 
 from __future__ import annotations
@@ -165,10 +167,21 @@ class BulkCreate:
                             if found is None:  # pragma: no cover - the conflicting row vanished
                                 raise Conflict("idempotency key conflict, try again")
                             wanted[position] = found
-            for row in rows:  # committed
-                self._recorder.task_created(row)
-            views = await batch.get_tasks(conn, list(dict.fromkeys(wanted)))
+            self._recorder.tasks_created(rows)  # committed
+            views = {row["task_id"]: task_view(_new_task_row(row)) for row in rows}
+            earlier = [task_id for task_id in dict.fromkeys(wanted) if task_id not in views]
+            if earlier:  # idempotency keys already taken: the tasks as they are now
+                for task_id, row in (await batch.get_tasks(conn, earlier)).items():
+                    views[task_id] = task_view(row)
         return [
-            (task_view(views[task_id]), each["task_id"] in inserted)
+            (views[task_id], each["task_id"] in inserted)
             for task_id, each in zip(wanted, values, strict=True)
         ]
+
+
+def _new_task_row(row: dict[str, Any]) -> dict[str, Any]:
+    """The `task_details` row of a task `insert_tasks` just inserted: its columns as returned,
+    and no attempts nor outputs (a new task has none)."""
+    row["attempts"] = []
+    row["outputs"] = []
+    return row

@@ -15,10 +15,11 @@ Invariants:
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import datetime
 from typing import Any
 
-from taskplat.common.logging import get_logger
+from taskplat.common.logging import get_logger, info_events, info_lines
 from taskplat.common.telemetry import Telemetry
 
 Row = dict[str, Any]
@@ -95,6 +96,14 @@ class Recorder:
         self._created.add(1, {"queue": row["queue"], "operator": row["operator"]})
         get_logger().info("task_created", status=row["status"], **_task_fields(row))
 
+    def tasks_created(self, rows: list[Row]) -> None:
+        """`task_created` for each row of a bulk create: the counts added once per label set,
+        the lines written together (`info_lines`), the same lines as one call per row."""
+        counts = Counter((row["queue"], row["operator"]) for row in rows)
+        for (queue, operator), count in counts.items():
+            self._created.add(count, {"queue": queue, "operator": operator})
+        info_lines("task_created", [{"status": row["status"], **_task_fields(row)} for row in rows])
+
     def task_canceled(self, row: Row, *, by: str = "api") -> None:
         self._canceled.add(1, {"queue": row["queue"], "operator": row["operator"]})
         get_logger().info("task_canceled", by=by, **_task_fields(row))
@@ -130,6 +139,14 @@ class Recorder:
     # ---- internal worker API ---------------------------------------------------------------
 
     def task_claimed(self, row: Row) -> None:
+        get_logger().info("task_claimed", **self._claimed_line(row))
+
+    def tasks_claimed(self, rows: list[Row]) -> None:
+        """`task_claimed` for each row of a batch: the same lines, written together."""
+        info_lines("task_claimed", [self._claimed_line(row) for row in rows])
+
+    def _claimed_line(self, row: Row) -> dict[str, Any]:
+        """Count and time a claim; the fields of its `task_claimed` line."""
         queue = row["queue"]
         self._claimed.add(1, {"queue": queue, "operator": row["operator"]})
         lag = _seconds(row["started_at"], row.get("queued_at"))
@@ -139,7 +156,7 @@ class Recorder:
             to_start = _seconds(row["started_at"], row.get("created_at"))
             if to_start is not None:
                 self._enqueue_to_start.record(to_start, {"queue": queue})
-        get_logger().info("task_claimed", schedule_lag_seconds=lag, **_task_fields(row))
+        return {"schedule_lag_seconds": lag, **_task_fields(row)}
 
     def claim_not_claimed(self, task_id: object, worker_id: str, reason: str) -> None:
         self._not_claimed.add(1, {"reason": reason})
@@ -153,6 +170,16 @@ class Recorder:
     def attempt_ended(self, row: Row, outcome: str, *, late: bool = False) -> None:
         """A worker's accepted completion: `outcome` is how the attempt ended (its status, or
         `Drained`), `row` the task after."""
+        event, fields = self._ended_line(row, outcome, late)
+        get_logger().info(event, **fields)
+
+    def attempts_ended(self, ended: list[tuple[Row, str, bool]]) -> None:
+        """`attempt_ended` for each (row, outcome, late) of a batch: the same lines, written
+        together."""
+        info_events([self._ended_line(row, outcome, late) for row, outcome, late in ended])
+
+    def _ended_line(self, row: Row, outcome: str, late: bool) -> tuple[str, dict[str, Any]]:
+        """Count and time an accepted completion; the event and fields of its line."""
         queue, operator = row["queue"], row["operator"]
         labels = {"queue": queue, "operator": operator}
         run_time = _seconds(row["ended_at"], row.get("started_at"))
@@ -161,29 +188,25 @@ class Recorder:
                 run_time, {"queue": queue, "operator": operator, "outcome": outcome}
             )
         fields = {**_task_fields(row), "run_time_seconds": run_time}
-        log = get_logger()
         status = row["status"]
         if status == "Completed":
             self._completed.add(1, labels)
-            log.info("task_completed", late=late, **fields)
-        elif status == "Canceled":
+            return "task_completed", {"late": late, **fields}
+        if status == "Canceled":
             self._canceled.add(1, labels)
-            log.info("task_canceled", by="worker", **fields)
-        else:
-            failed_reason = "Drained" if outcome == "Drained" else "Reported"
-            self._failed.add(1, {**labels, "reason": failed_reason})
-            if status == "Dead":
-                reason = row.get("dead_reason") or "AttemptsExhausted"
-                self._dead.add(1, {**labels, "reason": reason})
-                log.info("task_dead", reason=reason, **fields)
-            else:
-                retry_at = row.get("next_retry_at")
-                log.info(
-                    "task_failed",
-                    reason=failed_reason,
-                    next_retry_at=retry_at.isoformat() if retry_at else None,
-                    **fields,
-                )
+            return "task_canceled", {"by": "worker", **fields}
+        failed_reason = "Drained" if outcome == "Drained" else "Reported"
+        self._failed.add(1, {**labels, "reason": failed_reason})
+        if status == "Dead":
+            reason = row.get("dead_reason") or "AttemptsExhausted"
+            self._dead.add(1, {**labels, "reason": reason})
+            return "task_dead", {"reason": reason, **fields}
+        retry_at = row.get("next_retry_at")
+        return "task_failed", {
+            "reason": failed_reason,
+            "next_retry_at": retry_at.isoformat() if retry_at else None,
+            **fields,
+        }
 
     def worker_call_rejected(self, route: str, reason: str) -> None:
         """A stale worker call (task_id and attempt are bound to the request's log context)."""

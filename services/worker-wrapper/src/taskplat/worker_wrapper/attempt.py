@@ -123,16 +123,17 @@ class RunningTask:
         telemetry = self.x.telemetry
         telemetry.busy(1)
         ended: TaskOutcome = "Stopped"
-        heartbeats = asyncio.ensure_future(self._heartbeat_loop())
-        visibility = asyncio.ensure_future(self._visibility_loop(self.delivery))
+        loops = [asyncio.ensure_future(self._heartbeat_loop())]
+        if self.delivery is not None:  # claimed ahead: no message to keep hidden, no task
+            loops.append(asyncio.ensure_future(self._visibility_loop(self.delivery)))
         try:
             outcome = await self._publish_rest(await self._run_operator())
             self.abort.operator_exited()
             ended = await self._report(outcome)
         finally:
-            for task in (heartbeats, visibility):
+            for task in loops:
                 task.cancel()
-            await asyncio.gather(heartbeats, visibility, return_exceptions=True)
+            await asyncio.gather(*loops, return_exceptions=True)
             telemetry.busy(-1)
             telemetry.task_ended(self.claimed.task.operator, ended, self.run_seconds)
         return ended
@@ -303,9 +304,7 @@ class RunningTask:
                 return
             self.lease_expires = loop_time_of(answer.lease_expires_at)
 
-    async def _visibility_loop(self, delivery: Delivery | None) -> None:
-        if delivery is None:  # claimed ahead: no message to keep hidden
-            return
+    async def _visibility_loop(self, delivery: Delivery) -> None:
         while True:
             await asyncio.sleep(self.x.settings.visibility_extension_seconds)
             await self.x.intake.extend(delivery)

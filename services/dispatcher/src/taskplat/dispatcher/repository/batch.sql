@@ -27,7 +27,9 @@ WHERE t.task_id = ANY(%(task_ids)s::uuid[])
 -- of each inserted task of a job (to the versions its inputs name, resolved by the caller), and the
 -- `enqueue_task` outbox row of each inserted task that is Queued, in one statement; held, due
 -- %(polled_wakeup_delay_seconds)s later, for a queue whose workers wait on the dispatcher
--- (`insert_task` in tasks.sql says why).
+-- (`insert_task` in tasks.sql says why). Each inserted row comes back with the columns of its
+-- task view (`task_details` less its attempts and outputs, none yet for a new task), so the
+-- answer needs no second read.
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 inserted AS (
     INSERT INTO tasks (
@@ -61,7 +63,7 @@ inserted AS (
                   idempotency_key, position)
     ORDER BY i.position
     ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING task_id, status, queue, operator, attempt, job, inputs
+    RETURNING *
 ),
 pins AS (
     INSERT INTO task_pins (dataset_uuid, dataset_version, task_id)
@@ -75,7 +77,13 @@ outboxed AS (  -- taskplat_enqueue_wakeups (migration 0020): the Queued tasks' o
                                      %(trace_context)s::jsonb,
                                      %(polled_wakeup_delay_seconds)s::double precision)
 )
-SELECT i.task_id, i.status, i.queue, i.operator, i.attempt
+SELECT i.task_id, i.status, i.queue, i.operator, i.attempt, i.max_attempts,
+       i.attempt - i.replay_offset - i.processing_attempts AS counted_attempts,
+       i.processing_attempts, i.max_processing_attempts, i.on_exhausted, i.job, i.config,
+       i.inputs, i.result, i.last_error, i.dead_reason, i.cancel_reason, i.scheduled_for,
+       i.next_retry_at, i.expires_at, i.timeout_seconds, i.backoff_base_seconds,
+       i.backoff_max_seconds, i.idempotency_key, i.worker_id, i.created_at, i.started_at,
+       i.finished_at
 FROM inserted AS i, outboxed  -- outboxed: one row, read so that it runs
 
 -- name: notify_queues
