@@ -125,6 +125,21 @@ def test_create_queued_writes_the_task_and_its_outbox_row_in_one_transaction(
     assert stored is not None and stored["queued_at"] == now
 
 
+@pytest.mark.parametrize("scheduled", [False, True])
+def test_the_create_answer_is_the_task_as_a_read_shows_it(
+    dispatcher: Dispatcher, scheduled: bool
+) -> None:
+    """The create answers from its statement's row, not a read back: every field as GET shows it."""
+    body: dict[str, object] = {"operator": "slow", "config": {"a": 1}, "inputs": [1, "x"]}
+    if scheduled:
+        body["scheduled_for"] = (dispatcher.clock.now() + timedelta(hours=1)).isoformat()
+    response = dispatcher.api.post("/tasks", json=body)
+    assert response.status_code == 201, response.text
+    created = response.json()
+    assert created["status"] == ("Scheduled" if scheduled else "Queued")
+    assert created == dispatcher.api.get(f"/tasks/{created['task_id']}").json()
+
+
 def test_create_uses_global_and_per_operator_defaults(dispatcher: Dispatcher) -> None:
     plain = create_task(dispatcher)
     assert plain["queue"] == "default"

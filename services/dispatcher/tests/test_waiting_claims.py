@@ -122,6 +122,26 @@ def test_a_create_wakes_a_waiting_claim_of_its_own_dispatcher_without_a_notify(
     assert received == [("taskplat_outbox", "beta")]
 
 
+def test_a_create_that_woke_a_waiting_claim_answers_the_task_as_created(
+    dispatcher: Dispatcher, db_url: str
+) -> None:
+    """The create answers from its own statement's row (no read back): the task as it was
+    created, Queued, even when the claim it woke already took it."""
+    _until_listening(dispatcher, db_url)
+    with _client(dispatcher) as client, ThreadPoolExecutor(max_workers=1) as pool:
+        poll: Future[list[JsonDict]] = pool.submit(_claim_next, client, "q3", wait=30)
+        wait_for(lambda: _waiting(dispatcher, "q3") == 1, timeout=DEADLINE, what="a waiter")
+        created = create_task(dispatcher, queue="q3")
+        claimed = poll.result(timeout=DEADLINE)
+    assert [each["task"]["task_id"] for each in claimed] == [created["task_id"]]
+    assert created["status"] == "Queued" and created["attempts"] == []
+    assert created["worker_id"] is None and created["started_at"] is None
+    now = dispatcher.api.get(f"/tasks/{created['task_id']}").json()
+    assert now["status"] == "Running" and len(now["attempts"]) == 1
+    unchanged = set(created) - {"status", "worker_id", "started_at", "attempts"}
+    assert {key: created[key] for key in unchanged} == {key: now[key] for key in unchanged}
+
+
 def test_a_waiting_claim_takes_a_queued_task_at_once_and_answers_none_after_its_wait(
     dispatcher: Dispatcher,
 ) -> None:

@@ -138,16 +138,17 @@ class TaskService:
                 existing = await repo.find_task_by_idempotency_key(conn, request.idempotency_key)
                 if existing is None:  # pragma: no cover - the conflicting row vanished
                     raise Conflict("idempotency key conflict, try again")
-                task_id, created = existing, False
-            else:
-                task_id, created = row["task_id"], True
-                if wake_here and row["held"]:  # committed, and its held wake-up NOTIFYd no one
-                    assert listener is not None
-                    listener.wake(request.queue)
-                self._recorder.task_created(row)
-            view = await repo.get_task(conn, task_id)
-        assert view is not None
-        return task_view(view), created
+                view = await repo.get_task(conn, existing)
+                assert view is not None
+                return task_view(view), False
+        # Committed: the statement's row is the new task as it was created (no read back).
+        if wake_here and row["held"]:  # its held wake-up NOTIFYd no one
+            assert listener is not None
+            listener.wake(request.queue)
+            # One turn: the woken claim sends its statement before this answer is built.
+            await asyncio.sleep(0)
+        self._recorder.task_created(row)
+        return task_view(row), True
 
     async def get(self, task_id: UUID) -> TaskView:
         async with self._pool.connection() as conn:

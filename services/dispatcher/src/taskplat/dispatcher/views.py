@@ -1,7 +1,8 @@
 """Conversions from database rows to contract models.
 
-Invariant: a view is built only from a row read after the transaction that changed it committed, so
-what a client sees is what the database holds.
+Invariant: a view is built only from a row read after the transaction that changed it committed, or
+returned by the committed statement that changed it (a create's), so what a client sees is what the
+database holds.
 """
 
 from __future__ import annotations

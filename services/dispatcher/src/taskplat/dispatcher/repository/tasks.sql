@@ -35,7 +35,7 @@ inserted AS (
         n.now, n.now, %(trace_context)s
     FROM n
     ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING task_id, status, queue, operator, attempt, job, inputs
+    RETURNING *
 ),
 -- A task of a job is pinned to the dataset versions its inputs name (the caller resolved them).
 pins AS (
@@ -51,8 +51,11 @@ wakeup AS (  -- taskplat_enqueue_wakeups (migration 0020): a Queued task's only
                                      %(polled_wakeup_delay_seconds)s::double precision) AS w
 )
 -- The NOTIFY runs in the answer's row, once per wake-up written (a SELECT in a CTE that nothing
--- reads would not run at all).
-SELECT i.task_id, i.status, i.queue, i.operator, i.attempt,
+-- reads would not run at all). The row is also the new task as `task_details` shows it (no
+-- attempt and no output yet, migration 0008), so the create answers without reading it back.
+SELECT i.*,
+       i.attempt - i.replay_offset - i.processing_attempts AS counted_attempts,
+       '[]'::json AS attempts, '[]'::json AS outputs,
        (SELECT count(pg_notify(CASE WHEN w.held THEN 'taskplat_queued' ELSE 'taskplat_outbox' END,
                                w.queue))
         FROM wakeup AS w
