@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -294,3 +296,35 @@ def test_wrapper_process_serves_with_the_default_operators(
     finally:
         wrapper.stop_group(timeout=10)
     assert done["result"] == {"attempt": 1}
+
+
+def test_an_idle_wrapper_exits_soon_after_sigterm(
+    dispatcher: Dispatcher, queue: Queue, operators_file: Path, tmp_path: Path
+) -> None:
+    # The stop waits for the SQS receive in flight (1 s here); once stopped, the process ends
+    # without the interpreter's teardown (`taskplat.common.process_exit`), which kept it 0.4 s
+    # (quiet machine) to 3 s (busy one) after `worker_wrapper_stopped`.
+    wrapper = spawn_wrapper(wrapper_env(dispatcher, queue, operators_file), tmp_path)
+    try:
+        wait_for(
+            lambda: "worker_wrapper_started" in wrapper.tail(50),
+            timeout=30,
+            what="the wrapper to start",
+        )
+        asked = time.monotonic()
+        wrapper.popen.send_signal(signal.SIGTERM)
+        assert wrapper.wait(20), f"the wrapper did not exit:\n{wrapper.tail()}"
+        took = time.monotonic() - asked
+        gone = datetime.now(UTC)
+        assert wrapper.popen.returncode == 0, wrapper.tail()
+    finally:
+        wrapper.stop_group(timeout=5)
+    stopped = [
+        json.loads(line)["timestamp"]
+        for line in wrapper.tail(50).splitlines()
+        if "worker_wrapper_stopped" in line
+    ]
+    assert stopped, wrapper.tail(20)
+    lingered = (gone - parse_time(stopped[0])).total_seconds()
+    assert lingered < 1.0, f"the wrapper lingered {lingered:.2f}s after it stopped"
+    assert took < 3.0, f"the idle wrapper took {took:.1f}s to exit:\n{wrapper.tail(20)}"

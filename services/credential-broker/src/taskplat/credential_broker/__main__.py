@@ -12,6 +12,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from taskplat.common.logging import get_logger
+from taskplat.common.process_exit import exit_process
 from taskplat.common.service_setup import configure_service
 from taskplat.common.telemetry import Telemetry
 from taskplat.credential_broker.app import create_app
@@ -44,4 +45,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from taskplat.common.errors import ConfigurationError
 from taskplat.common.logging import get_logger
+from taskplat.common.process_exit import exit_process
 from taskplat.common.service_setup import configure_service
 from taskplat.common.telemetry import Telemetry
 from taskplat.dispatcher.app import create_app
@@ -60,4 +61,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -9,13 +9,13 @@ invoker joined before the relay is closed.
 
 from __future__ import annotations
 
-import sys
 import threading
 from typing import Any
 
 from psycopg_pool import ConnectionPool
 
 from taskplat.common.db.loop_service import LoopProcess, run_db_loop_service
+from taskplat.common.process_exit import exit_process
 from taskplat.common.sqs import sqs_client
 from taskplat.common.telemetry import Telemetry
 from taskplat.outbox_relay.lambda_invoker import Invoker, lambda_client
@@ -71,4 +71,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -6,9 +6,8 @@ one line on stderr; SIGTERM/SIGINT end the loop after the batch in progress.
 
 from __future__ import annotations
 
-import sys
-
 from taskplat.common.db.loop_service import plain_loop, run_db_loop_service
+from taskplat.common.process_exit import exit_process
 from taskplat.scheduler.scheduler import Scheduler
 from taskplat.scheduler.settings import SchedulerSettings
 
@@ -27,4 +26,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

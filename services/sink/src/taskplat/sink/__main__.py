@@ -8,12 +8,12 @@ client is closed.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from psycopg_pool import ConnectionPool
 
 from taskplat.common.db.loop_service import LoopProcess, run_db_loop_service
+from taskplat.common.process_exit import exit_process
 from taskplat.common.sqs import sqs_client
 from taskplat.common.telemetry import Telemetry
 from taskplat.sink.settings import SinkSettings
@@ -45,4 +45,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from taskplat.common.logging import get_logger
 from taskplat.common.ops_server import start_ops_server
+from taskplat.common.process_exit import exit_process
 from taskplat.common.service_setup import configure_service
 from taskplat.common.telemetry import Telemetry
 from taskplat.worker_wrapper.event_loop import EventLoopUnavailable, loop_factory
@@ -113,4 +114,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())
