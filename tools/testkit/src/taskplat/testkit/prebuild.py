@@ -17,15 +17,21 @@ Invariants:
   pytest.fail included), after waiting at most ``timeout`` seconds; a preparation that was not
   started in the background runs inline in the caller. Each runs at most once per test process.
 - At session end every subprocess a preparation still runs is killed (its whole process group).
+- Test processes that share a checkout (pytest-xdist's workers) run one preparation one at a
+  time: each holds an exclusive lock on `.cache/prebuild/<name>.lock` under the rootdir while
+  it runs, so a second worker's run starts after the first finished and finds its work done
+  (`npm ci` is skipped, `cargo build` and `npm run build` are incremental).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -42,6 +48,7 @@ _jobs: dict[str, Callable[[], Any]] = {}
 _futures: dict[str, Future[Any]] = {}
 _children: set[subprocess.Popen[str]] = set()
 _stopping = threading.Event()
+_lock_dir: list[Path] = []  # set by pytest_configure: where the cross-process locks live
 
 
 def register(name: str, fn: Callable[[], Any]) -> None:
@@ -59,7 +66,7 @@ def result(name: str, timeout: float) -> Any:
             future = _futures[name] = Future()
             fn = _jobs[name]
     if owner:
-        _complete(future, fn)
+        _complete(future, name, fn)
     try:
         return future.result(timeout=timeout)
     except TimeoutError:
@@ -106,9 +113,10 @@ def run(
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
-def _complete(future: Future[Any], fn: Callable[[], Any]) -> None:
+def _complete(future: Future[Any], name: str, fn: Callable[[], Any]) -> None:
     try:
-        value = fn()
+        with _held_across_processes(name):
+            value = fn()
     except BaseException as exc:  # pytest's skip and fail outcomes travel too
         future.set_exception(exc)
     else:
@@ -124,7 +132,20 @@ def _background(names: list[str]) -> None:
                 continue  # a test already ran it inline
             future = _futures[name] = Future()
             fn = _jobs[name]
-        _complete(future, fn)
+        _complete(future, name, fn)
+
+
+@contextmanager
+def _held_across_processes(name: str) -> Iterator[None]:
+    """An exclusive lock of the preparation ``name`` shared by every test process of the
+    checkout; the kernel drops it when the holder exits, however it exits."""
+    if not _lock_dir:
+        yield
+        return
+    _lock_dir[0].mkdir(parents=True, exist_ok=True)
+    with open(_lock_dir[0] / f"{name}.lock", "w") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        yield
 
 
 def _kill(process: subprocess.Popen[str]) -> None:
@@ -135,6 +156,7 @@ def _kill(process: subprocess.Popen[str]) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    _lock_dir[:] = [config.rootpath / ".cache" / "prebuild"]
     config.addinivalue_line(
         "markers",
         "prebuild(*names): the test needs these preparations (taskplat.testkit.prebuild); "
