@@ -17,21 +17,21 @@ Invariants:
   pytest.fail included), after waiting at most ``timeout`` seconds; a preparation that was not
   started in the background runs inline in the caller. Each runs at most once per test process.
 - At session end every subprocess a preparation still runs is killed (its whole process group).
-- Test processes that share a checkout (pytest-xdist's workers) run one preparation one at a
-  time: each holds an exclusive lock on `.cache/prebuild/<name>.lock` under the rootdir while
-  it runs, so a second worker's run starts after the first finished and finds its work done
-  (`npm ci` is skipped, `cargo build` and `npm run build` are incremental).
+- The workers of one pytest-xdist run share each preparation: the first to take the lock
+  `.cache/prebuild/<name>.lock` (under the rootdir) runs it and keeps its value there for the run
+  (`<name>.<run id>.pickle`); the others wait for the lock and take that value, so no worker
+  rebuilds what another one's tests are using. A preparation that raised is run again by the next.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import pickle
 import signal
 import subprocess
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -115,8 +115,7 @@ def run(
 
 def _complete(future: Future[Any], name: str, fn: Callable[[], Any]) -> None:
     try:
-        with _held_across_processes(name):
-            value = fn()
+        value = _shared_by_the_run(name, fn)
     except BaseException as exc:  # pytest's skip and fail outcomes travel too
         future.set_exception(exc)
     else:
@@ -135,17 +134,24 @@ def _background(names: list[str]) -> None:
         _complete(future, name, fn)
 
 
-@contextmanager
-def _held_across_processes(name: str) -> Iterator[None]:
-    """An exclusive lock of the preparation ``name`` shared by every test process of the
-    checkout; the kernel drops it when the holder exits, however it exits."""
-    if not _lock_dir:
-        yield
-        return
-    _lock_dir[0].mkdir(parents=True, exist_ok=True)
-    with open(_lock_dir[0] / f"{name}.lock", "w") as lock_file:
+def _shared_by_the_run(name: str, fn: Callable[[], Any]) -> Any:
+    """``fn()``, run once for all the workers of this pytest-xdist run (see the invariants)."""
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not _lock_dir or run_id is None:
+        return fn()
+    directory = _lock_dir[0]
+    directory.mkdir(parents=True, exist_ok=True)
+    kept = directory / f"{name}.{run_id}.pickle"
+    # The kernel drops the lock when its holder exits, however it exits.
+    with open(directory / f"{name}.lock", "w") as lock_file:
         fcntl.flock(lock_file, fcntl.LOCK_EX)
-        yield
+        if kept.exists():
+            return pickle.loads(kept.read_bytes())
+        for earlier in directory.glob(f"{name}.*.pickle"):
+            earlier.unlink(missing_ok=True)  # an earlier run's
+        value = fn()
+        kept.write_bytes(pickle.dumps(value))
+        return value
 
 
 def _kill(process: subprocess.Popen[str]) -> None:
