@@ -12,6 +12,9 @@ UV := $(TOOLS)/bin/uv
 VENV := .venv
 RUN := $(UV) run --frozen --no-sync
 PYTEST_ARGS ?= --durations=25
+# `make test` runs the suite in this many processes (pytest-xdist; 0 runs it in this one), each
+# test file whole in one of them, each process with its own Postgres, SQS endpoint and browser.
+TEST_WORKERS ?= 2
 # make bench PEER_BENCH=DIR: also run the side-by-side harness in DIR and report the peers' figures.
 PEER_BENCH ?=
 CHAOS_ARGS ?=
@@ -85,7 +88,7 @@ bytecode: venv ## Compile the virtualenv's and the workspace's Python files once
 
 .PHONY: test
 test: venv bytecode sqs-deps check-packages browser-deps runtime-deps ## Run every test (starts its own Postgres, SQS endpoint and a headless Chromium; builds and tests the three operator runtimes)
-	@$(RUN) pytest $(PYTEST_ARGS)
+	@$(RUN) pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 .PHONY: check-packages
 check-packages: $(UV) ## Import each package with only its declared dependencies installed

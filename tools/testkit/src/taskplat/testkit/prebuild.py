@@ -17,11 +17,17 @@ Invariants:
   pytest.fail included), after waiting at most ``timeout`` seconds; a preparation that was not
   started in the background runs inline in the caller. Each runs at most once per test process.
 - At session end every subprocess a preparation still runs is killed (its whole process group).
+- The workers of one pytest-xdist run share each preparation: the first to take the lock
+  `.cache/prebuild/<name>.lock` (under the rootdir) runs it and keeps its value there for the run
+  (`<name>.<run id>.pickle`); the others wait for the lock and take that value, so no worker
+  rebuilds what another one's tests are using. A preparation that raised is run again by the next.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pickle
 import signal
 import subprocess
 import threading
@@ -42,6 +48,7 @@ _jobs: dict[str, Callable[[], Any]] = {}
 _futures: dict[str, Future[Any]] = {}
 _children: set[subprocess.Popen[str]] = set()
 _stopping = threading.Event()
+_lock_dir: list[Path] = []  # set by pytest_configure: where the cross-process locks live
 
 
 def register(name: str, fn: Callable[[], Any]) -> None:
@@ -59,7 +66,7 @@ def result(name: str, timeout: float) -> Any:
             future = _futures[name] = Future()
             fn = _jobs[name]
     if owner:
-        _complete(future, fn)
+        _complete(future, name, fn)
     try:
         return future.result(timeout=timeout)
     except TimeoutError:
@@ -106,9 +113,9 @@ def run(
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
-def _complete(future: Future[Any], fn: Callable[[], Any]) -> None:
+def _complete(future: Future[Any], name: str, fn: Callable[[], Any]) -> None:
     try:
-        value = fn()
+        value = _shared_by_the_run(name, fn)
     except BaseException as exc:  # pytest's skip and fail outcomes travel too
         future.set_exception(exc)
     else:
@@ -124,7 +131,27 @@ def _background(names: list[str]) -> None:
                 continue  # a test already ran it inline
             future = _futures[name] = Future()
             fn = _jobs[name]
-        _complete(future, fn)
+        _complete(future, name, fn)
+
+
+def _shared_by_the_run(name: str, fn: Callable[[], Any]) -> Any:
+    """``fn()``, run once for all the workers of this pytest-xdist run (see the invariants)."""
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not _lock_dir or run_id is None:
+        return fn()
+    directory = _lock_dir[0]
+    directory.mkdir(parents=True, exist_ok=True)
+    kept = directory / f"{name}.{run_id}.pickle"
+    # The kernel drops the lock when its holder exits, however it exits.
+    with open(directory / f"{name}.lock", "w") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        if kept.exists():
+            return pickle.loads(kept.read_bytes())
+        for earlier in directory.glob(f"{name}.*.pickle"):
+            earlier.unlink(missing_ok=True)  # an earlier run's
+        value = fn()
+        kept.write_bytes(pickle.dumps(value))
+        return value
 
 
 def _kill(process: subprocess.Popen[str]) -> None:
@@ -135,6 +162,7 @@ def _kill(process: subprocess.Popen[str]) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    _lock_dir[:] = [config.rootpath / ".cache" / "prebuild"]
     config.addinivalue_line(
         "markers",
         "prebuild(*names): the test needs these preparations (taskplat.testkit.prebuild); "
