@@ -125,6 +125,14 @@ def run_query_demo(client: httpx.Client, *, timeout: float) -> tuple[bool, str]:
     _ok(client.put(f"/dags/{DAG_NAME}", content=body,
                    headers={"Content-Type": "application/yaml"}))  # fmt: skip
     lines = [f"untrusted join '{DAG_NAME}': alerts (buffered Postgres) + prices (S3 Parquet)"]
+    # The sink creates a buffered dataset's queue when it next looks for new datasets: a write
+    # before that is refused ("retry later"), and could use up the job's attempts.
+    for name in ("demo_q_alerts", "demo_q_report"):
+        _wait(
+            f"the sink to create the buffer queue of {name}",
+            lambda name=name: _dataset(client, name).get("buffer_queue_url"),
+            deadline,
+        )
     alerts = _run(client, "alerts", {}, deadline)
     _wait(
         "the sink to write the alerts",
