@@ -61,6 +61,18 @@ def _render_json(event_dict: Any, **_kw: Any) -> str:
     return _JSON.encode(event_dict)
 
 
+def _utc_timestamp() -> str:
+    """Now, as the ISO UTC timestamp of a line."""
+    return datetime.now(tz=UTC).isoformat().replace("+00:00", "Z")
+
+
+def _mask_secrets_in(fields: MutableMapping[str, Any]) -> None:
+    """Mask, in place, the value of every field whose key names a secret."""
+    for key in list(fields):
+        if _is_secret_key(key):
+            fields[key] = _MASK
+
+
 def prepare_event(
     logger: Any, method_name: str, event_dict: MutableMapping[str, Any]
 ) -> MutableMapping[str, Any]:
@@ -69,10 +81,8 @@ def prepare_event(
     own processors, in one call)."""
     event_dict = structlog.contextvars.merge_contextvars(logger, method_name, event_dict)
     event_dict = structlog.processors.add_log_level(logger, method_name, event_dict)
-    event_dict["timestamp"] = datetime.now(tz=UTC).isoformat().replace("+00:00", "Z")
-    for key in list(event_dict):
-        if _is_secret_key(key):
-            event_dict[key] = _MASK
+    event_dict["timestamp"] = _utc_timestamp()
+    _mask_secrets_in(event_dict)
     if "stack_info" in event_dict:
         event_dict = _STACK_INFO(logger, method_name, event_dict)
     if "exc_info" in event_dict:
@@ -186,7 +196,7 @@ def info_events(lines: Iterable[tuple[str, Mapping[str, Any]]]) -> None:
     # of the same name.
     context = structlog.contextvars.get_contextvars()
     level = "info"
-    timestamp = datetime.now(tz=UTC).isoformat().replace("+00:00", "Z")
+    timestamp = _utc_timestamp()
     rendered: list[str] = []
     for event, fields in lines:
         line = dict(fields)
@@ -195,9 +205,7 @@ def info_events(lines: Iterable[tuple[str, Mapping[str, Any]]]) -> None:
             line.setdefault(key, value)
         line["level"] = level
         line["timestamp"] = timestamp
-        for key in line:
-            if _is_secret_key(key):
-                line[key] = _MASK
+        _mask_secrets_in(line)
         rendered.append(_JSON.encode(line))
     if rendered:
         output.msg("\n".join(rendered))
