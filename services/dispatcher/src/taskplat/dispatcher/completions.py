@@ -281,16 +281,15 @@ class Completions:
 
     def _record_all(self, settled: list[tuple[_Prepared, _Settled]]) -> None:
         """`_record` for each settled completion of a batch, their lines written together."""
-        ended = [
-            (outcome.row, item.request.ended, outcome.late)
+        accepted = [
+            (item.request, outcome.row, outcome.late)
             for item, outcome in settled
             if outcome.row is not None
         ]
-        self._recorder.attempts_ended(ended)
-        events = sum(
-            len(item.request.events) for item, outcome in settled if outcome.row is not None
+        self._recorder.attempts_ended(
+            [(row, request.ended, late) for request, row, late in accepted]
         )
-        self._recorder.events_received(events)
+        self._recorder.events_received(sum(len(request.events) for request, _, _ in accepted))
 
     def _rejected_result(self, request: CompleteRequest, exc: Rejected) -> CompleteBatchResult:
         with structlog.contextvars.bound_contextvars(
