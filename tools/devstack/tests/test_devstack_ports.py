@@ -9,7 +9,9 @@ import sys
 
 from taskplat.devstack.ports import free_port
 
-_PICK_FIVE = "from taskplat.devstack.ports import free_port; print(*[free_port() for _ in range(5)])"
+_PICK_FIVE = (
+    "from taskplat.devstack.ports import free_port; print(*[free_port() for _ in range(5)])"
+)
 
 
 def _ephemeral_start() -> int:
@@ -19,7 +21,9 @@ def _ephemeral_start() -> int:
 
 def _ports_in(worker: str) -> set[int]:
     env = {**os.environ, "PYTEST_XDIST_WORKER": worker}
-    out = subprocess.run([sys.executable, "-c", _PICK_FIVE], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _PICK_FIVE], env=env, capture_output=True, text=True, check=True
+    )
     return {int(port) for port in out.stdout.split()}
 
 
