@@ -93,11 +93,12 @@ def test_a_waiting_claim_takes_a_task_created_while_it_waits(
     assert _waiting(dispatcher, "mine") == 0
 
 
-def test_a_create_wakes_a_waiting_claim_of_its_own_dispatcher_without_a_notify(
+def test_a_create_claims_for_a_waiting_claim_of_its_own_dispatcher_in_its_transaction(
     dispatcher: Dispatcher, db_url: str
 ) -> None:
-    """The dispatcher where the claim waits wakes it itself once the create committed: the
-    create's held wake-up NOTIFYs no one (a create with no claim waiting still does)."""
+    """The dispatcher where the claim waits claims the task for it in the create's own
+    transaction (the attempt starts at the task's creation time: one transaction, one `now()`),
+    and the create's held wake-up NOTIFYs no one (a create with no claim waiting still does)."""
     _until_listening(dispatcher, db_url)
     with (
         psycopg.connect(db_url, autocommit=True) as listener,
@@ -120,6 +121,8 @@ def test_a_create_wakes_a_waiting_claim_of_its_own_dispatcher_without_a_notify(
     assert [each["task"]["task_id"] for each in claimed] == [task_id]
     assert _wakeups(db_url, task_id) == [(True, 2.0)]  # held: sent later only if still Queued
     assert received == [("taskplat_outbox", "beta")]
+    row = task_row(db_url, task_id)
+    assert row["status"] == "Running" and row["started_at"] == row["created_at"]
 
 
 def test_a_create_that_woke_a_waiting_claim_answers_the_task_as_created(

@@ -3,8 +3,9 @@
 A worker with free slots keeps one such claim open. A new task of its queue is then claimed for
 it as soon as the create commits: the create NOTIFYs `taskplat_queued` (payload: the queue), this
 dispatcher hears it and the waiting claim runs again, with no SQS message in between. A create
-on the dispatcher where a waiting claim of its queue waits sends no such NOTIFY: the dispatcher
-wakes its own waiting claim once the create committed (one hop less). It hears
+on the dispatcher where a waiting claim of its queue waits sends no such NOTIFY: it takes that
+waiter (`take`) and claims for it in the create's own transaction (one commit, no wake-up hop),
+then hands it the claimed rows (`Waiter.hand`). It hears
 the relay's channel too, `taskplat_outbox` (payload: the queue), which every other transition
 into Queued NOTIFYs (a retry, a scheduled task come due, a replay, a routed event's task): a
 waiting claim takes those tasks as well (their wake-ups are sent, then answered NotClaimed).
@@ -15,10 +16,12 @@ Invariants:
     waiting claim claims once more then). A waiting claim holds no database connection.
   * A waiter is registered before its first claim, so a NOTIFY heard during that claim is not
     lost: the waiter claims again.
-  * A create that found one of this dispatcher's waiters of its queue waiting (`waits_here`)
-    wakes it after its commit instead of NOTIFYing (`wake`, as a notification would); if that
-    waiter went away meanwhile and no other of the queue waits, the create's wake-up, held for
-    waiting claims, goes out through SQS when its hold ends (as after a lost NOTIFY).
+  * A create that takes one of this dispatcher's waiters of its queue (`take`: the longest
+    waiting whose client is still there, and only while listening) always hands it something once
+    its transaction ended: the rows it claimed for it after its commit, or nothing (it then claims
+    for itself, as after a notification). A taken waiter's wait does not end before that, not at its
+    deadline nor when its client goes away, so rows claimed for it are always answered. A taken
+    waiter is out of its queue's line: notifications meanwhile wake the others.
   * Each notification wakes one waiter of its queue, the longest waiting, not all of them (they
     would all claim, and all but one find nothing); a woken waiter whose claim came back full
     wakes the next (more tasks may be Queued). A notification that comes while every waiter of
@@ -45,33 +48,66 @@ from taskplat.common.logging import get_logger
 
 
 class Waiter:
-    """One waiting claim of one queue; woken at most once per `arm`.
+    """One waiting claim of one queue (for `worker_id`, up to `limit` tasks); woken at most once per
+    `arm`, by a notification or by a create that took it (`hand`).
 
     A plain future, not an `asyncio.Event`: a wake resumes the waiting claim one event-loop turn
     sooner (an Event's `wait()` is a task of its own between the two)."""
 
-    def __init__(self, queue: str) -> None:
+    def __init__(
+        self,
+        queue: str,
+        worker_id: str = "",
+        limit: int = 1,
+        gone: asyncio.Future[object] | None = None,
+    ) -> None:
         self.queue = queue
-        self._woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.worker_id = worker_id
+        self.limit = limit
+        self.gone = gone
+        self.taken = False  # a create claims for it now
+        self.woken = False  # the last wait ended with a wake-up
+        self.in_wait = False  # inside `wait` now (only then can a create take it)
+        self._woken: asyncio.Future[list[Any] | None] = asyncio.get_running_loop().create_future()
+
+    @property
+    def wake_pending(self) -> bool:
+        """Woken (or handed rows) and not yet back from its wait."""
+        return self._woken.done()
 
     def wake(self) -> bool:
-        """Wake it; False when it was already woken (the wake-up goes to another)."""
-        if self._woken.done():
+        """Wake it; False when it was already woken or taken (the wake-up goes to another)."""
+        if self._woken.done() or self.taken:
             return False
         self._woken.set_result(None)
         return True
 
-    async def wait(self, timeout: float, gone: asyncio.Future[object] | None) -> bool:
-        """Up to `timeout` seconds for a wake-up (or the client going away); True when woken."""
+    def hand(self, claimed: list[Any] | None) -> None:
+        """End a take: the rows claimed for it (committed), or None: it claims for itself."""
+        self.taken = False
+        if not self._woken.done():
+            self._woken.set_result(claimed or None)
+
+    async def wait(self, timeout: float) -> list[Any] | None:
+        """Up to `timeout` seconds for a wake-up (or the client going away), and, once taken, until
+        handed; `woken` then says it was woken, and the answer is the rows claimed for it, if any.
+        Only a waiter inside this wait can be taken (not one still in its first claim)."""
         woken = self._woken
         if not woken.done():
             waits: set[asyncio.Future[Any]] = {woken}
-            if gone is not None:
-                waits.add(gone)
-            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        was_woken = woken.done()
+            if self.gone is not None:
+                waits.add(self.gone)
+            self.in_wait = True
+            try:
+                await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                if not woken.done() and self.taken:  # a create claims for it: answer that
+                    await asyncio.shield(woken)
+            finally:
+                self.in_wait = False
+        self.woken = woken.done()
+        claimed = woken.result() if self.woken else None
         self._woken = asyncio.get_running_loop().create_future()
-        return was_woken
+        return claimed
 
 
 class QueuedListener:
@@ -98,9 +134,15 @@ class QueuedListener:
         self.listening = False
 
     @contextlib.contextmanager
-    def waiter(self, queue: str) -> Iterator[Waiter]:
+    def waiter(
+        self,
+        queue: str,
+        worker_id: str = "",
+        limit: int = 1,
+        gone: asyncio.Future[object] | None = None,
+    ) -> Iterator[Waiter]:
         """A waiter of `queue`, registered (longest waiting first) until the block ends."""
-        waiter = Waiter(queue)
+        waiter = Waiter(queue, worker_id, limit, gone)
         self._waiters.setdefault(queue, deque()).append(waiter)
         self._live[queue] += 1
         self._missed.discard(queue)  # its first claim comes after anything missed so far
@@ -140,10 +182,22 @@ class QueuedListener:
             self._missed.add(queue)
         return False
 
-    def waits_here(self, queue: str) -> bool:
-        """A waiting claim of `queue` waits now on this dispatcher (not claiming), and the
-        LISTEN connection is up (so the queue's wake-ups are being held for waiting claims)."""
-        return self.listening and bool(self._waiters.get(queue))
+    def take(self, queue: str) -> Waiter | None:
+        """The longest waiting claim of `queue` on this dispatcher whose client is still there,
+        out of the line, for a create to claim for (it must `hand` it something); None when none
+        waits or the LISTEN connection is down (then the queue's wake-ups are not held back)."""
+        waiting = self._waiters.get(queue)
+        if not self.listening or not waiting:
+            return None
+        for waiter in list(waiting):
+            if not waiter.in_wait or waiter.taken or waiter.wake_pending:
+                continue
+            if waiter.gone is not None and waiter.gone.done():
+                continue
+            waiting.remove(waiter)
+            waiter.taken = True
+            return waiter
+        return None
 
     def waiting(self, queue: str) -> int:
         """Waiting claims of `queue`, waiting or claiming."""

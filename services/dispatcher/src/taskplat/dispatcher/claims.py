@@ -22,6 +22,9 @@ Invariants:
     the queue's `polled_until` is stamped (at most every half wait per queue and dispatcher;
     its own statement, a failed stamp fails nothing): creates then hold the queue's wake-ups
     back for `polled_wakeup_delay_seconds`.
+  * A waiting claim may be claimed for by a create of its queue on this dispatcher: the same
+    statement in the create's transaction (`claim_next_in`), whose rows the waiting claim answers
+    (`claim_next_answer`) once that transaction committed.
   * A claim-next carried by a completion batch (`claim_next_in`) is the same statement, run in
     the batch's transaction, which commits the completions and the claim together; it never
     waits, and it is answered, recorded and stamped (`claim_next_answer`) only after that commit.
@@ -159,7 +162,8 @@ class Claims:
             return await self._claim_next_now(queue, worker_id, limit, stamp_polled=0.0)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
-        with listener.waiter(queue) as waiter:  # before the first claim: no NOTIFY is missed
+        # Registered before the first claim: no NOTIFY is missed.
+        with listener.waiter(queue, worker_id, limit, gone) as waiter:
             stamp = wait if listener.listening else 0.0
             while True:
                 claimed = await self._claim_next_now(queue, worker_id, limit, stamp_polled=stamp)
@@ -171,7 +175,11 @@ class Claims:
                 left = deadline - loop.time()
                 if left <= 0 or (gone is not None and gone.done()):
                     return []
-                await waiter.wait(left, gone)
+                rows = await waiter.wait(left)
+                if rows:  # a create claimed them for this claim, committed: answer them
+                    if len(rows) >= limit:
+                        listener.wake(queue)
+                    return await self.claim_next_answer(None, queue, limit, rows)
                 if gone is not None and gone.done():
                     return []
                 listener.rearm(waiter)

@@ -111,43 +111,54 @@ class TaskService:
         check_times(request, ["body"])
         await self._registry.require([request.queue], ["body"])
         now = self._clock.sql_now()
-        listener = self._listener
-        # One of this dispatcher's waiting claims of the queue waits: wake it here after the
-        # commit rather than through a NOTIFY (see `claim_waits`).
-        wake_here = listener is not None and listener.waits_here(request.queue)
+        # One of this dispatcher's waiting claims of the queue waits: claim for it in this
+        # transaction rather than wake it through a NOTIFY (see `claim_waits`).
+        waiter = self._listener.take(request.queue) if self._listener is not None else None
+        claimed: list[dict[str, Any]] | None = None
         params = {
             **task_values(request, self._settings),
             "now": now,
             "trace_context": repo.wakeup_trace_context(inject()),
             "polled_wakeup_delay_seconds": self._settings.polled_wakeup_delay_seconds,
-            "notify_held": not wake_here,
+            "notify_held": waiter is None,
         }
         loc: list[str | int] = ["body", "inputs"]
-        async with self._pool.connection() as conn:
-            await untrusted.check_new_tasks(conn, self._settings, [request], ["body"])
-            if request.job is not None and pins.dataset_reads(request.inputs, loc):
-                # The datasets stay share-locked until the task and its pins commit.
-                async with conn.transaction():
-                    params["inputs"] = Jsonb(await pins.pin_inputs(conn, request.inputs, loc))
+        try:
+            async with self._pool.connection() as conn:
+                await untrusted.check_new_tasks(conn, self._settings, [request], ["body"])
+                pinned = request.job is not None and pins.dataset_reads(request.inputs, loc)
+                if pinned or waiter is not None:
+                    # The datasets stay share-locked until the task and its pins commit; the
+                    # claim made for the waiting claim commits with the task.
+                    async with conn.transaction():
+                        if pinned:
+                            pinned_inputs = await pins.pin_inputs(conn, request.inputs, loc)
+                            params["inputs"] = Jsonb(pinned_inputs)
+                        row = await repo.insert_task(conn, params)
+                        if waiter is not None and row is not None and row["held"]:
+                            claimed = await self._claims.claim_next_in(
+                                conn, request.queue, waiter.worker_id, waiter.limit
+                            )
+                else:
+                    # One statement, committed on return: the task, its wake-up and the NOTIFY.
                     row = await repo.insert_task(conn, params)
-            else:
-                # One statement, committed on return: the task, its wake-up and the NOTIFY.
-                row = await repo.insert_task(conn, params)
-            if row is None:
-                assert request.idempotency_key is not None
-                existing = await repo.find_task_by_idempotency_key(conn, request.idempotency_key)
-                if existing is None:  # pragma: no cover - the conflicting row vanished
-                    raise Conflict("idempotency key conflict, try again")
-                view = await repo.get_task(conn, existing)
-                assert view is not None
-                return task_view(view), False
-        # Committed: the statement's row is the new task as it was created (no read back).
-        if wake_here and row["held"]:  # its held wake-up NOTIFYd no one
-            assert listener is not None
-            listener.wake(request.queue)
-            # One turn: the woken claim sends its statement before this answer is built.
-            await asyncio.sleep(0)
-        self._recorder.task_created(row)
+                if row is None:
+                    assert request.idempotency_key is not None
+                    existing = await repo.find_task_by_idempotency_key(
+                        conn, request.idempotency_key
+                    )
+                    if existing is None:  # pragma: no cover - the conflicting row vanished
+                        raise Conflict("idempotency key conflict, try again")
+                    view = await repo.get_task(conn, existing)
+                    assert view is not None
+                    return task_view(view), False
+            # Committed: the statement's row is the new task as it was created (no read back).
+            self._recorder.task_created(row)
+        finally:
+            if waiter is not None:  # what it claimed for the waiting claim, else a plain wake
+                waiter.hand(claimed)
+        if waiter is not None:
+            await asyncio.sleep(0)  # one turn: the waiting claim's answer goes out before this one
         return task_view(row), True
 
     async def get(self, task_id: UUID) -> TaskView:
