@@ -16,6 +16,9 @@ Invariants:
     waiting claim claims once more then). A waiting claim holds no database connection.
   * A waiter is registered before its first claim, so a NOTIFY heard during that claim is not
     lost: the waiter claims again.
+  * A create that finds one of this dispatcher's waiters of its queue still in its first claim
+    (`waits_here`, none to `take`) wakes it after its commit instead of NOTIFYing (`wake`, as a
+    notification would: it claims once more after its first claim).
   * A create that takes one of this dispatcher's waiters of its queue (`take`: the longest
     waiting whose client is still there, and only while listening) always hands it something once
     its transaction ended: the rows it claimed for it after its commit, or nothing (it then claims
@@ -181,6 +184,11 @@ class QueuedListener:
         if self._live[queue] > 0:  # its waiters are all claiming: one of them looks again
             self._missed.add(queue)
         return False
+
+    def waits_here(self, queue: str) -> bool:
+        """A waiting claim of `queue` is registered on this dispatcher (waiting, or in its first
+        claim), and the LISTEN connection is up (the queue's wake-ups are held back for it)."""
+        return self.listening and bool(self._waiters.get(queue))
 
     def take(self, queue: str) -> Waiter | None:
         """The longest waiting claim of `queue` on this dispatcher whose client is still there,

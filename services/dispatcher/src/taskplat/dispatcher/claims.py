@@ -184,11 +184,14 @@ class Claims:
                     return []
                 listener.rearm(waiter)
 
+    def claim_next_params(self, queue: str, worker_id: str, limit: int) -> dict[str, Any]:
+        """The parameters of the claim-next statement (`batch.sql: claim_next`)."""
+        return {**self._params(worker_id), "queue": queue, "max": limit}
+
     async def claim_next_in(self, conn: Conn, queue: str, worker_id: str, limit: int) -> list[Row]:
         """The claim-next statement in the caller's transaction (no wait); the claimed rows,
         to be answered with `claim_next_answer` once that transaction committed."""
-        params = {**self._params(worker_id), "queue": queue, "max": limit}
-        return await batch.claim_next(conn, params)
+        return await batch.claim_next(conn, self.claim_next_params(queue, worker_id, limit))
 
     async def claim_next_answer(
         self, conn: Conn | None, queue: str, limit: int, rows: list[Row]

@@ -21,6 +21,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 from typing import Any
@@ -113,14 +114,17 @@ class TaskService:
         now = self._clock.sql_now()
         # One of this dispatcher's waiting claims of the queue waits: claim for it in this
         # transaction rather than wake it through a NOTIFY (see `claim_waits`).
-        waiter = self._listener.take(request.queue) if self._listener is not None else None
+        # One still in its first claim: wake it after the commit, not through a NOTIFY.
+        listener = self._listener
+        waiter = listener.take(request.queue) if listener is not None else None
+        wake_here = waiter is None and listener is not None and listener.waits_here(request.queue)
         claimed: list[dict[str, Any]] | None = None
         params = {
             **task_values(request, self._settings),
             "now": now,
             "trace_context": repo.wakeup_trace_context(inject()),
             "polled_wakeup_delay_seconds": self._settings.polled_wakeup_delay_seconds,
-            "notify_held": waiter is None,
+            "notify_held": waiter is None and not wake_here,
         }
         loc: list[str | int] = ["body", "inputs"]
         try:
@@ -129,16 +133,24 @@ class TaskService:
                 pinned = request.job is not None and pins.dataset_reads(request.inputs, loc)
                 if pinned or waiter is not None:
                     # The datasets stay share-locked until the task and its pins commit; the
-                    # claim made for the waiting claim commits with the task.
-                    async with conn.transaction():
+                    # claim made for the waiting claim commits with the task. Pipelined: BEGIN,
+                    # the insert and the claim go in one round trip, the COMMIT in a second.
+                    piped = conn.pipeline() if waiter is not None else contextlib.nullcontext()
+                    async with piped, conn.transaction():
                         if pinned:
                             pinned_inputs = await pins.pin_inputs(conn, request.inputs, loc)
                             params["inputs"] = Jsonb(pinned_inputs)
-                        row = await repo.insert_task(conn, params)
-                        if waiter is not None and row is not None and row["held"]:
-                            claimed = await self._claims.claim_next_in(
-                                conn, request.queue, waiter.worker_id, waiter.limit
+                        if waiter is None:
+                            row = await repo.insert_task(conn, params)
+                        else:
+                            claim = self._claims.claim_next_params(
+                                request.queue, waiter.worker_id, waiter.limit
                             )
+                            row, claiming = await repo.insert_task_and_claim_next(
+                                conn, params, claim
+                            )
+                    if waiter is not None:
+                        claimed = claiming  # committed
                 else:
                     # One statement, committed on return: the task, its wake-up and the NOTIFY.
                     row = await repo.insert_task(conn, params)
@@ -157,7 +169,10 @@ class TaskService:
         finally:
             if waiter is not None:  # what it claimed for the waiting claim, else a plain wake
                 waiter.hand(claimed)
-        if waiter is not None:
+        if wake_here and row["held"]:  # its held wake-up NOTIFYd no one
+            assert listener is not None
+            listener.wake(request.queue)
+        if waiter is not None or wake_here:
             await asyncio.sleep(0)  # one turn: the waiting claim's answer goes out before this one
         return task_view(row), True
 

@@ -20,6 +20,7 @@ from taskplat.common.contracts import CompleteRequest, Event, Output
 from taskplat.common.db.queries import load_queries
 
 Q = load_queries("taskplat.dispatcher.repository", "tasks.sql")
+batch_queries = load_queries("taskplat.dispatcher.repository", "batch.sql")
 
 Conn = AsyncConnection[DictRow]
 Row = dict[str, Any]
@@ -41,6 +42,19 @@ async def insert_task(conn: Conn, params: dict[str, Any]) -> Row | None:
     exists and nothing was written. On an autocommit connection it is committed on return.
     `notify_held` false: a held wake-up NOTIFYs no one (the row's `held` says it was held)."""
     return await _one(conn, "insert_task", params)
+
+
+async def insert_task_and_claim_next(
+    conn: Conn, params: dict[str, Any], claim_params: dict[str, Any]
+) -> tuple[Row | None, list[Row]]:
+    """`insert_task`, then `claim_next` of `batch.sql` (which sees the new task), sent together in
+    one pipeline, in the caller's transaction: the new task's row (None: its idempotency key
+    exists) and the rows claimed."""
+    async with conn.pipeline():
+        inserting = await conn.execute(Q["insert_task"], params)
+        claiming = await conn.execute(batch_queries["claim_next"], claim_params)
+        row = await inserting.fetchone()
+        return row, await claiming.fetchall()
 
 
 async def find_task_by_idempotency_key(conn: Conn, key: str) -> UUID | None:
