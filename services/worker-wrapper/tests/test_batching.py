@@ -498,7 +498,9 @@ def test_under_a_backlog_the_claim_goes_along_with_the_completions(
 ) -> None:
     """Without claims along, a claim-next goes out for about every completion call under a
     backlog (16 for 19 measured with the setting off); with them most claims ride on the
-    completion calls."""
+    completion calls. On a machine busy with other work some claims still go alone (the loop
+    leaves its claim to completions for 0.1 s at most): 6 and 7 for 11 and 13 measured with
+    two other processes spinning on its two cores, 5 for 10 and 11 with nothing else running."""
     claim_next, complete_batch = _drain_backlog(dispatcher, queue, operators_file, 80)
     assert complete_batch >= 5
-    assert claim_next <= complete_batch / 2, (claim_next, complete_batch)
+    assert claim_next <= complete_batch * 0.7, (claim_next, complete_batch)
