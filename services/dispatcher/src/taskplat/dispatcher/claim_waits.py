@@ -49,6 +49,8 @@ from psycopg import sql
 from taskplat.common.db.notify import OUTBOX_CHANNEL, QUEUED_CHANNEL
 from taskplat.common.logging import get_logger
 
+_ENDED = object()  # a wait that ended without a wake-up: timed out, or its client went away
+
 
 class Waiter:
     """One waiting claim of one queue (for `worker_id`, up to `limit` tasks); woken at most once per
@@ -71,7 +73,7 @@ class Waiter:
         self.taken = False  # a create claims for it now
         self.woken = False  # the last wait ended with a wake-up
         self.in_wait = False  # inside `wait` now (only then can a create take it)
-        self._woken: asyncio.Future[list[Any] | None] = asyncio.get_running_loop().create_future()
+        self._woken: asyncio.Future[object] = asyncio.get_running_loop().create_future()
 
     @property
     def wake_pending(self) -> bool:
@@ -94,23 +96,31 @@ class Waiter:
     async def wait(self, timeout: float) -> list[Any] | None:
         """Up to `timeout` seconds for a wake-up (or the client going away), and, once taken, until
         handed; `woken` then says it was woken, and the answer is the rows claimed for it, if any.
-        Only a waiter inside this wait can be taken (not one still in its first claim)."""
+        Only a waiter inside this wait can be taken (not one still in its first claim). The
+        claim awaits its future itself, so a wake or a hand resumes it in the next turn."""
         woken = self._woken
         if not woken.done():
-            waits: set[asyncio.Future[Any]] = {woken}
+            loop = asyncio.get_running_loop()
+
+            def end(_: object = None) -> None:  # timed out, or the client went away
+                if not woken.done() and not self.taken:
+                    woken.set_result(_ENDED)
+
+            timer = loop.call_later(timeout, end)
             if self.gone is not None:
-                waits.add(self.gone)
+                self.gone.add_done_callback(end)
             self.in_wait = True
             try:
-                await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-                if not woken.done() and self.taken:  # a create claims for it: answer that
-                    await asyncio.shield(woken)
+                await woken
             finally:
                 self.in_wait = False
-        self.woken = woken.done()
-        claimed = woken.result() if self.woken else None
+                timer.cancel()
+                if self.gone is not None:
+                    self.gone.remove_done_callback(end)
+        answer = woken.result()
+        self.woken = answer is not _ENDED
         self._woken = asyncio.get_running_loop().create_future()
-        return claimed
+        return answer if isinstance(answer, list) else None
 
 
 class QueuedListener:
