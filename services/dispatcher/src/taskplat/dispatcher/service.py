@@ -113,8 +113,8 @@ class TaskService:
         await self._registry.require([request.queue], ["body"])
         now = self._clock.sql_now()
         # One of this dispatcher's waiting claims of the queue waits: claim for it in this
-        # transaction rather than wake it through a NOTIFY (see `claim_waits`).
-        # One still in its first claim: wake it after the commit, not through a NOTIFY.
+        # transaction rather than wake it through a NOTIFY; one still in its first claim is
+        # woken after the commit instead (see `claim_waits`).
         listener = self._listener
         waiter = listener.take(request.queue) if listener is not None else None
         wake_here = waiter is None and listener is not None and listener.waits_here(request.queue)

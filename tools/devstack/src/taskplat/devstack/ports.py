@@ -6,9 +6,10 @@ Invariants:
   outgoing connection and no `bind(("127.0.0.1", 0))` anywhere on the machine can take a port
   between the moment it is picked here and the moment its server binds it.
 - Each pytest-xdist worker (`PYTEST_XDIST_WORKER=gwN`) draws from its own band of that range,
-  and one process never hands out the same port twice, so two test processes running side by
-  side never pick the same port. A process outside xdist draws from band 0 and starts at a
-  point drawn from its pid, so the few such processes at once rarely meet.
+  and one process never hands out the same port twice, so two xdist workers never pick the same
+  port. A process outside xdist draws from band 0, and a subprocess a test starts from its
+  worker's band (it inherits the variable); each process starts at a point drawn from its pid,
+  so the few processes sharing a band rarely meet.
 - A port some other program holds is skipped (the bind test), so the only race left is with a
   program outside this module binding a fixed port in the band, and a caller must still report
   "address in use" clearly.
