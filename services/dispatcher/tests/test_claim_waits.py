@@ -19,8 +19,11 @@ async def _woken(waiter: Waiter, timeout: float) -> bool:
 
 
 async def _until_in_wait(waiter: Waiter) -> None:
-    while not waiter.in_wait:
+    for _ in range(100):  # it enters its wait in the first turns of its task
+        if waiter.in_wait:
+            return
         await asyncio.sleep(0)
+    raise AssertionError("the waiter never entered its wait")
 
 
 def test_a_notification_wakes_the_longest_waiting_claim_of_its_queue_only() -> None:
@@ -99,8 +102,9 @@ def test_a_taken_claim_outlasts_its_deadline_and_its_client_until_handed() -> No
             await _until_in_wait(waiter)
             assert listener.take("q") is waiter
             gone.set_result(None)
-            await asyncio.sleep(0.05)  # past the wait's deadline and the client's going
-            assert not waiting.done()
+            # Past the wait's deadline and the client's going, it still waits for the hand.
+            done, _ = await asyncio.wait({waiting}, timeout=0.05)
+            assert not done
             waiter.hand([{"task_id": "t"}])
             assert await waiting == [{"task_id": "t"}]
 
