@@ -63,7 +63,7 @@ from taskplat.common.contracts import (
 from taskplat.common.errors import Conflict, NotFound, PinnedVersionNotCurrent, ValidationFailed
 from taskplat.common.telemetry import inject
 from taskplat.dispatcher import audit, pins, untrusted
-from taskplat.dispatcher.claim_waits import QueuedListener
+from taskplat.dispatcher.claim_waits import QueuedListener, Waiter
 from taskplat.dispatcher.claims import Claims
 from taskplat.dispatcher.completions import Completions
 from taskplat.dispatcher.creation import BulkCreate, check_times, task_values
@@ -126,34 +126,10 @@ class TaskService:
             "polled_wakeup_delay_seconds": self._settings.polled_wakeup_delay_seconds,
             "notify_held": waiter is None and not wake_here,
         }
-        loc: list[str | int] = ["body", "inputs"]
         try:
             async with self._pool.connection() as conn:
                 await untrusted.check_new_tasks(conn, self._settings, [request], ["body"])
-                pinned = request.job is not None and pins.dataset_reads(request.inputs, loc)
-                if pinned or waiter is not None:
-                    # The datasets stay share-locked until the task and its pins commit; the
-                    # claim made for the waiting claim commits with the task. Pipelined: BEGIN,
-                    # the insert and the claim go in one round trip, the COMMIT in a second.
-                    piped = conn.pipeline() if waiter is not None else contextlib.nullcontext()
-                    async with piped, conn.transaction():
-                        if pinned:
-                            pinned_inputs = await pins.pin_inputs(conn, request.inputs, loc)
-                            params["inputs"] = Jsonb(pinned_inputs)
-                        if waiter is None:
-                            row = await repo.insert_task(conn, params)
-                        else:
-                            claim = self._claims.claim_next_params(
-                                request.queue, waiter.worker_id, waiter.limit
-                            )
-                            row, claiming = await repo.insert_task_and_claim_next(
-                                conn, params, claim
-                            )
-                    if waiter is not None:
-                        claimed = claiming  # committed
-                else:
-                    # One statement, committed on return: the task, its wake-up and the NOTIFY.
-                    row = await repo.insert_task(conn, params)
+                row, claimed = await self._insert(conn, request, params, waiter)
                 if row is None:
                     assert request.idempotency_key is not None
                     existing = await repo.find_task_by_idempotency_key(
@@ -175,6 +151,37 @@ class TaskService:
         if waiter is not None or wake_here:
             await asyncio.sleep(0)  # one turn: the waiting claim's answer goes out before this one
         return task_view(row), True
+
+    async def _insert(
+        self,
+        conn: AsyncConnection[DictRow],
+        request: CreateTaskRequest,
+        params: dict[str, Any],
+        waiter: Waiter | None,
+    ) -> tuple[dict[str, Any] | None, list[dict[str, Any]] | None]:
+        """Insert the task, committed: its row (None: its idempotency key exists) and, for a
+        taken `waiter`, the rows claimed for it in the same transaction."""
+        loc: list[str | int] = ["body", "inputs"]
+        pinned = request.job is not None and pins.dataset_reads(request.inputs, loc)
+        if not pinned and waiter is None:
+            # One statement, committed on return: the task, its wake-up and the NOTIFY.
+            return await repo.insert_task(conn, params), None
+        # The datasets stay share-locked until the task and its pins commit; the claim made for
+        # the waiting claim commits with the task. Pipelined: BEGIN, the insert and the claim go
+        # in one round trip, the COMMIT in a second.
+        claimed = None
+        piped = conn.pipeline() if waiter is not None else contextlib.nullcontext()
+        async with piped, conn.transaction():
+            if pinned:
+                params["inputs"] = Jsonb(await pins.pin_inputs(conn, request.inputs, loc))
+            if waiter is None:
+                row = await repo.insert_task(conn, params)
+            else:
+                claim = self._claims.claim_next_params(
+                    request.queue, waiter.worker_id, waiter.limit
+                )
+                row, claimed = await repo.insert_task_and_claim_next(conn, params, claim)
+        return row, claimed
 
     async def get(self, task_id: UUID) -> TaskView:
         async with self._pool.connection() as conn:
