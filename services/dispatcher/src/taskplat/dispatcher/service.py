@@ -21,7 +21,6 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import random
 from typing import Any
@@ -140,8 +139,6 @@ class TaskService:
                     view = await repo.get_task(conn, existing)
                     assert view is not None
                     return task_view(view), False
-            # Committed: the statement's row is the new task as it was created (no read back).
-            self._recorder.task_created(row)
         finally:
             if waiter is not None:  # what it claimed for the waiting claim, else a plain wake
                 waiter.hand(claimed)
@@ -149,7 +146,11 @@ class TaskService:
             assert listener is not None
             listener.wake(request.queue)
         if waiter is not None or wake_here:
-            await asyncio.sleep(0)  # one turn: the waiting claim's answer goes out before this one
+            # One turn: the waiting claim's answer goes out before this create is recorded and
+            # answered.
+            await asyncio.sleep(0)
+        # Committed: the statement's row is the new task as it was created (no read back).
+        self._recorder.task_created(row)
         return task_view(row), True
 
     async def _insert(
@@ -166,22 +167,19 @@ class TaskService:
         if not pinned and waiter is None:
             # One statement, committed on return: the task, its wake-up and the NOTIFY.
             return await repo.insert_task(conn, params), None
-        # The datasets stay share-locked until the task and its pins commit; the claim made for
-        # the waiting claim commits with the task. Pipelined: BEGIN, the insert and the claim go
-        # in one round trip, the COMMIT in a second.
-        claimed = None
-        piped = conn.pipeline() if waiter is not None else contextlib.nullcontext()
-        async with piped, conn.transaction():
-            if pinned:
-                params["inputs"] = Jsonb(await pins.pin_inputs(conn, request.inputs, loc))
-            if waiter is None:
-                row = await repo.insert_task(conn, params)
-            else:
-                claim = self._claims.claim_next_params(
-                    request.queue, waiter.worker_id, waiter.limit
-                )
-                row, claimed = await repo.insert_task_and_claim_next(conn, params, claim)
-        return row, claimed
+        claim = None
+        if waiter is not None:
+            claim = self._claims.claim_next_params(request.queue, waiter.worker_id, waiter.limit)
+        if not pinned:
+            # The claim made for the waiting claim commits with the task, in one round trip.
+            assert claim is not None
+            return await repo.insert_task_and_claim_next(conn, params, claim)
+        # The datasets stay share-locked until the task and its pins commit.
+        async with conn.transaction():
+            params["inputs"] = Jsonb(await pins.pin_inputs(conn, request.inputs, loc))
+            if claim is None:
+                return await repo.insert_task(conn, params), None
+            return await repo.insert_task_and_claim_next(conn, params, claim)
 
     async def get(self, task_id: UUID) -> TaskView:
         async with self._pool.connection() as conn:

@@ -2,7 +2,8 @@
 
 Invariants: each transition is one guarded statement returning the changed row or None; None means
 the guard did not match and nothing was written. Functions take the caller's connection and never
-commit.
+commit, except `insert_task_and_claim_next`, which owns its transaction (a savepoint when the
+caller has one).
 """
 
 from __future__ import annotations
@@ -47,14 +48,16 @@ async def insert_task(conn: Conn, params: dict[str, Any]) -> Row | None:
 async def insert_task_and_claim_next(
     conn: Conn, params: dict[str, Any], claim_params: dict[str, Any]
 ) -> tuple[Row | None, list[Row]]:
-    """`insert_task`, then `claim_next` of `batch.sql` (which sees the new task), sent together in
-    one pipeline, in the caller's transaction: the new task's row (None: its idempotency key
-    exists) and the rows claimed."""
+    """`insert_task`, then `claim_next` of `batch.sql` (which sees the new task), in a transaction
+    of their own, committed on return (a savepoint inside the caller's transaction): the new
+    task's row (None: its idempotency key exists) and the rows claimed. BEGIN, both statements
+    and the COMMIT go to Postgres in one pipeline sync, so one round trip; an error in either
+    statement rolls both back."""
     async with conn.pipeline():
-        inserting = await conn.execute(Q["insert_task"], params)
-        claiming = await conn.execute(batch_queries["claim_next"], claim_params)
-        row = await inserting.fetchone()
-        return row, await claiming.fetchall()
+        async with conn.transaction():
+            inserting = await conn.execute(Q["insert_task"], params)
+            claiming = await conn.execute(batch_queries["claim_next"], claim_params)
+        return await inserting.fetchone(), await claiming.fetchall()
 
 
 async def find_task_by_idempotency_key(conn: Conn, key: str) -> UUID | None:
