@@ -324,14 +324,13 @@ class DagService:
                 if task_id is not None:
                     await repo.notify_outbox(conn, "")
             created = task_id is not None
-            if task_id is None:
+            if task_id is not None:
+                row = await task_repo.get_task(conn, task_id)
+            else:
                 assert request.idempotency_key is not None
-                task_id = await task_repo.find_task_by_idempotency_key(
-                    conn, request.idempotency_key
-                )
-                if task_id is None:  # pragma: no cover - the conflicting row vanished
+                row = await task_repo.get_task_by_idempotency_key(conn, request.idempotency_key)
+                if row is None:  # pragma: no cover - the conflicting row vanished
                     raise BadRequest("idempotency key conflict, try again")
-            row = await task_repo.get_task(conn, task_id)
         assert row is not None
         if created:
             self._recorder.task_created(row)

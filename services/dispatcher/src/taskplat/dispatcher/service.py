@@ -131,14 +131,10 @@ class TaskService:
                 row, claimed = await self._insert(conn, request, params, waiter)
                 if row is None:
                     assert request.idempotency_key is not None
-                    existing = await repo.find_task_by_idempotency_key(
-                        conn, request.idempotency_key
-                    )
+                    existing = await repo.get_task_by_idempotency_key(conn, request.idempotency_key)
                     if existing is None:  # pragma: no cover - the conflicting row vanished
                         raise Conflict("idempotency key conflict, try again")
-                    view = await repo.get_task(conn, existing)
-                    assert view is not None
-                    return task_view(view), False
+                    return task_view(existing), False
         finally:
             if waiter is not None:  # what it claimed for the waiting claim, else a plain wake
                 waiter.hand(claimed)
@@ -206,8 +202,7 @@ class TaskService:
         }
         async with self._pool.connection() as conn:
             if filters.idempotency_key is not None:  # the one task of the key (unique index)
-                found = await repo.find_task_by_idempotency_key(conn, filters.idempotency_key)
-                row = await repo.get_task(conn, found) if found is not None else None
+                row = await repo.get_task_by_idempotency_key(conn, filters.idempotency_key)
                 return TaskList(tasks=[task_view(row)] if row is not None else [], next_cursor=None)
             rows = await repo.list_tasks(conn, params)
         page = rows[: filters.limit]

@@ -94,6 +94,12 @@ async def get_task(conn: Conn, task_id: UUID) -> Row | None:
     return await _one(conn, "get_task", {"task_id": task_id})
 
 
+async def get_task_by_idempotency_key(conn: Conn, key: str) -> Row | None:
+    """The task holding idempotency key `key`, as `get_task` reads it (None: no task holds it)."""
+    task_id = await find_task_by_idempotency_key(conn, key)
+    return None if task_id is None else await get_task(conn, task_id)
+
+
 async def list_tasks(conn: Conn, params: dict[str, Any]) -> list[Row]:
     cursor = await conn.execute(Q["list_tasks"], params)
     return await cursor.fetchall()
