@@ -76,6 +76,18 @@ def _wakeups(db_url: str, task_id: str) -> list[tuple[bool, float]]:
     return [(bool(held), float(delay)) for held, delay in rows]
 
 
+def _claimed_in_its_create(db_url: str, task_id: str) -> bool:
+    """Whether the task's last write (its claim) was the transaction that wrote its wake-up (its
+    create): read while the held wake-up is untouched (the relay holds it for 2 s)."""
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute(
+            "SELECT t.xmin::text = o.xmin::text FROM tasks AS t JOIN outbox AS o"
+            " ON o.task_id = t.task_id AND o.kind = 'enqueue_task' WHERE t.task_id = %s",
+            (task_id,),
+        ).fetchone()
+    return bool(row and row[0])
+
+
 def test_a_waiting_claim_takes_a_task_created_while_it_waits(
     dispatcher: Dispatcher, db_url: str
 ) -> None:
@@ -97,7 +109,7 @@ def test_a_create_claims_for_a_waiting_claim_of_its_own_dispatcher_in_its_transa
     dispatcher: Dispatcher, db_url: str
 ) -> None:
     """The dispatcher where the claim waits claims the task for it in the create's own
-    transaction (the attempt starts at the task's creation time: one transaction, one `now()`),
+    transaction (the task's claim and its wake-up are one transaction's writes),
     and the create's held wake-up NOTIFYs no one (a create with no claim waiting still does).
     A create that comes while the claim is still in its first claim wakes it after its commit
     instead (also without a NOTIFY): the test tries up to three times for the first case."""
@@ -119,7 +131,7 @@ def test_a_create_claims_for_a_waiting_claim_of_its_own_dispatcher_in_its_transa
             assert _wakeups(db_url, task_id) == [(True, 2.0)]  # held: sent only if still Queued
             row = task_row(db_url, task_id)
             assert row is not None and row["status"] == "Running"
-            in_transaction.append(row["started_at"] == row["created_at"])
+            in_transaction.append(_claimed_in_its_create(db_url, task_id))
             if in_transaction[-1]:
                 break
         create_task(dispatcher, queue="beta")  # nobody waits: NOTIFYs the relay
@@ -151,6 +163,78 @@ def test_a_create_that_woke_a_waiting_claim_answers_the_task_as_created(
     assert now["status"] == "Running" and len(now["attempts"]) == 1
     unchanged = set(created) - {"status", "worker_id", "started_at", "attempts"}
     assert {key: created[key] for key in unchanged} == {key: now[key] for key in unchanged}
+
+
+PIN_DAG: JsonDict = {
+    "jobs": {
+        "source": {"operator": "emit", "outputs": [{"index": 0, "dataset": "blocks"}]},
+        "transform": {"operator": "emit",
+                      "inputs": [{"from": {"job": "source", "output_index": 0}}]},
+    }
+}  # fmt: skip
+
+
+def test_a_pinned_task_created_while_a_claim_waits_is_claimed_for_it_with_its_pins(
+    dispatcher: Dispatcher, db_url: str
+) -> None:
+    """A task of a job reading a dataset is pinned in the create's transaction; the claim made
+    for the waiting claim is a savepoint in that transaction, and the claimed task has its pin.
+    Up to three tries, as above, for the waiting claim to be inside its wait."""
+    _until_listening(dispatcher, db_url)
+    assert dispatcher.api.put("/dags/pinned", json=PIN_DAG).status_code == 201
+    blocks = next(
+        each for each in dispatcher.api.get("/datasets").json()["datasets"]
+        if each["name"] == "blocks"
+    )  # fmt: skip
+    job = {"dag_name": "pinned", "name": "transform"}
+    in_transaction = []
+    with _client(dispatcher) as client, ThreadPoolExecutor(max_workers=1) as pool:
+        for _ in range(3):
+            poll: Future[list[JsonDict]] = pool.submit(_claim_next, client, "ingest", wait=30)
+            wait_for(lambda: _waiting(dispatcher, "ingest") == 1, timeout=DEADLINE, what="a waiter")
+            task = create_task(
+                dispatcher, operator="emit", queue="ingest", job=job,
+                inputs=[{"dataset_uuid": blocks["dataset_uuid"]}],
+            )  # fmt: skip
+            claimed = poll.result(timeout=DEADLINE)
+            assert [each["task"]["task_id"] for each in claimed] == [task["task_id"]]
+            with psycopg.connect(db_url) as conn:
+                pinned = conn.execute(
+                    "SELECT dataset_uuid::text, dataset_version::text FROM task_pins"
+                    " WHERE task_id = %s",
+                    (task["task_id"],),
+                ).fetchall()
+            assert pinned == [(blocks["dataset_uuid"], blocks["current_version"])]
+            in_transaction.append(_claimed_in_its_create(db_url, task["task_id"]))
+            if in_transaction[-1]:
+                break
+    assert in_transaction[-1], in_transaction
+
+
+def test_a_create_of_a_known_idempotency_key_while_a_claim_waits_answers_the_existing_task(
+    dispatcher: Dispatcher, db_url: str
+) -> None:
+    """The insert of a known key writes nothing: the create answers the existing task (200),
+    and the waiting claim, handed nothing that key's task, still answers when its wait ends."""
+    _until_listening(dispatcher, db_url)
+    key = "known-while-a-claim-waits"
+    first = create_task(dispatcher, queue="fast-lane", idempotency_key=key)
+    with _client(dispatcher) as client:
+        taken = _claim_next(client, "fast-lane", wait=0)
+        assert [each["task"]["task_id"] for each in taken] == [first["task_id"]]
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            poll: Future[list[JsonDict]] = pool.submit(_claim_next, client, "fast-lane", wait=2)
+            wait_for(
+                lambda: _waiting(dispatcher, "fast-lane") == 1, timeout=DEADLINE, what="a waiter"
+            )
+            again = dispatcher.api.post(
+                "/tasks", json={"operator": "echo", "queue": "fast-lane", "idempotency_key": key}
+            )
+            assert again.status_code == 200, again.text
+            assert again.json()["task_id"] == first["task_id"]
+            assert again.json()["status"] == "Running"
+            assert poll.result(timeout=DEADLINE) == []
+    assert _waiting(dispatcher, "fast-lane") == 0
 
 
 def test_a_waiting_claim_takes_a_queued_task_at_once_and_answers_none_after_its_wait(
