@@ -18,6 +18,7 @@ import psycopg
 
 from taskplat.testkit.dispatcher_calls import claimed, complete, create_task, get_task, heartbeat
 from taskplat.testkit.dispatcher_harness import Dispatcher, serve_dispatcher
+from taskplat.testkit.dispatcher_rows import task_pins
 
 DAG: dict[str, Any] = {
     "jobs": {
@@ -40,16 +41,6 @@ def datasets(d: Dispatcher) -> dict[str, dict[str, Any]]:
 
 def job_task(d: Dispatcher, *inputs: dict[str, Any]) -> dict[str, Any]:
     return create_task(d, operator="emit", job=JOB, inputs=list(inputs))
-
-
-def pins(db_url: str, task_id: str) -> list[tuple[str, str]]:
-    with psycopg.connect(db_url) as conn:
-        rows = conn.execute(
-            "SELECT dataset_uuid::text, dataset_version::text FROM task_pins WHERE task_id = %s "
-            "ORDER BY 1",
-            (task_id,),
-        ).fetchall()
-    return [(row[0], row[1]) for row in rows]
 
 
 def new_version(d: Dispatcher, dataset: dict[str, Any]) -> dict[str, Any]:
@@ -85,7 +76,7 @@ def test_a_created_task_of_a_job_is_pinned_and_canceled_by_a_new_version(
     assert unversioned["inputs"] == [
         {"dataset_uuid": blocks["dataset_uuid"], "cursor": 3, "dataset_version": v1}
     ]
-    assert pins(db_url, unversioned["task_id"]) == [(blocks["dataset_uuid"], v1)]
+    assert task_pins(db_url, unversioned["task_id"]) == [(blocks["dataset_uuid"], v1)]
     response = d.api.post("/tasks/batch", json={"tasks": [
         {"operator": "emit", "job": JOB, "inputs": [{"dataset_uuid": blocks["dataset_uuid"]}]},
         {"operator": "emit", "job": JOB, "inputs": [
@@ -95,9 +86,9 @@ def test_a_created_task_of_a_job_is_pinned_and_canceled_by_a_new_version(
     ]})  # fmt: skip
     assert response.status_code == 201, response.text
     batch = [each["task"]["task_id"] for each in response.json()["results"]]
-    assert pins(db_url, batch[0]) == [(blocks["dataset_uuid"], v1)]
-    assert pins(db_url, batch[1]) == [(prices["dataset_uuid"], prices["current_version"])]
-    assert pins(db_url, batch[2]) == []  # a task of no job: its inputs are the operator's data
+    assert task_pins(db_url, batch[0]) == [(blocks["dataset_uuid"], v1)]
+    assert task_pins(db_url, batch[1]) == [(prices["dataset_uuid"], prices["current_version"])]
+    assert task_pins(db_url, batch[2]) == []  # a task of no job: its inputs are the operator's data
     running = job_task(d, {"dataset_uuid": blocks["dataset_uuid"], "dataset_version": v1})
     claimed(d, running["task_id"])
 
@@ -218,7 +209,7 @@ def test_a_replay_of_a_task_pinned_to_a_superseded_version_is_refused_unless_it_
         {**both[0], "dataset_version": v2},
         {**both[1], "dataset_version": prices["current_version"]},
     ]
-    assert pins(db_url, single) == sorted(
+    assert task_pins(db_url, single) == sorted(
         [(blocks["dataset_uuid"], v2), (prices["dataset_uuid"], prices["current_version"])]
     )
 
@@ -236,7 +227,7 @@ def test_a_replay_of_a_task_pinned_to_a_superseded_version_is_refused_unless_it_
     assert status(d, single) == ("Canceled", "VersionSuperseded")
     back = d.api.post("/tasks/retry", json={"ids": listed[:1]}).json()
     assert back == {"replayed": listed[:1], "skipped": []}
-    assert (blocks["dataset_uuid"], v1) in pins(db_url, listed[0])
+    assert (blocks["dataset_uuid"], v1) in task_pins(db_url, listed[0])
     new_version(d, blocks)
     forced = d.api.post("/tasks/retry", json={"ids": listed, "repin": True}).json()
     assert sorted(forced["replayed"]) == sorted(listed) and forced["skipped"] == []
@@ -352,5 +343,6 @@ def test_a_run_input_naming_no_version_is_pinned_to_the_current_one(
     assert run.status_code == 201, run.text
     task = run.json()
     assert task["inputs"] == [{**body["inputs"][0], "dataset_version": blocks["current_version"]}]
-    assert pins(db_url, task["task_id"]) == [(blocks["dataset_uuid"], blocks["current_version"])]
+    pinned = task_pins(db_url, task["task_id"])
+    assert pinned == [(blocks["dataset_uuid"], blocks["current_version"])]
     assert new_version(d, blocks)["canceled_tasks"] == 1

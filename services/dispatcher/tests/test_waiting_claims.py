@@ -17,7 +17,7 @@ import pytest
 from taskplat.devstack.waiting import wait_for
 from taskplat.testkit.dispatcher_calls import create_task
 from taskplat.testkit.dispatcher_harness import Dispatcher
-from taskplat.testkit.dispatcher_rows import task_row
+from taskplat.testkit.dispatcher_rows import outbox_xmins, task_pins, task_row, task_xmin
 
 JsonDict = dict[str, Any]
 DEADLINE = 15.0
@@ -79,13 +79,7 @@ def _wakeups(db_url: str, task_id: str) -> list[tuple[bool, float]]:
 def _claimed_in_its_create(db_url: str, task_id: str) -> bool:
     """Whether the task's last write (its claim) was the transaction that wrote its wake-up (its
     create): read while the held wake-up is untouched (the relay holds it for 2 s)."""
-    with psycopg.connect(db_url) as conn:
-        row = conn.execute(
-            "SELECT t.xmin::text = o.xmin::text FROM tasks AS t JOIN outbox AS o"
-            " ON o.task_id = t.task_id AND o.kind = 'enqueue_task' WHERE t.task_id = %s",
-            (task_id,),
-        ).fetchone()
-    return bool(row and row[0])
+    return outbox_xmins(db_url, task_id) == [task_xmin(db_url, task_id)]
 
 
 def test_a_waiting_claim_takes_a_task_created_while_it_waits(
@@ -198,12 +192,7 @@ def test_a_pinned_task_created_while_a_claim_waits_is_claimed_for_it_with_its_pi
             )  # fmt: skip
             claimed = poll.result(timeout=DEADLINE)
             assert [each["task"]["task_id"] for each in claimed] == [task["task_id"]]
-            with psycopg.connect(db_url) as conn:
-                pinned = conn.execute(
-                    "SELECT dataset_uuid::text, dataset_version::text FROM task_pins"
-                    " WHERE task_id = %s",
-                    (task["task_id"],),
-                ).fetchall()
+            pinned = task_pins(db_url, task["task_id"])
             assert pinned == [(blocks["dataset_uuid"], blocks["current_version"])]
             in_transaction.append(_claimed_in_its_create(db_url, task["task_id"]))
             if in_transaction[-1]:

@@ -119,6 +119,12 @@ def task_xmin(db_url: str, task_id: str | UUID) -> str:
     return str(_rows(db_url, "task_xmin", {"task_id": task_id})[0]["xmin"])
 
 
+def task_pins(db_url: str, task_id: str | UUID) -> list[tuple[str, str]]:
+    """The task's pins as (dataset_uuid, dataset_version), by dataset."""
+    rows = _rows(db_url, "pin_rows", {"task_id": task_id})
+    return [(row["dataset_uuid"], row["dataset_version"]) for row in rows]
+
+
 def outbox_xmins(db_url: str, task_id: str | UUID) -> list[str]:
     """The ids of the transactions that wrote the task's outbox rows, oldest first."""
     return [str(row["xmin"]) for row in _rows(db_url, "outbox_xmins", {"task_id": task_id})]

@@ -39,5 +39,11 @@ SELECT * FROM task_outputs WHERE task_id = %(task_id)s ORDER BY output_index
 -- The transaction that last wrote the task row (xmin), to prove two rows share one transaction.
 SELECT xmin::text AS xmin FROM tasks WHERE task_id = %(task_id)s
 
+-- name: pin_rows
+SELECT dataset_uuid::text AS dataset_uuid, dataset_version::text AS dataset_version
+FROM task_pins
+WHERE task_id = %(task_id)s
+ORDER BY 1
+
 -- name: outbox_xmins
 SELECT xmin::text AS xmin FROM outbox WHERE task_id = %(task_id)s ORDER BY outbox_id
