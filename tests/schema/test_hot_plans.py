@@ -179,7 +179,7 @@ Task = str
 HOT_STATEMENTS: dict[tuple[str, str], dict[str, Task]] = {
     ("taskplat.dispatcher.repository", "tasks.sql"): {
         "insert_task": "new",
-        "find_task_by_idempotency_key": "-",
+        "get_task_by_idempotency_key": "-",
         "insert_outbox_dead_letter": "dead",
         "get_task": "completed",
         "read_fence": "running",

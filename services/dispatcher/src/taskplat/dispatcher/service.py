@@ -80,6 +80,16 @@ from taskplat.dispatcher.tokens import TokenIssuer
 from taskplat.dispatcher.views import claim_task_payload, task_view
 
 
+async def _write_task(
+    conn: AsyncConnection[DictRow], params: dict[str, Any], claim: dict[str, Any] | None
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]] | None]:
+    """The insert alone (one statement, committed on return: the task, its wake-up and the
+    NOTIFY), or with the `claim` for a waiting claim (both committed together, one round trip)."""
+    if claim is None:
+        return await repo.insert_task(conn, params), None
+    return await repo.insert_task_and_claim_next(conn, params, claim)
+
+
 class TaskService:
     def __init__(
         self,
@@ -159,23 +169,15 @@ class TaskService:
         """Insert the task, committed: its row (None: its idempotency key exists) and, for a
         taken `waiter`, the rows claimed for it in the same transaction."""
         loc: list[str | int] = ["body", "inputs"]
-        pinned = request.job is not None and pins.dataset_reads(request.inputs, loc)
-        if not pinned and waiter is None:
-            # One statement, committed on return: the task, its wake-up and the NOTIFY.
-            return await repo.insert_task(conn, params), None
         claim = None
         if waiter is not None:
             claim = self._claims.claim_next_params(request.queue, waiter.worker_id, waiter.limit)
-        if not pinned:
-            # The claim made for the waiting claim commits with the task, in one round trip.
-            assert claim is not None
-            return await repo.insert_task_and_claim_next(conn, params, claim)
+        if not (request.job is not None and pins.dataset_reads(request.inputs, loc)):
+            return await _write_task(conn, params, claim)
         # The datasets stay share-locked until the task and its pins commit.
         async with conn.transaction():
             params["inputs"] = Jsonb(await pins.pin_inputs(conn, request.inputs, loc))
-            if claim is None:
-                return await repo.insert_task(conn, params), None
-            return await repo.insert_task_and_claim_next(conn, params, claim)
+            return await _write_task(conn, params, claim)
 
     async def get(self, task_id: UUID) -> TaskView:
         async with self._pool.connection() as conn:

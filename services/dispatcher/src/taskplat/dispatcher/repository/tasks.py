@@ -60,11 +60,6 @@ async def insert_task_and_claim_next(
         return await inserting.fetchone(), await claiming.fetchall()
 
 
-async def find_task_by_idempotency_key(conn: Conn, key: str) -> UUID | None:
-    row = await _one(conn, "find_task_by_idempotency_key", {"idempotency_key": key})
-    return None if row is None else row["task_id"]
-
-
 async def notify_outbox(conn: Conn, queue: str) -> None:
     """Wake the relay for `queue` (delivered on commit)."""
     await conn.execute(Q["notify_outbox"], {"queue": queue})
@@ -95,9 +90,9 @@ async def get_task(conn: Conn, task_id: UUID) -> Row | None:
 
 
 async def get_task_by_idempotency_key(conn: Conn, key: str) -> Row | None:
-    """The task holding idempotency key `key`, as `get_task` reads it (None: no task holds it)."""
-    task_id = await find_task_by_idempotency_key(conn, key)
-    return None if task_id is None else await get_task(conn, task_id)
+    """The task holding idempotency key `key`, as `get_task` reads it (None: no task holds it),
+    in one statement."""
+    return await _one(conn, "get_task_by_idempotency_key", {"idempotency_key": key})
 
 
 async def list_tasks(conn: Conn, params: dict[str, Any]) -> list[Row]:

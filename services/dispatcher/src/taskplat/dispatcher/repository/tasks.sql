@@ -63,8 +63,9 @@ SELECT i.*,
        coalesce((SELECT bool_or(w.held) FROM wakeup AS w), false) AS held
 FROM inserted AS i
 
--- name: find_task_by_idempotency_key
-SELECT task_id FROM tasks WHERE idempotency_key = %(idempotency_key)s
+-- name: get_task_by_idempotency_key
+-- The task holding the key, as `get_task` reads it (the key's unique index).
+SELECT * FROM task_details WHERE idempotency_key = %(idempotency_key)s
 
 -- name: insert_outbox_dead_letter
 -- The dead-letter record of a task that is Dead (taskplat_dead_letter, migration 0020).
