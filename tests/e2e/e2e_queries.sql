@@ -46,3 +46,11 @@ SELECT count(*) FILTER (WHERE status = 'Completed')::int AS completed,
        count(*)::int AS total
 FROM tasks
 WHERE config ->> 'tag' = %(tag)s;
+
+-- name: wakeup_and_start
+-- A task's wake-up (held or not, when it was due, whether the relay sent it) and its first
+-- attempt's start.
+SELECT o.held, o.available_at, o.sent_at, a.started_at
+FROM outbox AS o
+JOIN task_attempts AS a ON a.task_id = o.task_id AND a.attempt = 1
+WHERE o.task_id = %(task_id)s::uuid AND o.kind = 'enqueue_task'

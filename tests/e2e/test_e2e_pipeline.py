@@ -45,6 +45,7 @@ PIPELINE: dict[str, Any] = {
     }
 }
 HOLD_KEY = 4242
+HELD_WAKEUP_SECONDS = 30
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +58,9 @@ def stack(
         database_server_url=database_url,
         sqs_endpoint_url=sqs_endpoint_url,
         workers=2,
+        # A wake-up held while the workers wait on the dispatcher is due this much later: a run
+        # that waited for SQS would start after it (test_a_routed_run_starts_without_sqs).
+        env={"TASKPLAT_POLLED_WAKEUP_DELAY_SECONDS": str(HELD_WAKEUP_SECONDS)},
     ) as running:
         yield running
 
@@ -106,6 +110,19 @@ def test_events_flow_through_three_jobs_each_started_once(stack: E2EStack) -> No
         assert task["inputs"][0]["dataset_version"] in {
             d["current_version"] for d in datasets.values()
         }
+
+
+def test_a_routed_run_starts_without_sqs(stack: E2EStack) -> None:
+    """A run routed from an event (and the run started by hand) is created as POST /tasks creates
+    a task (taskplat_create_tasks): its wake-up is held while the workers wait on the dispatcher,
+    and a waiting claim takes it at once, before the held wake-up is even due for SQS."""
+    run_pipeline(stack, "hop")
+    tasks = wait_completed(stack, "hop", "source", 1) + wait_completed(stack, "hop", "transform", 3)
+    for task in tasks:
+        (row,) = stack.rows("wakeup_and_start", task_id=task["task_id"])
+        assert row["held"], task
+        assert row["started_at"] < row["available_at"], row
+        assert row["sent_at"] is None or row["sent_at"] >= row["available_at"], row
 
 
 def test_a_relay_killed_before_routing_commits_leaves_nothing_and_routes_once(

@@ -137,6 +137,27 @@ class SqsSettings(BaseSettings):
     )
 
 
+class WakeupHoldSettings(BaseSettings):
+    """Fragment of the services that create tasks: the dispatcher (creates, manual job runs), the
+    scheduler (scheduled job runs) and the relay (runs routed from dataset events)."""
+
+    model_config = _FRAGMENT_CONFIG
+
+    polled_wakeup_delay_seconds: float = Field(
+        1.0,
+        ge=0,
+        le=60,
+        validation_alias=_alias(
+            "TASKPLAT_POLLED_WAKEUP_DELAY_SECONDS",
+            "TASKPLAT_DISPATCHER_POLLED_WAKEUP_DELAY_SECONDS",  # its name before it was shared
+        ),
+        description="While a queue's workers wait on a `task-claim-next`, how long a new task's "
+        "SQS wake-up is held back: a waiting worker claims the task at once, and the relay sends "
+        "the wake-up then only if the task is still Queued (0: never held). Applies to every new "
+        "task: creates, job runs by hand, by schedule and routed from dataset events.",
+    )
+
+
 class WorkerTokenSettings(BaseSettings):
     """The bearer token workers present on /internal routes."""
 

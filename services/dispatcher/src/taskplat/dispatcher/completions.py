@@ -247,32 +247,8 @@ class Completions:
         if request.status == "Completed":
             row = await repo.complete_late(conn, params)
             if row is not None:
-                await self._apply_late(conn, request, item.digest, params["now"])
                 return _accepted(row, late=True)
         raise classify_rejection(fence, request.attempt, request.lease_token)
-
-    async def _apply_late(
-        self, conn: Conn, request: CompleteRequest, digest: str, now: datetime | None
-    ) -> None:
-        """Commit what an accepted late success carries, in the transition's transaction."""
-        await repo.close_attempt(
-            conn,
-            {
-                "task_id": request.task_id,
-                "attempt": request.attempt,
-                "lease_token": request.lease_token,
-                "outcome": request.status,
-                "error": None,
-                "completion_digest": digest,
-                "now": now,
-            },
-        )
-        await repo.store_events(
-            conn, task_id=request.task_id, attempt=request.attempt, events=request.events, now=now
-        )
-        await repo.store_outputs(
-            conn, task_id=request.task_id, attempt=request.attempt, outputs=request.outputs, now=now
-        )
 
     def _record(self, request: CompleteRequest, settled: _Settled) -> None:
         if settled.row is not None:

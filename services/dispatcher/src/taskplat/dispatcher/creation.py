@@ -1,8 +1,9 @@
 """Creating tasks: the values of a new task, and `POST /tasks/batch`.
 
 Invariants:
-  * Every task of a bulk create is validated before anything is written; the tasks, the outbox
-    rows of the Queued ones and one relay notification per queue commit in one transaction.
+  * Every task of a bulk create is validated before anything is written; the tasks, their pins,
+    the wake-ups of the Queued ones and their NOTIFY commit in one transaction, written by the
+    one function that creates tasks (`taskplat_create_tasks`, migration 0023).
   * An idempotency key already taken (by an earlier task or an earlier item of the same batch)
     creates nothing: its result is the existing task with `created: false`.
   * Unset fields take the operator's defaults, then the global defaults.
@@ -34,7 +35,7 @@ from taskplat.common.telemetry import inject
 from taskplat.dispatcher import pins, untrusted
 from taskplat.dispatcher.operations import QueueRegistry
 from taskplat.dispatcher.recorder import Recorder
-from taskplat.dispatcher.repository import batch
+from taskplat.dispatcher.repository import batch, tasks
 from taskplat.dispatcher.settings import DispatcherSettings, OperatorDefaults
 from taskplat.dispatcher.views import task_view
 
@@ -93,26 +94,6 @@ def task_values(request: CreateTaskRequest, settings: DispatcherSettings) -> dic
     }
 
 
-# Column name in `task_values` -> array parameter of `insert_tasks`.
-_ARRAYS = {
-    "task_id": "task_ids",
-    "queue": "queues",
-    "operator": "operators",
-    "job": "jobs",
-    "config": "configs",
-    "inputs": "inputs",
-    "max_attempts": "max_attempts",
-    "max_processing_attempts": "max_processing_attempts",
-    "on_exhausted": "on_exhausteds",
-    "backoff_base_seconds": "backoff_base_seconds",
-    "backoff_max_seconds": "backoff_max_seconds",
-    "timeout_seconds": "timeout_seconds",
-    "scheduled_for": "scheduled_for",
-    "expires_at": "expires_at",
-    "idempotency_key": "idempotency_keys",
-}
-
-
 class BulkCreate:
     def __init__(
         self,
@@ -134,13 +115,13 @@ class BulkCreate:
             check_times(request, ["body", "tasks", index])
         await self._registry.require({request.queue for request in requests}, ["body", "tasks"])
         values = [task_values(request, self._settings) for request in requests]
-        params: dict[str, Any] = {
-            array: [each[column] for each in values] for column, array in _ARRAYS.items()
+        params = {
+            **tasks.new_task_params(values),
+            "now": self._clock.sql_now(),
+            "polled_wakeup_delay_seconds": self._settings.polled_wakeup_delay_seconds,
+            "trace_context": tasks.wakeup_trace_context(inject()),
+            "notify_held": True,
         }
-        params["now"] = self._clock.sql_now()
-        params["polled_wakeup_delay_seconds"] = self._settings.polled_wakeup_delay_seconds
-        trace_context = inject()
-        params["trace_context"] = Jsonb(trace_context) if trace_context else None
         wanted: list[UUID] = [each["task_id"] for each in values]
         async with self._pool.connection() as conn:
             await untrusted.check_new_tasks(conn, self._settings, requests, ["body", "tasks"])
@@ -151,11 +132,8 @@ class BulkCreate:
                         params["inputs"][index] = Jsonb(
                             await pins.pin_inputs(conn, request.inputs, loc)
                         )
-                rows = await batch.insert_tasks(conn, params)
+                rows = await tasks.insert_tasks(conn, params)
                 inserted = {row["task_id"] for row in rows}
-                queues = sorted({row["queue"] for row in rows if row["status"] == "Queued"})
-                if queues:
-                    await batch.notify_queues(conn, queues)
                 taken = [
                     each["idempotency_key"] for each in values if each["task_id"] not in inserted
                 ]
@@ -168,7 +146,7 @@ class BulkCreate:
                                 raise Conflict("idempotency key conflict, try again")
                             wanted[position] = found
             self._recorder.tasks_created(rows)  # committed
-            views = {row["task_id"]: task_view(_new_task_row(row)) for row in rows}
+            views = {row["task_id"]: task_view(row) for row in rows}
             earlier = [task_id for task_id in dict.fromkeys(wanted) if task_id not in views]
             if earlier:  # idempotency keys already taken: the tasks as they are now
                 for task_id, row in (await batch.get_tasks(conn, earlier)).items():
@@ -177,11 +155,3 @@ class BulkCreate:
             (views[task_id], each["task_id"] in inserted)
             for task_id, each in zip(wanted, values, strict=True)
         ]
-
-
-def _new_task_row(row: dict[str, Any]) -> dict[str, Any]:
-    """The `task_details` row of a task `insert_tasks` just inserted: its columns as returned,
-    and no attempts nor outputs (a new task has none)."""
-    row["attempts"] = []
-    row["outputs"] = []
-    return row

@@ -313,6 +313,7 @@ class DagService:
             "idempotency_key": request.idempotency_key,
             "now": self._clock.sql_now(),
             "trace_context": inject(),
+            "polled_wakeup_delay_seconds": self._settings.polled_wakeup_delay_seconds,
         }
         async with self._pool.connection() as conn:
             async with conn.transaction():
@@ -321,8 +322,6 @@ class DagService:
                 await untrusted.check_job_run(conn, self._settings, dag_name, job_name, ["path"])
                 params["inputs"] = await pins.pin_inputs(conn, inputs, ["body", "inputs"])
                 task_id = await repo.start_job_run(conn, params)
-                if task_id is not None:
-                    await repo.notify_outbox(conn, "")
             created = task_id is not None
             if task_id is not None:
                 row = await task_repo.get_task(conn, task_id)

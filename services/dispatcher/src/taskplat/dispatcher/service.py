@@ -129,7 +129,7 @@ class TaskService:
         wake_here = waiter is None and listener is not None and listener.waits_here(request.queue)
         claimed: list[dict[str, Any]] | None = None
         params = {
-            **task_values(request, self._settings),
+            **repo.new_task_params([task_values(request, self._settings)]),
             "now": now,
             "trace_context": repo.wakeup_trace_context(inject()),
             "polled_wakeup_delay_seconds": self._settings.polled_wakeup_delay_seconds,
@@ -176,7 +176,7 @@ class TaskService:
             return await _write_task(conn, params, claim)
         # The datasets stay share-locked until the task and its pins commit.
         async with conn.transaction():
-            params["inputs"] = Jsonb(await pins.pin_inputs(conn, request.inputs, loc))
+            params["inputs"] = [Jsonb(await pins.pin_inputs(conn, request.inputs, loc))]
             return await _write_task(conn, params, claim)
 
     async def get(self, task_id: UUID) -> TaskView:

@@ -19,6 +19,7 @@ from taskplat.common.settings import (
     DatabaseSettings,
     DocumentLimitSettings,
     ServiceSettings,
+    WakeupHoldSettings,
     WorkerTokenSettings,
 )
 from taskplat.common.telemetry import TelemetrySettings
@@ -48,6 +49,7 @@ class DispatcherSettings(
     AttemptTokenSettings,
     CapabilityTokenSettings,
     DocumentLimitSettings,
+    WakeupHoldSettings,
 ):
     model_config = SettingsConfigDict(
         env_prefix="TASKPLAT_DISPATCHER_",
@@ -77,14 +79,6 @@ class DispatcherSettings(
         le=60,
         description="Longest a `task-claim-next` may wait for a task (`wait_seconds` above it is "
         "cut to it; 0: claim-next never waits).",
-    )
-    polled_wakeup_delay_seconds: float = Field(
-        1.0,
-        ge=0,
-        le=60,
-        description="While a queue's workers wait on a `task-claim-next`, how long a new task's "
-        "SQS wake-up is held back: a waiting worker claims the task at once, and the relay sends "
-        "the wake-up then only if the task is still Queued (0: never held).",
     )
     default_timeout_seconds: int = Field(
         3600, ge=1, description="Hard deadline of an attempt when the task sets no timeout."

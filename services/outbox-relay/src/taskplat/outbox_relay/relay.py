@@ -196,7 +196,13 @@ class Relay:
         event_ids = [int(row.payload["event_id"]) for row in rows]
         try:
             with conn.transaction():
-                return routing.route_events(conn, event_ids, now=now), []
+                routed = routing.route_events(
+                    conn,
+                    event_ids,
+                    now=now,
+                    hold_seconds=self._settings.polled_wakeup_delay_seconds,
+                )
+                return routed, []
         except psycopg.Error as exc:
             error = f"routing failed: {type(exc).__name__}: {exc}"
             return [], [self._failure(row, error) for row in rows]

@@ -24,6 +24,7 @@ from taskplat.common.settings import (
     DatabaseSettings,
     ServiceSettings,
     SqsSettings,
+    WakeupHoldSettings,
 )
 from taskplat.common.telemetry import TelemetrySettings
 from taskplat.common.tokens.keys import TokenKeySettings, key_settings
@@ -41,6 +42,7 @@ class RelaySettings(
     OpsSettings,
     AttemptTokenSettings,
     CapabilityTokenSettings,
+    WakeupHoldSettings,
 ):
     model_config = SettingsConfigDict(
         env_prefix="TASKPLAT_RELAY_",

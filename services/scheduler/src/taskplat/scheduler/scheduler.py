@@ -148,7 +148,12 @@ class Scheduler:
         republished = self._republish()
         runs_started = self._step(
             RUN_STARTED,
-            lambda conn, now: schedules.start_due_runs(conn, now=now, limit=s.schedule_batch_size),
+            lambda conn, now: schedules.start_due_runs(
+                conn,
+                now=now,
+                limit=s.schedule_batch_size,
+                hold_seconds=s.polled_wakeup_delay_seconds,
+            ),
         )
         return SchedulerBatch(
             promoted=promoted,

@@ -37,9 +37,12 @@ def run_key(dag_name: str, job_name: str, tick: datetime) -> str:
     return f"schedule:{dag_name}:{job_name}:{tick.isoformat()}"
 
 
-def start_due_runs(conn: Conn, *, now: datetime | None, limit: int) -> list[Row]:
+def start_due_runs(
+    conn: Conn, *, now: datetime | None, limit: int, hold_seconds: float = 0.0
+) -> list[Row]:
     """Start the runs of up to `limit` jobs whose tick has come; the tasks started (`task_id`,
-    `attempt`, `queue`, `operator`, `dag_name`, `job`, `tick`)."""
+    `attempt`, `queue`, `operator`, `dag_name`, `job`, `tick`). `hold_seconds`: how long a
+    run's wake-up is held while its queue's workers wait on a dispatcher."""
     started: list[Row] = []
     for job in conn.execute(Q["due_schedules"], {"now": now, "limit": limit}).fetchall():
         db_now: datetime = job["now"]
@@ -56,6 +59,7 @@ def start_due_runs(conn: Conn, *, now: datetime | None, limit: int) -> list[Row]
                 "job_name": job["name"],
                 "idempotency_key": run_key(job["dag_name"], job["name"], tick),
                 "now": db_now,
+                "hold_seconds": hold_seconds,
             },
         ).fetchone()
         conn.execute(

@@ -15,8 +15,10 @@ LIMIT %(limit)s
 FOR UPDATE OF j SKIP LOCKED
 
 -- name: start_scheduled_run
+-- A run of a job on its tick (taskplat_start_job_run, migration 0023: created as any task is).
 SELECT taskplat_start_job_run(%(dag_name)s, %(job_name)s, '[]'::jsonb, NULL, %(idempotency_key)s,
-                              %(now)s, NULL) AS task_id
+                              %(now)s, NULL,
+                              p_hold_seconds => %(hold_seconds)s) AS task_id
 
 -- name: advance_schedule
 UPDATE jobs

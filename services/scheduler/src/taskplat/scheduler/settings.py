@@ -11,11 +11,13 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from taskplat.common.ops_server import OpsSettings
-from taskplat.common.settings import DatabaseSettings, ServiceSettings
+from taskplat.common.settings import DatabaseSettings, ServiceSettings, WakeupHoldSettings
 from taskplat.common.telemetry import TelemetrySettings
 
 
-class SchedulerSettings(ServiceSettings, DatabaseSettings, TelemetrySettings, OpsSettings):
+class SchedulerSettings(
+    ServiceSettings, DatabaseSettings, TelemetrySettings, OpsSettings, WakeupHoldSettings
+):
     model_config = SettingsConfigDict(
         env_prefix="TASKPLAT_SCHEDULER_",
         extra="ignore",

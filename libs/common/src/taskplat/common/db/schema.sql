@@ -6,6 +6,34 @@
 --
 
 --
+-- Name: taskplat_new_task; Type: TYPE; Schema: public; Owner: -
+--
+
+CREATE TYPE public.taskplat_new_task AS (
+	task_id uuid,
+	queue text,
+	operator text,
+	job jsonb,
+	config jsonb,
+	inputs jsonb,
+	max_attempts integer,
+	max_processing_attempts integer,
+	on_exhausted text,
+	backoff_base_seconds double precision,
+	backoff_max_seconds double precision,
+	timeout_seconds integer,
+	scheduled_for timestamp with time zone,
+	expires_at timestamp with time zone,
+	idempotency_key text
+);
+
+--
+-- Name: TYPE taskplat_new_task; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TYPE public.taskplat_new_task IS 'The values of a new task (taskplat_create_tasks).';
+
+--
 -- Name: taskplat_add_dataset_table(uuid, uuid, jsonb, text, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -57,6 +85,54 @@ $$;
 --
 
 COMMENT ON FUNCTION public.taskplat_add_dataset_table(p_dataset_uuid uuid, p_dataset_version uuid, p_columns jsonb, p_schema_hash text, p_now timestamp with time zone) IS 'Creates and records the table of a buffered dataset''s version; the dataset''s location names it.';
+
+--
+-- Name: taskplat_cancel_tasks(uuid[], text, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_cancel_tasks(p_task_ids uuid[], p_reason text, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(task_id uuid, attempt integer, queue text, operator text, worker_id text)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_now constant timestamptz := coalesce(p_now, now());
+BEGIN
+    IF coalesce(cardinality(p_task_ids), 0) = 0 THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH canceled AS (
+        UPDATE tasks AS t
+        SET status = 'Canceled',
+            cancel_reason = p_reason,
+            attempt_outcome = CASE WHEN t.status = 'Running' THEN 'Canceled'
+                                   ELSE t.attempt_outcome END,
+            next_retry_at = NULL,
+            lease_expires_at = NULL,
+            finished_at = v_now,
+            updated_at = v_now
+        WHERE t.task_id = ANY (p_task_ids)
+          AND (t.status IN ('Scheduled', 'Queued', 'Failed', 'Running')) IS TRUE
+        RETURNING t.task_id, t.attempt, t.queue, t.operator, t.worker_id
+    ),
+    closed AS (
+        UPDATE task_attempts AS a
+        SET outcome = 'Canceled', finished_at = v_now
+        FROM canceled AS c
+        WHERE a.task_id = c.task_id AND a.attempt = c.attempt AND a.outcome IS NULL
+    )
+    SELECT c.task_id, c.attempt, c.queue, c.operator, c.worker_id
+    FROM canceled AS c
+    ORDER BY c.task_id;
+END
+$$;
+
+--
+-- Name: FUNCTION taskplat_cancel_tasks(p_task_ids uuid[], p_reason text, p_now timestamp with time zone); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_cancel_tasks(p_task_ids uuid[], p_reason text, p_now timestamp with time zone) IS 'Cancels the named live tasks (Requested or VersionSuperseded), closing their open attempts.';
 
 --
 -- Name: taskplat_claim(uuid[], text, double precision, integer, timestamp with time zone, uuid, text, double precision); Type: FUNCTION; Schema: public; Owner: -
@@ -152,10 +228,10 @@ $$;
 COMMENT ON FUNCTION public.taskplat_claim_next(p_queue text, p_max integer, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone) IS 'Claims up to p_max claimable tasks of a queue, oldest first, skipping locked rows and the tasks of runtime: lambda jobs.';
 
 --
--- Name: taskplat_complete_late(uuid, integer, uuid, jsonb, jsonb, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+-- Name: taskplat_complete_late(uuid, integer, uuid, jsonb, jsonb, timestamp with time zone, text, jsonb, jsonb); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.taskplat_complete_late(p_task_id uuid, p_attempt integer, p_lease_token uuid, p_result jsonb, p_trace_context jsonb DEFAULT NULL::jsonb, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(task_id uuid, status text, queue text, operator text, attempt integer, max_attempts integer, worker_id text, started_at timestamp with time zone, dead_reason text, next_retry_at timestamp with time zone, ended_at timestamp with time zone, notified bigint)
+CREATE FUNCTION public.taskplat_complete_late(p_task_id uuid, p_attempt integer, p_lease_token uuid, p_result jsonb, p_trace_context jsonb DEFAULT NULL::jsonb, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone, p_digest text DEFAULT NULL::text, p_events jsonb DEFAULT '[]'::jsonb, p_outputs jsonb DEFAULT '[]'::jsonb) RETURNS TABLE(task_id uuid, status text, queue text, operator text, attempt integer, max_attempts integer, worker_id text, started_at timestamp with time zone, dead_reason text, next_retry_at timestamp with time zone, ended_at timestamp with time zone, notified bigint)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
@@ -163,15 +239,17 @@ CREATE FUNCTION public.taskplat_complete_late(p_task_id uuid, p_attempt integer,
 BEGIN
     -- A late success of the current attempt after its lease or deadline ran out: accepted while
     -- no newer attempt started (attempt and lease token unchanged) and the task was not
-    -- canceled (Failed or Dead of LeaseExpired / DeadlineExceeded). A task that had died of the
-    -- timeout was dead-lettered (unless it discards): a `resolved` record follows the first one,
-    -- and the relay is notified. The caller holds the row lock, so `old` is the row this updates.
+    -- canceled (Failed or Dead of LeaseExpired / DeadlineExceeded). Its attempt record is closed
+    -- again as Completed, its events and outputs stored (taskplat_store_results). A task that
+    -- had died of the timeout was dead-lettered (unless it discards): a `resolved` record follows
+    -- the first one, and the relay is notified. The caller holds the row lock, so `old` is the
+    -- row this updates.
     RETURN QUERY
     WITH n AS (SELECT coalesce(p_now, now()) AS now),
     old AS MATERIALIZED (  -- read by primary key, whatever the later filter on status
         SELECT t.task_id, t.status, t AS task FROM tasks AS t WHERE t.task_id = p_task_id
     ),
-    done AS (
+    done AS MATERIALIZED (
         UPDATE tasks AS t
         SET status = 'Completed',
             attempt_outcome = 'Completed',
@@ -189,6 +267,18 @@ BEGIN
         RETURNING t.task_id, t.status, t.queue, t.operator, t.attempt, t.max_attempts,
                   t.worker_id, t.started_at, t.dead_reason, t.next_retry_at, n.now AS ended_at
     ),
+    closed AS (
+        UPDATE task_attempts AS a
+        SET finished_at = d.ended_at, outcome = 'Completed', error = NULL,
+            completion_digest = p_digest
+        FROM done AS d
+        WHERE a.task_id = d.task_id AND a.attempt = d.attempt AND a.lease_token = p_lease_token
+    ),
+    stored AS MATERIALIZED (
+        SELECT taskplat_store_results(ARRAY[d.task_id], ARRAY[d.attempt], ARRAY[true],
+                                      ARRAY[p_events], ARRAY[p_outputs], d.ended_at) AS elements
+        FROM done AS d
+    ),
     resolved AS (  -- the first record (taskplat_dead_letter_payload), marked resolved
         INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at,
                             available_at)
@@ -204,15 +294,15 @@ BEGIN
     SELECT d.task_id, d.status, d.queue, d.operator, d.attempt, d.max_attempts, d.worker_id,
            d.started_at, d.dead_reason, d.next_retry_at, d.ended_at,
            (SELECT count(*) FROM notified)
-    FROM done AS d;
+    FROM done AS d LEFT JOIN stored ON true;
 END
 $$;
 
 --
--- Name: FUNCTION taskplat_complete_late(p_task_id uuid, p_attempt integer, p_lease_token uuid, p_result jsonb, p_trace_context jsonb, p_now timestamp with time zone); Type: COMMENT; Schema: public; Owner: -
+-- Name: FUNCTION taskplat_complete_late(p_task_id uuid, p_attempt integer, p_lease_token uuid, p_result jsonb, p_trace_context jsonb, p_now timestamp with time zone, p_digest text, p_events jsonb, p_outputs jsonb); Type: COMMENT; Schema: public; Owner: -
 --
 
-COMMENT ON FUNCTION public.taskplat_complete_late(p_task_id uuid, p_attempt integer, p_lease_token uuid, p_result jsonb, p_trace_context jsonb, p_now timestamp with time zone) IS 'Completes an attempt whose late success arrived after its timeout (same attempt and lease).';
+COMMENT ON FUNCTION public.taskplat_complete_late(p_task_id uuid, p_attempt integer, p_lease_token uuid, p_result jsonb, p_trace_context jsonb, p_now timestamp with time zone, p_digest text, p_events jsonb, p_outputs jsonb) IS 'Completes an attempt whose late success arrived after its timeout (same attempt and lease).';
 
 --
 -- Name: taskplat_create_dataset(text, text, text, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
@@ -291,44 +381,6 @@ END
 $_$;
 
 --
--- Name: taskplat_dead_letter(uuid[], timestamp with time zone, jsonb); Type: FUNCTION; Schema: public; Owner: -
---
-
-CREATE FUNCTION public.taskplat_dead_letter(p_task_ids uuid[], p_now timestamp with time zone, p_trace_context jsonb DEFAULT NULL::jsonb) RETURNS SETOF text
-    LANGUAGE plpgsql
-    SET plan_cache_mode TO 'force_generic_plan'
-    AS $$
-BEGIN
-    IF coalesce(cardinality(p_task_ids), 0) = 0 THEN
-        RETURN;
-    END IF;
-    -- Guard: a record only for a named task that is Dead and whose job (or task) says
-    -- `on_exhausted: dead_letter`. Returns the queue of each record written.
-    RETURN QUERY
-    WITH written AS (
-    INSERT INTO outbox AS o (kind, task_id, queue, payload, trace_context, created_at,
-                             available_at)
-    SELECT 'dead_letter', (x.task).task_id, (x.task).queue,
-           taskplat_dead_letter_payload(x.task), p_trace_context, p_now, p_now
-    -- By primary key only (OFFSET 0 keeps the status test out of the scan, so the Dead listing
-    -- index is never read whole, whatever the statistics).
-    FROM (SELECT t AS task FROM tasks AS t WHERE t.task_id = ANY(p_task_ids) OFFSET 0) AS x
-    WHERE (x.task).status = 'Dead'
-      AND taskplat_dead_letter_wanted((x.task).task_id)
-    ORDER BY (x.task).task_id
-    RETURNING o.queue
-    )
-    SELECT w.queue FROM written AS w;
-END
-$$;
-
---
--- Name: FUNCTION taskplat_dead_letter(p_task_ids uuid[], p_now timestamp with time zone, p_trace_context jsonb); Type: COMMENT; Schema: public; Owner: -
---
-
-COMMENT ON FUNCTION public.taskplat_dead_letter(p_task_ids uuid[], p_now timestamp with time zone, p_trace_context jsonb) IS 'The dead_letter outbox row of each named Dead task whose exhaustion policy wants one.';
-
---
 -- Name: tasks; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -388,11 +440,122 @@ CREATE TABLE public.tasks (
 WITH (autovacuum_vacuum_scale_factor='0.05', autovacuum_analyze_scale_factor='0.02');
 
 --
+-- Name: taskplat_create_tasks(public.taskplat_new_task[], timestamp with time zone, jsonb, double precision, boolean); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_create_tasks(p_tasks public.taskplat_new_task[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone, p_trace_context jsonb DEFAULT NULL::jsonb, p_hold_seconds double precision DEFAULT 0, p_notify_held boolean DEFAULT true) RETURNS TABLE(task public.tasks, held boolean)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_now constant timestamptz := coalesce(p_now, now());
+    v_ids uuid[];
+BEGIN
+    IF coalesce(cardinality(p_tasks), 0) = 0 THEN
+        RETURN;
+    END IF;
+    WITH inserted AS (
+        INSERT INTO tasks AS t (
+            task_id, status, queue, operator, job, config, inputs, max_attempts,
+            max_processing_attempts, on_exhausted, backoff_base_seconds, backoff_max_seconds,
+            timeout_seconds, scheduled_for, expires_at, idempotency_key, queued_at, created_at,
+            updated_at, trace_context)
+        SELECT n.task_id,
+               CASE WHEN n.scheduled_for > v_now THEN 'Scheduled' ELSE 'Queued' END,
+               n.queue, n.operator, n.job, coalesce(n.config, '{}'::jsonb),
+               coalesce(n.inputs, '[]'::jsonb), n.max_attempts,
+               coalesce(n.max_processing_attempts, 10), coalesce(n.on_exhausted, 'dead_letter'),
+               n.backoff_base_seconds, n.backoff_max_seconds, n.timeout_seconds,
+               n.scheduled_for, n.expires_at, n.idempotency_key,
+               CASE WHEN n.scheduled_for > v_now THEN NULL ELSE v_now END,
+               v_now, v_now, p_trace_context
+        FROM unnest(p_tasks) WITH ORDINALITY AS n
+        ORDER BY n.ordinality
+        ON CONFLICT (idempotency_key) DO NOTHING
+        RETURNING t.task_id, t.job, t.inputs
+    ),
+    pinned AS (  -- runs although nothing reads it (a data-modifying CTE)
+        INSERT INTO task_pins (dataset_uuid, dataset_version, task_id)
+        SELECT p.dataset_uuid, p.dataset_version, i.task_id
+        FROM inserted AS i,
+             taskplat_input_pins(CASE WHEN i.job IS NOT NULL THEN i.inputs END) AS p
+    )
+    SELECT array_agg(i.task_id) INTO v_ids FROM inserted AS i;
+    IF v_ids IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH woken AS MATERIALIZED (
+        SELECT w.queue, w.held, w.task_id
+        FROM taskplat_enqueue_wakeups(v_ids, v_now, p_trace_context, p_hold_seconds) AS w
+    ),
+    notified AS MATERIALIZED (
+        SELECT count(pg_notify(CASE WHEN x.held THEN 'taskplat_queued' ELSE 'taskplat_outbox' END,
+                               x.queue)) AS sent
+        FROM (SELECT DISTINCT w.queue, w.held FROM woken AS w) AS x
+        WHERE NOT x.held OR p_notify_held
+    )
+    SELECT t, coalesce(w.held, false)
+    FROM unnest(p_tasks) WITH ORDINALITY AS n
+    JOIN tasks AS t ON t.task_id = n.task_id
+    LEFT JOIN woken AS w ON w.task_id = n.task_id
+    CROSS JOIN notified
+    WHERE n.task_id = ANY (v_ids)
+    ORDER BY n.ordinality;
+END
+$$;
+
+--
+-- Name: FUNCTION taskplat_create_tasks(p_tasks public.taskplat_new_task[], p_now timestamp with time zone, p_trace_context jsonb, p_hold_seconds double precision, p_notify_held boolean); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_create_tasks(p_tasks public.taskplat_new_task[], p_now timestamp with time zone, p_trace_context jsonb, p_hold_seconds double precision, p_notify_held boolean) IS 'Creates tasks: the rows, their pins, the wake-ups of the Queued ones and their NOTIFY.';
+
+--
+-- Name: taskplat_dead_letter(uuid[], timestamp with time zone, jsonb); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_dead_letter(p_task_ids uuid[], p_now timestamp with time zone, p_trace_context jsonb DEFAULT NULL::jsonb) RETURNS SETOF text
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+BEGIN
+    IF coalesce(cardinality(p_task_ids), 0) = 0 THEN
+        RETURN;
+    END IF;
+    -- Guard: a record only for a named task that is Dead and whose job (or task) says
+    -- `on_exhausted: dead_letter`. Returns the queue of each record written.
+    RETURN QUERY
+    WITH written AS (
+    INSERT INTO outbox AS o (kind, task_id, queue, payload, trace_context, created_at,
+                             available_at)
+    SELECT 'dead_letter', (x.task).task_id, (x.task).queue,
+           taskplat_dead_letter_payload(x.task), p_trace_context, p_now, p_now
+    -- By primary key only (OFFSET 0 keeps the status test out of the scan, so the Dead listing
+    -- index is never read whole, whatever the statistics).
+    FROM (SELECT t AS task FROM tasks AS t WHERE t.task_id = ANY(p_task_ids) OFFSET 0) AS x
+    WHERE (x.task).status = 'Dead'
+      AND taskplat_dead_letter_wanted((x.task).task_id)
+    ORDER BY (x.task).task_id
+    RETURNING o.queue
+    )
+    SELECT w.queue FROM written AS w;
+END
+$$;
+
+--
+-- Name: FUNCTION taskplat_dead_letter(p_task_ids uuid[], p_now timestamp with time zone, p_trace_context jsonb); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_dead_letter(p_task_ids uuid[], p_now timestamp with time zone, p_trace_context jsonb) IS 'The dead_letter outbox row of each named Dead task whose exhaustion policy wants one.';
+
+--
 -- Name: taskplat_dead_letter_payload(public.tasks); Type: FUNCTION; Schema: public; Owner: -
 --
 
 CREATE FUNCTION public.taskplat_dead_letter_payload(t public.tasks) RETURNS jsonb
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
     SELECT jsonb_build_object(
         'task_id', t.task_id, 'queue', t.queue, 'operator', t.operator,
@@ -448,46 +611,25 @@ CREATE FUNCTION public.taskplat_end_attempts(p_task_ids uuid[], p_attempts integ
     AS $$
 #variable_conflict use_column
 BEGIN
-    -- The end itself is taskplat_end_running's (guard, fate, attempt record). For each element
-    -- that moved, in this statement: its events stored and, for Completed, its outputs
-    -- (replacing those of an earlier completion of a replayed task). p_ended: Completed, Failed
-    -- or Drained. Elements name distinct tasks.
+    -- The end itself is taskplat_end_running's (guard, fate, attempt record); what each element
+    -- that moved carries is taskplat_store_results'. p_ended: Completed, Failed or Drained.
+    -- Elements name distinct tasks.
     RETURN QUERY
     WITH done AS MATERIALIZED (
         SELECT e.* FROM taskplat_end_running(p_task_ids, p_attempts, p_lease_tokens, p_ended,
             p_retryables, p_results, p_errors, p_retry_afters, p_jitters, p_digests, p_now) AS e
     ),
-    c AS (
-        SELECT * FROM unnest(p_task_ids, p_events, p_outputs) AS c(task_id, events, outputs)
-    ),
-    events AS (
-        INSERT INTO task_events (task_id, attempt, dataset_uuid, dataset_version, "cursor",
-            partition_key, range_start, range_end, created_at)
-        SELECT d.task_id, d.attempt, e.dataset_uuid, e.dataset_version, e.cursor,
-            e.partition_key, e.start, e.end, d.ended_at
-        FROM done AS d JOIN c ON c.task_id = d.task_id, jsonb_to_recordset(c.events) AS e(
-            dataset_uuid uuid, dataset_version uuid, "cursor" bigint, partition_key text,
-            "start" bigint, "end" bigint)
-        ON CONFLICT (task_id, dataset_uuid, dataset_version, event_key) DO NOTHING
-    ),
-    outputs AS (
-        INSERT INTO task_outputs (task_id, output_index, attempt, dataset_uuid, dataset_version,
-            location, "cursor", row_count, committed_at)
-        SELECT d.task_id, x.output_index, d.attempt, x.dataset_uuid, x.dataset_version,
-            x.location, x.cursor, x.row_count, d.ended_at
-        FROM done AS d JOIN c ON c.task_id = d.task_id, jsonb_to_recordset(c.outputs) AS x(
-            output_index integer, dataset_uuid uuid, dataset_version uuid, location text,
-            "cursor" bigint, row_count bigint)
-        WHERE d.status = 'Completed'
-        ON CONFLICT (task_id, output_index) DO UPDATE
-        SET (attempt, dataset_uuid, dataset_version, location, "cursor", row_count,
-             committed_at) =
-            (EXCLUDED.attempt, EXCLUDED.dataset_uuid, EXCLUDED.dataset_version,
-             EXCLUDED.location, EXCLUDED."cursor", EXCLUDED.row_count, EXCLUDED.committed_at)
+    stored AS MATERIALIZED (
+        SELECT taskplat_store_results(array_agg(d.task_id), array_agg(d.attempt),
+                                      array_agg(d.status = 'Completed'), array_agg(c.events),
+                                      array_agg(c.outputs), max(d.ended_at)) AS elements
+        FROM done AS d
+        JOIN unnest(p_task_ids, p_events, p_outputs) AS c(task_id, events, outputs)
+          ON c.task_id = d.task_id
     )
     SELECT d.task_id, d.status, d.queue, d.operator, d.attempt, d.max_attempts, d.worker_id,
            d.started_at, d.dead_reason, d.last_error, d.next_retry_at, d.finished_at, d.ended_at
-    FROM done AS d
+    FROM done AS d CROSS JOIN stored
     ORDER BY d.task_id;
 END
 $$;
@@ -586,7 +728,7 @@ $$;
 -- Name: taskplat_enqueue_wakeups(uuid[], timestamp with time zone, jsonb, double precision); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.taskplat_enqueue_wakeups(p_task_ids uuid[], p_now timestamp with time zone, p_trace_context jsonb DEFAULT NULL::jsonb, p_hold_seconds double precision DEFAULT 0) RETURNS TABLE(queue text, held boolean)
+CREATE FUNCTION public.taskplat_enqueue_wakeups(p_task_ids uuid[], p_now timestamp with time zone, p_trace_context jsonb DEFAULT NULL::jsonb, p_hold_seconds double precision DEFAULT 0) RETURNS TABLE(queue text, held boolean, task_id uuid)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
@@ -616,9 +758,9 @@ BEGIN
            ON q.name = (x.task).queue AND q.polled_until > p_now AND p_hold_seconds > 0
     WHERE (x.task).status = 'Queued'
     ORDER BY i.position
-    RETURNING o.queue, o.held
+    RETURNING o.queue, o.held, o.task_id
     )
-    SELECT w.queue, w.held FROM written AS w;
+    SELECT w.queue, w.held, w.task_id FROM written AS w;
 END
 $$;
 
@@ -840,29 +982,11 @@ BEGIN
     SET current_version = p_version, updated_at = p_now
     WHERE d.dataset_uuid = p_dataset_uuid;
     RETURN QUERY
-    WITH canceled AS (
-        UPDATE tasks AS t
-        SET status = 'Canceled',
-            cancel_reason = 'VersionSuperseded',
-            attempt_outcome = CASE WHEN t.status = 'Running' THEN 'Canceled'
-                                   ELSE t.attempt_outcome END,
-            next_retry_at = NULL,
-            lease_expires_at = NULL,
-            finished_at = p_now,
-            updated_at = p_now
-        WHERE t.task_id = ANY (ARRAY(
-                  SELECT p.task_id FROM task_pins AS p
-                  WHERE p.dataset_uuid = p_dataset_uuid AND p.dataset_version <> p_version))
-          AND t.status IN ('Scheduled', 'Queued', 'Failed', 'Running')
-        RETURNING t.task_id, t.attempt, t.queue, t.operator, t.worker_id
-    ),
-    closed AS (
-        UPDATE task_attempts AS a
-        SET outcome = 'Canceled', finished_at = p_now
-        FROM canceled AS c
-        WHERE a.task_id = c.task_id AND a.attempt = c.attempt AND a.outcome IS NULL
-    )
-    SELECT c.task_id, c.attempt, c.queue, c.operator, c.worker_id FROM canceled AS c;
+    SELECT c.task_id, c.attempt, c.queue, c.operator, c.worker_id
+    FROM taskplat_cancel_tasks(
+        ARRAY(SELECT p.task_id FROM task_pins AS p
+              WHERE p.dataset_uuid = p_dataset_uuid AND p.dataset_version <> p_version),
+        'VersionSuperseded', p_now) AS c;
 END
 $$;
 
@@ -1212,6 +1336,28 @@ END
 $$;
 
 --
+-- Name: taskplat_share_fence(uuid, integer, uuid); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_share_fence(p_task_id uuid, p_attempt integer, p_lease_token uuid) RETURNS TABLE(task_id uuid)
+    LANGUAGE sql
+    AS $$  -- volatile: it takes a row lock
+    SELECT t.task_id
+    FROM tasks AS t
+    WHERE t.task_id = p_task_id
+      AND t.status = 'Running'
+      AND t.attempt = p_attempt
+      AND (p_lease_token IS NULL OR t.lease_token = p_lease_token)
+    FOR SHARE
+$$;
+
+--
+-- Name: FUNCTION taskplat_share_fence(p_task_id uuid, p_attempt integer, p_lease_token uuid); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_share_fence(p_task_id uuid, p_attempt integer, p_lease_token uuid) IS 'The task of the named Running attempt (and lease), share-locked for a write made meanwhile.';
+
+--
 -- Name: taskplat_sink_lock_table(uuid); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -1309,43 +1455,75 @@ $$;
 COMMENT ON FUNCTION public.taskplat_start_attempts(p_task_ids uuid[], p_now timestamp with time zone, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_lease_token uuid, p_function_prefix text, p_grace_seconds double precision) IS 'Queued -> Running of rows the caller locked as claimable, with their attempt records.';
 
 --
--- Name: taskplat_start_job_run(text, text, jsonb, jsonb, text, timestamp with time zone, jsonb, uuid); Type: FUNCTION; Schema: public; Owner: -
+-- Name: taskplat_start_job_run(text, text, jsonb, jsonb, text, timestamp with time zone, jsonb, uuid, double precision); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.taskplat_start_job_run(p_dag_name text, p_job_name text, p_inputs jsonb, p_extra_config jsonb, p_idempotency_key text, p_now timestamp with time zone, p_trace_context jsonb, p_task_id uuid DEFAULT NULL::uuid) RETURNS uuid
-    LANGUAGE plpgsql
+CREATE FUNCTION public.taskplat_start_job_run(p_dag_name text, p_job_name text, p_inputs jsonb, p_extra_config jsonb, p_idempotency_key text, p_now timestamp with time zone, p_trace_context jsonb, p_task_id uuid DEFAULT NULL::uuid, p_hold_seconds double precision DEFAULT 0) RETURNS uuid
+    LANGUAGE sql
     AS $$
-DECLARE
-    new_id uuid := coalesce(p_task_id, gen_random_uuid());
-    j jobs%ROWTYPE;
+    SELECT (c.task).task_id
+    FROM jobs AS j,
+         taskplat_create_tasks(
+             ARRAY[ROW(coalesce(p_task_id, gen_random_uuid()), j.queue, j.operator,
+                       jsonb_build_object('dag_name', j.dag_name, 'name', j.name),
+                       j.config || coalesce(p_extra_config, '{}'::jsonb),
+                       coalesce(p_inputs, '[]'::jsonb), j.max_attempts, NULL, j.on_exhausted,
+                       j.backoff_base_seconds, j.backoff_max_seconds, j.timeout_seconds, NULL,
+                       NULL, p_idempotency_key)::taskplat_new_task],
+             p_now, p_trace_context, p_hold_seconds) AS c
+    WHERE j.dag_name = p_dag_name AND j.name = p_job_name
+$$;
+
+--
+-- Name: FUNCTION taskplat_start_job_run(p_dag_name text, p_job_name text, p_inputs jsonb, p_extra_config jsonb, p_idempotency_key text, p_now timestamp with time zone, p_trace_context jsonb, p_task_id uuid, p_hold_seconds double precision); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_start_job_run(p_dag_name text, p_job_name text, p_inputs jsonb, p_extra_config jsonb, p_idempotency_key text, p_now timestamp with time zone, p_trace_context jsonb, p_task_id uuid, p_hold_seconds double precision) IS 'Starts a run of a job: its task, created by taskplat_create_tasks.';
+
+--
+-- Name: taskplat_store_results(uuid[], integer[], boolean[], jsonb[], jsonb[], timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_store_results(p_task_ids uuid[], p_attempts integer[], p_completed boolean[], p_events jsonb[], p_outputs jsonb[], p_at timestamp with time zone) RETURNS integer
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
 BEGIN
-    SELECT * INTO j FROM jobs WHERE dag_name = p_dag_name AND name = p_job_name;
-    IF NOT FOUND THEN
-        RETURN NULL;
+    IF coalesce(cardinality(p_task_ids), 0) = 0 THEN
+        RETURN 0;
     END IF;
-    INSERT INTO tasks (
-        task_id, status, queue, operator, job, config, inputs, max_attempts,
-        backoff_base_seconds, backoff_max_seconds, timeout_seconds, idempotency_key, queued_at,
-        created_at, updated_at)
-    VALUES (
-        new_id, 'Queued', j.queue, j.operator,
-        jsonb_build_object('dag_name', j.dag_name, 'name', j.name),
-        j.config || coalesce(p_extra_config, '{}'::jsonb), coalesce(p_inputs, '[]'::jsonb),
-        j.max_attempts, j.backoff_base_seconds, j.backoff_max_seconds, j.timeout_seconds,
-        p_idempotency_key, p_now, p_now, p_now)
-    ON CONFLICT (idempotency_key) DO NOTHING;
-    IF NOT FOUND THEN
-        RETURN NULL;
-    END IF;
-    INSERT INTO task_pins (dataset_uuid, dataset_version, task_id)
-    SELECT i.dataset_uuid, i.dataset_version, new_id
-    FROM taskplat_input_pins(coalesce(p_inputs, '[]'::jsonb)) AS i;
-    INSERT INTO outbox (kind, task_id, queue, payload, trace_context, created_at, available_at)
-    VALUES ('enqueue_task', new_id, j.queue, jsonb_build_object('task_id', new_id::text),
-            p_trace_context, p_now, p_now);
-    RETURN new_id;
+    INSERT INTO task_events (task_id, attempt, dataset_uuid, dataset_version, "cursor",
+        partition_key, range_start, range_end, created_at)
+    SELECT c.task_id, c.attempt, e.dataset_uuid, e.dataset_version, e.cursor,
+        e.partition_key, e.start, e.end, p_at
+    FROM unnest(p_task_ids, p_attempts, p_events) AS c(task_id, attempt, events),
+         jsonb_to_recordset(c.events) AS e(
+             dataset_uuid uuid, dataset_version uuid, "cursor" bigint, partition_key text,
+             "start" bigint, "end" bigint)
+    ON CONFLICT (task_id, dataset_uuid, dataset_version, event_key) DO NOTHING;
+    INSERT INTO task_outputs (task_id, output_index, attempt, dataset_uuid, dataset_version,
+        location, "cursor", row_count, committed_at)
+    SELECT c.task_id, x.output_index, c.attempt, x.dataset_uuid, x.dataset_version,
+        x.location, x.cursor, x.row_count, p_at
+    FROM unnest(p_task_ids, p_attempts, p_completed, p_outputs)
+             AS c(task_id, attempt, completed, outputs),
+         jsonb_to_recordset(c.outputs) AS x(
+             output_index integer, dataset_uuid uuid, dataset_version uuid, location text,
+             "cursor" bigint, row_count bigint)
+    WHERE c.completed
+    ON CONFLICT (task_id, output_index) DO UPDATE
+    SET (attempt, dataset_uuid, dataset_version, location, "cursor", row_count, committed_at) =
+        (EXCLUDED.attempt, EXCLUDED.dataset_uuid, EXCLUDED.dataset_version, EXCLUDED.location,
+         EXCLUDED."cursor", EXCLUDED.row_count, EXCLUDED.committed_at);
+    RETURN cardinality(p_task_ids);
 END
 $$;
+
+--
+-- Name: FUNCTION taskplat_store_results(p_task_ids uuid[], p_attempts integer[], p_completed boolean[], p_events jsonb[], p_outputs jsonb[], p_at timestamp with time zone); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_store_results(p_task_ids uuid[], p_attempts integer[], p_completed boolean[], p_events jsonb[], p_outputs jsonb[], p_at timestamp with time zone) IS 'Stores the events (and, Completed, the outputs) of accepted attempt ends.';
 
 --
 -- Name: taskplat_task_steps(uuid, integer); Type: FUNCTION; Schema: public; Owner: -

@@ -1,4 +1,4 @@
-"""Batch statements of `batch.sql`: bulk create, batch claim, claim-next, batch reads.
+"""Batch statements of `batch.sql`: batch claim, claim-next, batch reads.
 
 Invariants: each function is one statement over several tasks, takes the caller's connection and
 never commits; a claim returns exactly the rows it moved to Running (with their attempt records
@@ -49,17 +49,6 @@ async def claim_next(conn: Conn, params: dict[str, Any]) -> list[Row]:
 async def read_fences(conn: Conn, task_ids: Sequence[UUID]) -> dict[UUID, Row]:
     rows = await _all(conn, "read_fences", {"task_ids": list(task_ids)})
     return {row["task_id"]: row for row in rows}
-
-
-async def insert_tasks(conn: Conn, params: dict[str, Any]) -> list[Row]:
-    """Insert tasks (and the outbox rows of the Queued ones); the inserted rows only (a task whose
-    idempotency key exists already is skipped)."""
-    return await _all(conn, "insert_tasks", params)
-
-
-async def notify_queues(conn: Conn, queues: Sequence[str]) -> None:
-    """Wake the relay for each queue (delivered on commit)."""
-    await conn.execute(Q["notify_queues"], {"queues": list(queues)})
 
 
 async def find_tasks_by_idempotency_keys(conn: Conn, keys: Sequence[str]) -> dict[str, UUID]:

@@ -139,7 +139,8 @@ async def job_exists(conn: Conn, dag_name: str, job_name: str) -> bool:
 
 
 async def start_job_run(conn: Conn, params: dict[str, Any]) -> UUID | None:
-    """Start a run (task, pins, wake-up); None when the idempotency key names a task already."""
+    """Start a run (task, pins, wake-up and its NOTIFY); None when the idempotency key names a
+    task already."""
     row = await _one(
         conn,
         "start_job_run",
@@ -153,10 +154,6 @@ async def start_job_run(conn: Conn, params: dict[str, Any]) -> UUID | None:
     assert row is not None
     task_id: UUID | None = row["task_id"]
     return task_id
-
-
-async def notify_outbox(conn: Conn, queue: str) -> None:
-    await conn.execute(Q["notify_outbox"], {"queue": queue})
 
 
 async def list_datasets(conn: Conn) -> list[Row]:

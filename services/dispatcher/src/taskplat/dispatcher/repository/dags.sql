@@ -89,12 +89,12 @@ DELETE FROM dags WHERE dag_name = %(dag_name)s RETURNING dag_name
 SELECT 1 AS found FROM jobs WHERE dag_name = %(dag_name)s AND name = %(job_name)s
 
 -- name: start_job_run
+-- A run of a job by hand (taskplat_start_job_run, migration 0023: its task is created as
+-- POST /tasks creates one, wake-up held and NOTIFY sent alike).
 SELECT taskplat_start_job_run(%(dag_name)s, %(job_name)s, %(inputs)s, %(config)s,
                               %(idempotency_key)s, coalesce(%(now)s::timestamptz, now()),
-                              %(trace_context)s) AS task_id
-
--- name: notify_outbox
-SELECT pg_notify('taskplat_outbox', %(queue)s)
+                              %(trace_context)s,
+                              p_hold_seconds => %(polled_wakeup_delay_seconds)s) AS task_id
 
 -- name: list_datasets
 SELECT dataset_uuid, name, kind, location, current_version, created_at

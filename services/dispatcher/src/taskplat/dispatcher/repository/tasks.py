@@ -17,7 +17,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
-from taskplat.common.contracts import CompleteRequest, Event, Output
+from taskplat.common.contracts import CompleteRequest, Event
 from taskplat.common.db.queries import load_queries
 
 Q = load_queries("taskplat.dispatcher.repository", "tasks.sql")
@@ -37,12 +37,45 @@ def wakeup_trace_context(trace_context: dict[str, str] | None) -> Jsonb | None:
     return Jsonb(trace_context) if trace_context else None
 
 
-async def insert_task(conn: Conn, params: dict[str, Any]) -> Row | None:
-    """Insert a task and, when it is Queued, its wake-up and the relay's NOTIFY, in one statement
-    (`trace_context` as `wakeup_trace_context` gives it); None when its idempotency key already
-    exists and nothing was written. On an autocommit connection it is committed on return.
+# Field of taskplat_new_task -> array parameter of `insert_tasks`.
+NEW_TASK_ARRAYS = {
+    "task_id": "task_ids",
+    "queue": "queues",
+    "operator": "operators",
+    "job": "jobs",
+    "config": "configs",
+    "inputs": "inputs",
+    "max_attempts": "max_attempts",
+    "max_processing_attempts": "max_processing_attempts",
+    "on_exhausted": "on_exhausteds",
+    "backoff_base_seconds": "backoff_base_seconds",
+    "backoff_max_seconds": "backoff_max_seconds",
+    "timeout_seconds": "timeout_seconds",
+    "scheduled_for": "scheduled_for",
+    "expires_at": "expires_at",
+    "idempotency_key": "idempotency_keys",
+}
+
+
+def new_task_params(values: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The array parameters of `insert_tasks` for new tasks' values (one dict per task, keyed by
+    the fields of taskplat_new_task), in order."""
+    return {array: [each[field] for each in values] for field, array in NEW_TASK_ARRAYS.items()}
+
+
+async def insert_tasks(conn: Conn, params: dict[str, Any]) -> list[Row]:
+    """Create tasks (`new_task_params`, plus `now`, `trace_context` as `wakeup_trace_context`
+    gives it, `polled_wakeup_delay_seconds` and `notify_held`) in one statement: each Queued one
+    with its wake-up and NOTIFY. The inserted tasks' rows, in order (an element whose
+    idempotency key already exists is skipped); on an autocommit connection committed on return.
     `notify_held` false: a held wake-up NOTIFYs no one (the row's `held` says it was held)."""
-    return await _one(conn, "insert_task", params)
+    cursor = await conn.execute(Q["insert_tasks"], params)
+    return await cursor.fetchall()
+
+
+async def insert_task(conn: Conn, params: dict[str, Any]) -> Row | None:
+    """`insert_tasks` of one task: its row, or None when its idempotency key already exists."""
+    return await _one(conn, "insert_tasks", params)
 
 
 async def insert_task_and_claim_next(
@@ -55,7 +88,7 @@ async def insert_task_and_claim_next(
     statement rolls both back."""
     async with conn.pipeline():
         async with conn.transaction():
-            inserting = await conn.execute(Q["insert_task"], params)
+            inserting = await conn.execute(Q["insert_tasks"], params)
             claiming = await conn.execute(batch_queries["claim_next"], claim_params)
         return await inserting.fetchone(), await claiming.fetchall()
 
@@ -154,36 +187,6 @@ async def insert_events_guarded(
     return bool(row["guarded"]), int(row["inserted"])
 
 
-async def store_events(
-    conn: Conn, *, task_id: UUID, attempt: int, events: Sequence[Event], now: datetime | None
-) -> None:
-    if events:
-        await conn.execute(
-            Q["store_events"],
-            {"task_id": task_id, "attempt": attempt, "now": now, **_event_arrays(events)},
-        )
-
-
-async def store_outputs(
-    conn: Conn, *, task_id: UUID, attempt: int, outputs: Sequence[Output], now: datetime | None
-) -> None:
-    if outputs:
-        await conn.execute(
-            Q["store_outputs"],
-            {
-                "task_id": task_id,
-                "attempt": attempt,
-                "now": now,
-                "output_indexes": [output.output_index for output in outputs],
-                "dataset_uuids": [output.dataset_uuid for output in outputs],
-                "dataset_versions": [output.dataset_version for output in outputs],
-                "locations": [output.location for output in outputs],
-                "cursors": [output.cursor for output in outputs],
-                "row_counts": [output.row_count for output in outputs],
-            },
-        )
-
-
 def completion_params(
     request: CompleteRequest,
     *,
@@ -227,11 +230,10 @@ async def complete_running(conn: Conn, params: dict[str, Any]) -> Row | None:
 
 
 async def complete_late(conn: Conn, params: dict[str, Any]) -> Row | None:
+    """A late success of the current attempt after its timeout (`completion_params`), with its
+    attempt record, events and outputs, in one statement; None when it is not accepted. The
+    caller holds the row lock."""
     return await _one(conn, "complete_late", params)
-
-
-async def close_attempt(conn: Conn, params: dict[str, Any]) -> None:
-    await conn.execute(Q["close_attempt"], params)
 
 
 async def cancel_task(conn: Conn, task_id: UUID, now: datetime | None) -> Row | None:

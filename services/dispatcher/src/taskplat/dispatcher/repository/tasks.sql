@@ -5,63 +5,41 @@
 -- fresh read. Time is coalesce(%(now)s::timestamptz, now()): the database clock unless a test passes
 -- a fake now.
 
--- name: insert_task
--- One statement, committed on return in autocommit: the task, its pins (a task of a job), and
--- for a Queued one its
--- `enqueue_task` outbox row and a NOTIFY (delivered on commit). No row: the idempotency key
--- already exists and nothing was written. While the queue's workers wait on the dispatcher for
--- its tasks (`queues.polled_until` ahead, migration 0016), the wake-up is written held, due
--- %(polled_wakeup_delay_seconds)s later, and the NOTIFY goes to those waiting claims
--- (`taskplat_queued`) instead of the relay (`taskplat_outbox`): the relay sends it then only if
--- the task is still Queued. With %(notify_held)s false (one of this dispatcher's own waiting
--- claims of the queue waits: the caller wakes it after the commit) a held wake-up NOTIFYs no one;
--- `held` says whether it was held.
-WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
-inserted AS (
-    INSERT INTO tasks (
-        task_id, status, queue, operator, job, config, inputs, max_attempts,
-        max_processing_attempts, on_exhausted, backoff_base_seconds, backoff_max_seconds,
-        timeout_seconds, scheduled_for, expires_at, idempotency_key, queued_at, created_at,
-        updated_at, trace_context
-    )
-    SELECT
-        %(task_id)s,
-        CASE WHEN %(scheduled_for)s::timestamptz > n.now THEN 'Scheduled' ELSE 'Queued' END,
-        %(queue)s, %(operator)s, %(job)s, %(config)s, %(inputs)s, %(max_attempts)s,
-        %(max_processing_attempts)s, %(on_exhausted)s,
-        %(backoff_base_seconds)s, %(backoff_max_seconds)s, %(timeout_seconds)s,
-        %(scheduled_for)s, %(expires_at)s, %(idempotency_key)s,
-        CASE WHEN %(scheduled_for)s::timestamptz > n.now THEN NULL ELSE n.now END,
-        n.now, n.now, %(trace_context)s
-    FROM n
-    ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING *
-),
--- A task of a job is pinned to the dataset versions its inputs name (the caller resolved them).
-pins AS (
-    INSERT INTO task_pins (dataset_uuid, dataset_version, task_id)
-    SELECT p.dataset_uuid, p.dataset_version, i.task_id
-    FROM inserted AS i,
-         taskplat_input_pins(CASE WHEN i.job IS NOT NULL THEN i.inputs END) AS p
-),
-wakeup AS (  -- taskplat_enqueue_wakeups (migration 0020): a Queued task's only
-    SELECT w.queue, w.held
-    FROM n, taskplat_enqueue_wakeups(ARRAY(SELECT i.task_id FROM inserted AS i), n.now,
-                                     %(trace_context)s::jsonb,
-                                     %(polled_wakeup_delay_seconds)s::double precision) AS w
-)
--- The NOTIFY runs in the answer's row, once per wake-up written (a SELECT in a CTE that nothing
--- reads would not run at all). The row is also the new task as `task_details` shows it (no
--- attempt and no output yet, migration 0008), so the create answers without reading it back.
-SELECT i.*,
-       i.attempt - i.replay_offset - i.processing_attempts AS counted_attempts,
-       '[]'::json AS attempts, '[]'::json AS outputs,
-       (SELECT count(pg_notify(CASE WHEN w.held THEN 'taskplat_queued' ELSE 'taskplat_outbox' END,
-                               w.queue))
-        FROM wakeup AS w
-        WHERE NOT w.held OR %(notify_held)s::boolean) AS notified,
-       coalesce((SELECT bool_or(w.held) FROM wakeup AS w), false) AS held
-FROM inserted AS i
+-- name: insert_tasks
+-- Creates tasks (taskplat_create_tasks, migration 0023: the rows, their pins, the wake-ups of the
+-- Queued ones and their NOTIFY), given one array per field of taskplat_new_task, in order. An
+-- element whose idempotency key is already taken creates nothing and returns no row. While a
+-- queue's workers wait on a dispatcher for its tasks (`queues.polled_until` ahead, migration
+-- 0016), the wake-up is written held, due %(polled_wakeup_delay_seconds)s later, and the NOTIFY
+-- goes to those waiting claims (`taskplat_queued`) instead of the relay; with %(notify_held)s
+-- false (one of this dispatcher's own waiting claims of the queue waits: the caller wakes it
+-- after the commit) a held wake-up NOTIFYs no one. Each row is the new task as `task_details`
+-- shows it (no attempt and no output yet, migration 0008), so the create answers without reading
+-- it back, and `held` says whether its wake-up was held.
+SELECT (c.task).*,
+       (c.task).attempt - (c.task).replay_offset - (c.task).processing_attempts
+           AS counted_attempts,
+       '[]'::json AS attempts, '[]'::json AS outputs, c.held
+FROM taskplat_create_tasks(
+    ARRAY(SELECT ROW(i.task_id, i.queue, i.operator, i.job, i.config, i.inputs, i.max_attempts,
+                     i.max_processing_attempts, i.on_exhausted, i.backoff_base_seconds,
+                     i.backoff_max_seconds, i.timeout_seconds, i.scheduled_for, i.expires_at,
+                     i.idempotency_key)::taskplat_new_task
+          FROM unnest(%(task_ids)s::uuid[], %(queues)s::text[], %(operators)s::text[],
+                      %(jobs)s::jsonb[], %(configs)s::jsonb[], %(inputs)s::jsonb[],
+                      %(max_attempts)s::integer[], %(max_processing_attempts)s::integer[],
+                      %(on_exhausteds)s::text[], %(backoff_base_seconds)s::double precision[],
+                      %(backoff_max_seconds)s::double precision[],
+                      %(timeout_seconds)s::integer[], %(scheduled_for)s::timestamptz[],
+                      %(expires_at)s::timestamptz[], %(idempotency_keys)s::text[])
+                   WITH ORDINALITY
+                   AS i(task_id, queue, operator, job, config, inputs, max_attempts,
+                        max_processing_attempts, on_exhausted, backoff_base_seconds,
+                        backoff_max_seconds, timeout_seconds, scheduled_for, expires_at,
+                        idempotency_key, position)
+          ORDER BY i.position),
+    %(now)s::timestamptz, %(trace_context)s::jsonb,
+    %(polled_wakeup_delay_seconds)s::double precision, %(notify_held)s::boolean) AS c
 
 -- name: get_task_by_idempotency_key
 -- The task holding the key, as `get_task` reads it (the key's unique index).
@@ -131,14 +109,9 @@ SELECT * FROM taskplat_heartbeat(%(task_id)s::uuid, %(attempt)s::integer, %(leas
 -- name: insert_events
 -- Stores events only while the named attempt is Running and holds the lease (when a token is
 -- given); the guard row is share-locked so a cancel or completion waits for this commit.
-WITH guard AS (
-    SELECT task_id
-    FROM tasks
-    WHERE task_id = %(task_id)s
-      AND status = 'Running'
-      AND attempt = %(attempt)s
-      AND (%(lease_token)s::uuid IS NULL OR lease_token = %(lease_token)s::uuid)
-    FOR SHARE
+WITH guard AS MATERIALIZED (  -- taskplat_share_fence, migration 0023
+    SELECT f.task_id
+    FROM taskplat_share_fence(%(task_id)s::uuid, %(attempt)s::integer, %(lease_token)s::uuid) AS f
 ),
 inserted AS (
     INSERT INTO task_events (task_id, attempt, dataset_uuid, dataset_version, "cursor",
@@ -154,36 +127,6 @@ inserted AS (
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM guard) AS guarded, (SELECT count(*) FROM inserted) AS inserted
-
--- name: store_events
--- Events bundled with an accepted completion (the fence was checked by the transition).
-INSERT INTO task_events (task_id, attempt, dataset_uuid, dataset_version, "cursor",
-                         partition_key, range_start, range_end, created_at)
-SELECT %(task_id)s, %(attempt)s, e.dataset_uuid, e.dataset_version, e.cursor, e.partition_key,
-       e.range_start, e.range_end, coalesce(%(now)s::timestamptz, now())
-FROM unnest(%(dataset_uuids)s::uuid[], %(dataset_versions)s::uuid[], %(cursors)s::bigint[],
-            %(partition_keys)s::text[], %(range_starts)s::bigint[], %(range_ends)s::bigint[])
-         AS e(dataset_uuid, dataset_version, cursor, partition_key, range_start, range_end)
-ON CONFLICT (task_id, dataset_uuid, dataset_version, event_key) DO NOTHING
-
--- name: store_outputs
--- Outputs replace those of an earlier completion of the same task (a replayed task).
-INSERT INTO task_outputs (task_id, output_index, attempt, dataset_uuid, dataset_version,
-                          location, "cursor", row_count, committed_at)
-SELECT %(task_id)s, o.output_index, %(attempt)s, o.dataset_uuid, o.dataset_version, o.location,
-       o.cursor, o.row_count, coalesce(%(now)s::timestamptz, now())
-FROM unnest(%(output_indexes)s::integer[], %(dataset_uuids)s::uuid[],
-            %(dataset_versions)s::uuid[], %(locations)s::text[], %(cursors)s::bigint[],
-            %(row_counts)s::bigint[])
-         AS o(output_index, dataset_uuid, dataset_version, location, cursor, row_count)
-ON CONFLICT (task_id, output_index) DO UPDATE
-SET attempt = EXCLUDED.attempt,
-    dataset_uuid = EXCLUDED.dataset_uuid,
-    dataset_version = EXCLUDED.dataset_version,
-    location = EXCLUDED.location,
-    "cursor" = EXCLUDED."cursor",
-    row_count = EXCLUDED.row_count,
-    committed_at = EXCLUDED.committed_at
 
 -- name: complete_running
 -- See tasks.complete_running: the completion (taskplat_end_attempts, migration 0020) of one
@@ -209,44 +152,20 @@ SELECT d.*, (SELECT count(*) FROM notified) AS notified FROM done AS d
 
 -- name: complete_late
 -- A late success of the current attempt after its lease or deadline ran out
--- (taskplat_complete_late, migration 0022): accepted while no newer attempt started and the task
--- was not canceled; a task that had died of the timeout gets a `resolved` dead-letter record.
+-- (taskplat_complete_late, migration 0023): accepted while no newer attempt started and the task
+-- was not canceled; its attempt record closed as Completed with the digest, its events and
+-- outputs stored; a task that had died of the timeout gets a `resolved` dead-letter record.
 -- The caller holds the row lock (read_fence_for_update).
 SELECT * FROM taskplat_complete_late(%(task_id)s::uuid, %(attempt)s::integer,
                                      %(lease_token)s::uuid, %(result)s::jsonb,
-                                     %(trace_context)s::jsonb, %(now)s::timestamptz)
-
--- name: close_attempt
-UPDATE task_attempts
-SET finished_at = coalesce(%(now)s::timestamptz, now()),
-    outcome = %(outcome)s,
-    error = %(error)s,
-    completion_digest = %(completion_digest)s
-WHERE task_id = %(task_id)s AND attempt = %(attempt)s AND lease_token = %(lease_token)s
+                                     %(trace_context)s::jsonb, %(now)s::timestamptz,
+                                     %(completion_digest)s::text, %(events)s::jsonb,
+                                     %(outputs)s::jsonb)
 
 -- name: cancel_task
-WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
-canceled AS (
-    UPDATE tasks AS t
-    SET status = 'Canceled',
-        cancel_reason = 'Requested',
-        attempt_outcome = CASE WHEN t.status = 'Running' THEN 'Canceled' ELSE t.attempt_outcome END,
-        next_retry_at = NULL,
-        lease_expires_at = NULL,
-        finished_at = n.now,
-        updated_at = n.now
-    FROM n
-    WHERE t.task_id = %(task_id)s
-      AND t.status IN ('Scheduled', 'Queued', 'Failed', 'Running')
-    RETURNING t.task_id, t.attempt, t.queue, t.operator, t.worker_id
-),
-closed AS (
-    UPDATE task_attempts AS a
-    SET outcome = 'Canceled', finished_at = n.now
-    FROM canceled AS c, n
-    WHERE a.task_id = c.task_id AND a.attempt = c.attempt AND a.outcome IS NULL
-)
-SELECT task_id, attempt, queue, operator, worker_id FROM canceled
+-- The cancel by request (taskplat_cancel_tasks, migration 0023) of one live task: its row and
+-- open attempt record; no row when the task is not live.
+SELECT * FROM taskplat_cancel_tasks(ARRAY[%(task_id)s::uuid], 'Requested', %(now)s::timestamptz)
 
 -- name: replay_pins
 -- The pin check of a replay (migration 0017): the tasks among %(task_ids)s pinned to a dataset
@@ -267,14 +186,9 @@ SELECT 1 AS ok
 -- A step's result of the task of the named attempt, only while that attempt is Running and holds
 -- the lease (when a token is given): stored when %(record)s and none is stored yet (the first
 -- recorded result wins), and the stored one returned. The guard row is share-locked like events.
-WITH guard AS (
-    SELECT task_id
-    FROM tasks
-    WHERE task_id = %(task_id)s
-      AND status = 'Running'
-      AND attempt = %(attempt)s
-      AND (%(lease_token)s::uuid IS NULL OR lease_token = %(lease_token)s::uuid)
-    FOR SHARE
+WITH guard AS MATERIALIZED (  -- taskplat_share_fence, migration 0023
+    SELECT f.task_id
+    FROM taskplat_share_fence(%(task_id)s::uuid, %(attempt)s::integer, %(lease_token)s::uuid) AS f
 ),
 inserted AS (
     INSERT INTO task_steps (task_id, step, attempt, result, created_at)

@@ -48,10 +48,11 @@ class RoutedEvent:
 
 
 def route_events(
-    conn: Conn, event_ids: Sequence[int], *, now: datetime | None
+    conn: Conn, event_ids: Sequence[int], *, now: datetime | None, hold_seconds: float = 0.0
 ) -> list[RoutedEvent]:
     """Route the unrouted events among `event_ids` inside the caller's transaction; events already
-    routed (by an earlier, committed batch) are left alone and not returned."""
+    routed (by an earlier, committed batch) are left alone and not returned. `hold_seconds`: how
+    long a run's wake-up is held while its queue's workers wait on a dispatcher."""
     if not event_ids:
         return []
     params: dict[str, Any] = {"event_ids": list(event_ids), "now": now}
@@ -75,11 +76,11 @@ def route_events(
                 "inputs": [Jsonb(run["input"]) for run in runs],
                 "task_ids": [run["task_id"] for run in runs],
                 "now": now,
+                "hold_seconds": hold_seconds,
             },
         ).fetchall()
         missing = {row["task_id"] for row in started if row["started"] is None}
         if missing:
             for event in events.values():
                 event.tasks[:] = [task for task in event.tasks if task not in missing]
-        conn.execute(Q["notify_outbox"])
     return list(events.values())

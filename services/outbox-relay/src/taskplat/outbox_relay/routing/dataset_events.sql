@@ -95,13 +95,13 @@ LEFT JOIN targets AS t
 ORDER BY ev.event_id, r.dag_name, r.job_name
 
 -- name: start_routed_runs
--- One run per new route, with the route's task id (the function writes the task, its pins and its
--- wake-up). A route whose job was deleted meanwhile starts nothing (NULL).
+-- One run per new route, with the route's task id (taskplat_start_job_run, migration 0023: the
+-- task, its pins, its wake-up, held while its queue's workers wait on a dispatcher, and the
+-- NOTIFY that wakes them or the relay). A route whose job was deleted meanwhile starts nothing
+-- (NULL).
 SELECT r.task_id,
        taskplat_start_job_run(r.dag_name, r.job_name, jsonb_build_array(r.input), NULL, NULL,
-                              coalesce(%(now)s::timestamptz, now()), NULL, r.task_id) AS started
+                              coalesce(%(now)s::timestamptz, now()), NULL, r.task_id,
+                              %(hold_seconds)s) AS started
 FROM unnest(%(dag_names)s::text[], %(job_names)s::text[], %(inputs)s::jsonb[],
             %(task_ids)s::uuid[]) AS r(dag_name, job_name, input, task_id)
-
--- name: notify_outbox
-SELECT pg_notify('taskplat_outbox', '')
