@@ -58,7 +58,8 @@ def _death_signal_preexec(sig: int) -> Callable[[], None] | None:
     return preexec
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
+    """Whether any process of group `pgid` is left (one we may not signal counts)."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -68,7 +69,8 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def _signal_group(pgid: int, sig: int) -> None:
+def signal_group(pgid: int, sig: int) -> None:
+    """Send `sig` to process group `pgid`, if it is still there."""
     try:
         os.killpg(pgid, sig)
     except ProcessLookupError:
@@ -106,15 +108,15 @@ class Child:
         """Signal the whole process group, escalate to SIGKILL at the deadline, reap the leader."""
         pgid = self.popen.pid
         deadline = time.monotonic() + timeout
-        _signal_group(pgid, sig)
+        signal_group(pgid, sig)
         self.wait(deadline - time.monotonic())
-        while _group_alive(pgid) and time.monotonic() < deadline:
+        while group_alive(pgid) and time.monotonic() < deadline:
             time.sleep(0.05)  # stragglers of the group after the leader exited
-        if _group_alive(pgid) or self.alive():
-            _signal_group(pgid, signal.SIGKILL)
+        if group_alive(pgid) or self.alive():
+            signal_group(pgid, signal.SIGKILL)
             self.wait(5.0)
             kill_deadline = time.monotonic() + 5.0
-            while _group_alive(pgid) and time.monotonic() < kill_deadline:
+            while group_alive(pgid) and time.monotonic() < kill_deadline:
                 time.sleep(0.05)
 
 

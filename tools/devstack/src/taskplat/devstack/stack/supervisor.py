@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from taskplat.devstack.errors import DevstackError
-from taskplat.devstack.procs import Child, spawn
+from taskplat.devstack.procs import Child, group_alive, signal_group, spawn
 
 log = logging.getLogger("taskplat.devstack.stack")
 
@@ -71,23 +71,6 @@ def describe_exit(returncode: int) -> str:
         except ValueError:
             return f"killed by signal {-returncode}"
     return f"exit code {returncode}"
-
-
-def _group_exists(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
 
 
 class Supervisor:
@@ -275,7 +258,7 @@ class Supervisor:
         for managed in running:
             assert managed.child is not None
             if managed.child.alive():
-                _signal_group(managed.child.pid, signal.SIGTERM)
+                signal_group(managed.child.pid, signal.SIGTERM)
             limit = managed.spec.stop_timeout if timeout is None else timeout
             deadlines[managed.spec.name] = now + limit
         codes: dict[str, int] = {}
@@ -284,7 +267,7 @@ class Supervisor:
             assert child is not None
             if not child.wait(deadlines[managed.spec.name] - time.monotonic()):
                 log.warning("%s: still running after its stop timeout; killing it", child.name)
-            if child.alive() or _group_exists(child.pid):
+            if child.alive() or group_alive(child.pid):
                 child.stop_group(sig=signal.SIGKILL, timeout=5.0)
             codes[managed.spec.name] = child.popen.returncode
             with self._lock:
@@ -309,7 +292,7 @@ class Supervisor:
             if child is not None and not child.alive():
                 code = child.popen.returncode
                 # Stragglers of its group (a uvicorn worker, say) go with it.
-                if _group_exists(child.pid):
+                if group_alive(child.pid):
                     child.stop_group(sig=signal.SIGKILL, timeout=2.0)
                 ran = now - managed.started_at
                 managed.quick_exits = 0 if ran >= HEALTHY_SECONDS else managed.quick_exits + 1
