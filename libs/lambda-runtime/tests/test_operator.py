@@ -168,3 +168,14 @@ def test_the_edges_fail_the_task_and_serving_goes_on() -> None:
         {"status": "failed", "error": "the result is not JSON: NaN or Infinity"},
         {"status": "succeeded", "payload": {"attempt": 2}},
     ]
+
+
+def test_a_non_finite_step_result_fails_the_task_unrecorded() -> None:
+    channel = Recorder()
+    task = Task.from_document(json.loads(line()))
+    envelope = run_operator(lambda t: {"s": step("s", lambda: float("inf"))}, task, channel)
+    assert envelope == {
+        "status": "failed",
+        "error": 'step "s": the result is not JSON: NaN or Infinity',
+    }
+    assert channel.steps == {}

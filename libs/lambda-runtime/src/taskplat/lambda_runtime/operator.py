@@ -251,7 +251,7 @@ def step(name: str, fn: Callable[[], T]) -> T:
     try:
         _json_text(result)
     except OperatorFailure as exc:
-        raise OperatorFailure(f"step {name!r}: {exc}") from None
+        raise OperatorFailure(f"step {json.dumps(name)}: {exc}") from None
     standing: T = channel.step(name, result)
     task.steps[name] = standing
     return standing
