@@ -81,6 +81,10 @@ runtimes: runtime-deps ## Build the TypeScript (dist/) and Rust (bootstrap) oper
 	@cd libs/lambda-runtime-js && npm run --silent build
 	@cd libs/lambda-runtime-rs && cargo build --offline --bins
 
+.PHONY: runtime-types
+runtime-types: runtime-deps ## Regenerate the TypeScript and Rust runtimes' Task and Envelope types from the contracts' JSON Schemas (quicktype)
+	@cd libs/lambda-runtime-js && npm run --silent generate-types
+
 .PHONY: bytecode
 bytecode: venv ## Compile the virtualenv's and the workspace's Python files once (the tests start hundreds of Python processes)
 	@# With PYTHONDONTWRITEBYTECODE set, each of those processes would compile its imports again.

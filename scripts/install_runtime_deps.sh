@@ -2,7 +2,8 @@
 # Set up what the TypeScript and Rust operator runtimes build and test with, when it is missing
 # and we may: Debian's librust-serde-json-dev, librust-ureq-dev and librust-serde-derive-dev (the
 # Rust crate's offline directory source, /usr/share/cargo/registry) and cargo itself (root with
-# apt-get), then the TypeScript package's dev dependencies (`npm ci`). Prints what it did; exits 0
+# apt-get), then the TypeScript package's dev dependencies (`npm ci`: typescript, and quicktype-core,
+# which generates the runtimes' Task and Envelope types). Prints what it did; exits 0
 # when node >= 20, npm, cargo and the librust packages are all present afterwards, 1 otherwise
 # (the runtime tests then skip, except in CI where they fail).
 set -uo pipefail
@@ -31,6 +32,7 @@ if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
   if [ "$major" -lt 20 ]; then
     missing+=("node>=20 (found $(node --version))")
   elif [ ! -d libs/lambda-runtime-js/node_modules/typescript ] ||
+    [ ! -d libs/lambda-runtime-js/node_modules/quicktype-core ] ||
     [ libs/lambda-runtime-js/package-lock.json -nt libs/lambda-runtime-js/node_modules/.package-lock.json ]; then
     echo "install_runtime_deps: npm ci in libs/lambda-runtime-js" >&2
     (cd libs/lambda-runtime-js && npm ci --no-audit --no-fund --loglevel=error) || missing+=("npm ci")

@@ -1,12 +1,15 @@
 """One contract, three runtimes: every fixture of `contract/` runs against the Python, the
 JavaScript and the Rust runtime's example operator, so they cannot drift.
 
-A fixture (JSON) gives the task lines (`wrapper`: the worker wrapper's stdin/stdout protocol) or the
-claim (`lambda`: one invocation through the Lambda Runtime API), the dispatcher's and the Query
-Service's answers (`answers`, by `METHOD /path`, served in order, the last one repeated), and what
-the runtime must do: the calls it makes (`calls`: method, path, bearer credential, JSON body), the
-lines it writes (`lines`) or the response it posts (`response`), and whether it dies (`exit`).
-A small recording HTTP server plays the dispatcher, the Query Service and the Runtime API at once.
+A fixture (JSON) gives the task lines (`wrapper`: the worker wrapper's stdin/stdout protocol; a
+string is written as it is, anything else as JSON) or the claim (`lambda`: one invocation through
+the Lambda Runtime API), the dispatcher's and the Query Service's answers (`answers`, by
+`METHOD /path`, served in order, the last one repeated), and what the runtime must do: the calls
+it makes (`calls`: method, path, bearer credential, JSON body), the lines it writes (`lines`) or
+the response it posts (`response`), and whether it dies (`exit`). `"stdout": "closed"` closes the
+runtime's stdout before it writes (the reader went away): it must stop serving with exit code 1
+(`"exit": "stdout_closed"`). A small recording HTTP server plays the dispatcher, the Query
+Service and the Runtime API at once.
 """
 
 from __future__ import annotations
@@ -197,13 +200,17 @@ def test_runtime_keeps_the_contract(
     argv = command(runtime, fixture["contract"], request)
     env = base_env(host, fixture)
     crashed = fixture.get("exit") == "crashed"
-    if fixture["contract"] == "wrapper":
-        lines_in = "".join(json.dumps(task) + "\n" for task in fixture["tasks"])
+    if fixture["contract"] == "wrapper" and fixture.get("stdout") == "closed":
+        returncode, stderr = run_with_stdout_closed(argv, env, task_lines(fixture))
+        assert fixture.get("exit") == "stdout_closed"
+        assert returncode == 1, (returncode, stderr[-3000:])
+        assert "Traceback" not in stderr, stderr[-3000:]
+    elif fixture["contract"] == "wrapper":
         done = subprocess.run(
-            argv, input=lines_in, env=env, capture_output=True, text=True, timeout=60
+            argv, input=task_lines(fixture), env=env, capture_output=True, text=True, timeout=60
         )
         lines = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
-        assert lines == fixture["lines"], done.stderr[-3000:]
+        assert matches(fixture["lines"], lines), (lines, done.stderr[-3000:])
         assert (done.returncode != 0) == crashed, (done.returncode, done.stderr[-3000:])
     else:
         env.update(
@@ -243,6 +250,33 @@ def test_runtime_keeps_the_contract(
             assert recorder.posted["kind"] == "response", (recorder.posted, output)
             assert recorder.posted["body"] == fixture["response"], output
     assert matches(fixture["calls"], recorder.calls), recorder.calls
+
+
+def task_lines(fixture: dict[str, Any]) -> str:
+    """The fixture's task lines: a string as it is (a line that is not JSON), else as JSON."""
+    return "".join(
+        (task if isinstance(task, str) else json.dumps(task)) + "\n" for task in fixture["tasks"]
+    )
+
+
+def run_with_stdout_closed(argv: list[str], env: dict[str, str], lines: str) -> tuple[int, str]:
+    """Run the runtime with the read end of its stdout closed before it writes anything; its
+    exit code and stderr."""
+    process = subprocess.Popen(
+        argv,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    process.stdout.close()
+    try:
+        _, stderr = process.communicate(lines, timeout=60)
+    finally:
+        process.kill()
+    return process.returncode, stderr
 
 
 def matches(expected: Any, actual: Any) -> bool:

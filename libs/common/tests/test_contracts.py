@@ -223,10 +223,26 @@ WORKER_VIEW = {
     "state": "alive",
 }
 
+TASK_LINE = {
+    **CLAIM_TASK,
+    "lease_token": U3,
+    "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    "tracestate": "vendor=1",
+}
+RESULT_ENVELOPE = {
+    "status": "succeeded",
+    "payload": {"rows": 1},
+    "outputs": [OUTPUT],
+    "events": [EVENT],
+    "error": None,
+    "retryable": None,
+}
 EXAMPLES: dict[str, dict[str, Any]] = {
     "AttemptView": ATTEMPT_VIEW,
     "ClaimRequest": {"task_id": U1, "worker_id": "ecs:cluster/service/task"},
     "ClaimTask": CLAIM_TASK,
+    "TaskLine": TASK_LINE,
+    "ResultEnvelope": RESULT_ENVELOPE,
     "ClaimedResponse": {
         "status": "Claimed",
         "attempt": 1,

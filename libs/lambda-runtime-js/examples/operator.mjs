@@ -6,8 +6,10 @@
 // `sleep_seconds` (then go on), `events` (emitted as given), `forward` (one event on output 0 per
 // input, at its cursor), `steps` (names: each step's result is the attempt that first ran it),
 // `query` ({sql, params, max_rows}: its answer goes in the payload), `records` ({output, records}:
-// published), `fail` / `permanent` (fail with this message, permanently for the latter).
-// Payload: {attempt, emitted, inputs (their cursors)} plus `steps`, `query`, `published`.
+// published), `event_bytes` (one event on output 0 whose partition_key is that many bytes),
+// `fail` / `permanent` (fail with this message, permanently for the latter), `non_finite` ("nan"
+// or "inf": a payload holding that number). Payload: {attempt, emitted, inputs (their cursors)}
+// plus `steps`, `query`, `published`.
 import { pathToFileURL } from "node:url";
 
 import {
@@ -28,6 +30,10 @@ export async function handle(task) {
   const payload = { attempt: task.attempt, emitted: 0, inputs: task.inputs.map((item) => item.cursor ?? null) };
   for (const event of config.events ?? []) {
     await emitEvent(event);
+    payload.emitted += 1;
+  }
+  if (config.event_bytes) {
+    await emitEvent({ output_index: 0, partition_key: "x".repeat(config.event_bytes) });
     payload.emitted += 1;
   }
   if (config.forward) {
@@ -51,6 +57,7 @@ export async function handle(task) {
   }
   if (config.fail) throw new Error(config.fail);
   if (config.permanent) throw new PermanentFailure(config.permanent);
+  if (config.non_finite) return { ratio: config.non_finite === "nan" ? NaN : Infinity };
   return payload;
 }
 

@@ -13,8 +13,10 @@
  *     // or, as an operators.yaml command: await serve(handle);
  */
 export {
+  checkTaskLine,
   emitEvent,
   emitEvents,
+  EVENT_MAX_BYTES,
   OperatorFailure,
   PermanentFailure,
   publishRecords,
@@ -26,7 +28,22 @@ export {
   step,
   Task,
 } from "./operator.js";
-export type { Channel, Envelope, Handler, Json, JsonObject, OutputTarget, Result, ServeOptions } from "./operator.js";
+export type {
+  Channel,
+  Envelope,
+  Event,
+  Handler,
+  JobRef,
+  Json,
+  JsonObject,
+  Output,
+  OutputTarget,
+  Result,
+  ResultEnvelope,
+  ServeOptions,
+  TaskLine,
+  Trust,
+} from "./operator.js";
 export { Refused, Unreachable } from "./dispatcher.js";
 export { LeaseLost, taskplatHandler } from "./lambda.js";
 export type { HandlerOptions, LambdaContext, LambdaHandler } from "./lambda.js";

@@ -225,9 +225,9 @@ class Invocation implements Channel {
   private complete(outcome: Envelope): Promise<JsonObject> {
     if (outcome.status === "succeeded") {
       return this.api.complete("Completed", {
-        result: outcome.payload,
-        outputs: outcome.outputs ?? null,
-        events: outcome.events ?? null,
+        result: (outcome.payload ?? null) as Json,
+        outputs: (outcome.outputs ?? null) as Json,
+        events: (outcome.events ?? null) as Json,
       });
     }
     const error = (outcome.error || "operator failed").slice(0, 16_000);

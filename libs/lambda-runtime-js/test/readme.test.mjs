@@ -35,12 +35,20 @@ test("the README's operator counts, records its step and emits", async (t) => {
   const { handle } = await import(pathToFileURL(file).href);
   const sent = [];
   const channel = { events: (events) => sent.push({ events }), step: (name, value) => (sent.push({ step: name, value }), value) };
-  const task = new Task({
+  const line = {
     task_id: "t-1",
     attempt: 1,
+    lease_token: "l-1",
+    operator: "count",
+    queue: "default",
+    config: {},
     inputs: [{ cursor: 9 }],
-    outputs: [{ output_index: 0, dataset_uuid: "d", dataset_version: "v" }],
-  });
+    job: null,
+    timeout_seconds: null,
+    deadline_at: null,
+    outputs: [{ output_index: 0, dataset_uuid: "d", dataset_version: "v", location: "x" }],
+  };
+  const task = new Task(line);
   assert.deepEqual(await runOperator(handle, task, channel), { status: "succeeded", payload: { rows: 5 } });
   assert.deepEqual(sent, [
     { step: "count", value: 5 },
@@ -53,7 +61,7 @@ test("the README's operator counts, records its step and emits", async (t) => {
       body: { sql: "select count(*) from blocks where number <= ?", params: [9], format: "json" },
     },
   ]);
-  const empty = new Task({ task_id: "t-2", attempt: 1 });
+  const empty = new Task({ ...line, task_id: "t-2", inputs: [] });
   assert.deepEqual(await runOperator(handle, empty, channel), {
     status: "failed",
     retryable: false,

@@ -13,9 +13,27 @@ const here = dirname(fileURLToPath(import.meta.url));
 const operator = join(here, "..", "examples", "operator.mjs");
 const output = { output_index: 0, dataset_uuid: "d-1", dataset_version: "v-1", location: "x" };
 
+/** A task line with every required field (the contracts' `TaskLine` schema). */
+function taskLine(fields) {
+  return {
+    task_id: "t-1",
+    attempt: 2,
+    lease_token: "l-1",
+    operator: "op",
+    queue: "default",
+    config: {},
+    inputs: [],
+    job: null,
+    timeout_seconds: null,
+    deadline_at: null,
+    outputs: [output],
+    ...fields,
+  };
+}
+
 function serve(...configs) {
   const lines = configs.map((config) =>
-    JSON.stringify({ task_id: "t-1", attempt: 2, lease_token: "l-1", config, outputs: [output] }),
+    JSON.stringify(taskLine({ config })),
   );
   const run = spawnSync(process.execPath, [operator], { input: `${lines.join("\n\n")}\n`, encoding: "utf8" });
   assert.equal(run.status, 0, run.stderr);
@@ -43,7 +61,7 @@ test("steps, a permanent failure and an unknown output", () => {
 });
 
 test("a recorded step is neither run nor recorded again", async () => {
-  const task = new esm.Task({ task_id: "t", attempt: 3, steps: { a: 1 } });
+  const task = new esm.Task(taskLine({ attempt: 3, steps: { a: 1 } }));
   const seen = [];
   const channel = { events: () => {}, step: (name, value) => (seen.push(name), value) };
   const envelope = await esm.runOperator(async () => ({ a: await esm.step("a", () => 99) }), task, channel);
@@ -53,7 +71,7 @@ test("a recorded step is neither run nor recorded again", async () => {
 
 test("the SDK refuses outside a handler, and records under Lambda", async () => {
   await assert.rejects(esm.emitEvent({ cursor: 1 }), esm.OperatorFailure);
-  const task = new esm.Task({ task_id: "t", attempt: 1, outputs: [{ ...output, kind: "buffered_postgres" }] });
+  const task = new esm.Task(taskLine({ attempt: 1, outputs: [{ ...output, kind: "buffered_postgres" }] }));
   const lambdaLike = { events: () => {}, step: (_name, value) => value };
   const envelope = await esm.runOperator(
     () => esm.publishRecords(0, [{ org_id: "o", dedupe_key: "k" }]).then(() => ({})),
@@ -61,6 +79,18 @@ test("the SDK refuses outside a handler, and records under Lambda", async () => 
     lambdaLike,
   );
   assert.deepEqual(envelope, { status: "failed", error: "publish_records works only under the worker wrapper" });
+});
+
+test("a task is made of a task line only", () => {
+  assert.throws(() => new esm.Task({ task_id: "t", attempt: 1 }), {
+    name: "OperatorFailure",
+    message: "malformed task line: lease_token must be a string",
+  });
+  assert.throws(() => new esm.Task(taskLine({ attempt: 1.5 })), { message: "malformed task line: attempt must be an integer" });
+  assert.throws(() => new esm.Task(taskLine({ outputs: [{ output_index: 0 }] })), {
+    message: "malformed task line: outputs[0].dataset_uuid must be a string",
+  });
+  assert.equal(esm.checkTaskLine(taskLine({})), null);
 });
 
 test("the CommonJS build exports what the ES module build does", () => {

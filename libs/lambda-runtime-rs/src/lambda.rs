@@ -27,7 +27,8 @@ use std::time::Duration;
 use serde_json::{json, Map, Value};
 
 use crate::dispatcher::{agent, now_seconds, parse_rfc3339, AttemptApi, CallError};
-use crate::operator::{run_operator, Channel, Error, Task, TaskResult};
+use crate::error::Error;
+use crate::operator::{run_operator, Channel, Context, Envelope, Task, TaskResult};
 
 pub const URL_ENV: &str = "TASKPLAT_DISPATCHER_URL";
 pub const MARGIN_ENV: &str = "TASKPLAT_LAMBDA_MARGIN_SECONDS";
@@ -95,7 +96,7 @@ pub struct Answer {
 /// Run one invocation: `event` is the claim, `deadline` the function's limit (Unix seconds).
 pub fn invoke<H>(handler: Arc<H>, event: Value, deadline: f64, url: &str, margin: f64) -> Result<Answer, String>
 where
-    H: Fn(&Task) -> Result<TaskResult, Error> + Send + Sync + 'static,
+    H: Fn(&Task, &Context) -> Result<TaskResult, Error> + Send + Sync + 'static,
 {
     let claimed = event.get("task").filter(|t| t.is_object()).ok_or("the event is not a Taskplat claim: it has no task")?;
     let (attempt_token, lease_token) = match (
@@ -107,7 +108,7 @@ where
     };
     let mut document = claimed.clone();
     document["lease_token"] = json!(lease_token);
-    let task = Task::from_document(document).map_err(|e| e.to_string())?;
+    let task: Task = serde_json::from_value(document).map_err(|e| format!("the event's task is not a task: {}", e))?;
     let attempt_deadline = task.deadline_at.as_deref().and_then(parse_rfc3339);
     let seconds_left = move || {
         let limit = attempt_deadline.map_or(deadline, |d| d.min(deadline));
@@ -164,7 +165,7 @@ where
             }
         })
     };
-    let (done, outcome) = mpsc::channel::<Value>();
+    let (done, outcome) = mpsc::channel::<Envelope>();
     {
         let attempt: Arc<dyn Channel> = attempt.clone();
         let handler = handler.clone();
@@ -180,7 +181,7 @@ where
         Err(_) => {
             let left = attempt.api.seconds_left().max(0.0);
             let error = format!("timed out: the operator was still running {:.1}s before the function's time limit", left);
-            (json!({"status": "failed", "error": error}), true)
+            (Envelope::failed(&Error::failure(error)), true)
         }
     };
     drop(stop);
@@ -200,7 +201,7 @@ where
         }
     };
     beating.join().ok();
-    let succeeded = outcome.get("status").and_then(Value::as_str) == Some("succeeded");
+    let succeeded = outcome.succeeded();
     let mut response = Map::new();
     response.insert("status".into(), answer.get("status").cloned().unwrap_or(Value::Null));
     response.insert("outcome".into(), json!(if succeeded { "Completed" } else { "Failed" }));
@@ -212,17 +213,17 @@ where
     Ok(Answer { response: Value::Object(response), exit_after: timed_out })
 }
 
-fn complete(api: &AttemptApi, outcome: &Value) -> Result<Value, CallError> {
+fn complete(api: &AttemptApi, outcome: &Envelope) -> Result<Value, CallError> {
     let mut fields = Map::new();
-    if outcome.get("status").and_then(Value::as_str) == Some("succeeded") {
-        for (from, to) in [("payload", "result"), ("outputs", "outputs"), ("events", "events")] {
-            fields.insert(to.into(), outcome.get(from).cloned().unwrap_or(Value::Null));
-        }
+    if outcome.succeeded() {
+        fields.insert("result".into(), json!(outcome.payload));
+        fields.insert("outputs".into(), json!(outcome.outputs));
+        fields.insert("events".into(), json!(outcome.events));
         return api.complete("Completed", fields);
     }
-    let error: String = outcome.get("error").and_then(Value::as_str).unwrap_or("operator failed").chars().take(16_000).collect();
+    let error: String = outcome.error.as_deref().unwrap_or("operator failed").chars().take(16_000).collect();
     fields.insert("error_message".into(), json!(error));
-    if outcome.get("retryable") == Some(&Value::Bool(false)) {
+    if outcome.retryable == Some(false) {
         fields.insert("retryable".into(), json!(false));
     }
     api.complete("Failed", fields)
@@ -232,7 +233,7 @@ fn complete(api: &AttemptApi, outcome: &Value) -> Result<Value, CallError> {
 /// invocation, forever (Lambda ends the process).
 pub fn run<H>(handler: H) -> !
 where
-    H: Fn(&Task) -> Result<TaskResult, Error> + Send + Sync + 'static,
+    H: Fn(&Task, &Context) -> Result<TaskResult, Error> + Send + Sync + 'static,
 {
     let handler = Arc::new(handler);
     let api = match std::env::var("AWS_LAMBDA_RUNTIME_API") {

@@ -1,5 +1,6 @@
-//! `query(sql, params, max_rows)`: read the datasets of the task's capability token through the
-//! Query Service (`POST {TASKPLAT_QUERY_URL}/query`, the capability token as bearer credential).
+//! `Context::query(sql, params, max_rows)`: read the datasets of the task's capability token
+//! through the Query Service (`POST {TASKPLAT_QUERY_URL}/query`, the capability token as bearer
+//! credential).
 //!
 //! Invariants: the token is the running attempt's (Lambda: the invocation's `capability_token`),
 //! else `TASKPLAT_CAPABILITY_TOKEN` (the wrapper sets it for untrusted tasks); the body is
@@ -11,7 +12,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::dispatcher::{agent, body_of};
-use crate::operator::{current_channel, Error};
+use crate::error::Error;
 
 pub const QUERY_URL_ENV: &str = "TASKPLAT_QUERY_URL";
 pub const CAPABILITY_TOKEN_ENV: &str = "TASKPLAT_CAPABILITY_TOKEN";
@@ -33,14 +34,20 @@ pub struct QueryResult {
     pub elapsed_ms: f64,
 }
 
-/// Run one read-only SQL statement over the datasets of the task's capability token.
-pub fn query(sql: &str, params: Option<Vec<Value>>, max_rows: Option<u64>) -> Result<QueryResult, Error> {
+/// Run one read-only SQL statement over the datasets of the capability token: the running
+/// attempt's (`channel_token`), else `TASKPLAT_CAPABILITY_TOKEN`.
+pub(crate) fn query_with(
+    channel_token: Option<String>,
+    sql: &str,
+    params: Option<Vec<Value>>,
+    max_rows: Option<u64>,
+) -> Result<QueryResult, Error> {
     let url = std::env::var(QUERY_URL_ENV)
         .ok()
         .filter(|u| !u.is_empty())
         .ok_or_else(|| Error::failure(format!("query needs {} (the Query Service's URL)", QUERY_URL_ENV)))?;
-    let token = current_channel()
-        .and_then(|channel| channel.capability_token())
+    let token = channel_token
+        .filter(|t| !t.is_empty())
         .or_else(|| std::env::var(CAPABILITY_TOKEN_ENV).ok())
         .filter(|t| !t.is_empty())
         .ok_or_else(|| Error::failure("query needs the task's capability token (untrusted jobs have one)"))?;

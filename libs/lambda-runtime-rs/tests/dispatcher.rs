@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 use taskplat::dispatcher::now_seconds;
 use taskplat::lambda::invoke;
-use taskplat::{emit_event, step, Error, PermanentFailure, Task, TaskResult};
+use taskplat::{Context, Error, PermanentFailure, Task, TaskResult};
 
 struct Dispatcher {
     url: String,
@@ -67,15 +67,17 @@ impl Dispatcher {
     }
 }
 
-fn handle(task: &Task) -> Result<TaskResult, Error> {
+fn handle(task: &Task, ctx: &Context) -> Result<TaskResult, Error> {
     if let Some(message) = task.config.get("permanent").and_then(Value::as_str) {
         return Err(PermanentFailure(message.to_string()).into());
     }
     if let Some(message) = task.config.get("fail").and_then(Value::as_str) {
         return Err(Error::failure(message));
     }
-    emit_event(json!({"output_index": 0, "cursor": 7}))?;
-    let first = step("once", || Ok(json!(task.attempt)))?;
+    // The event goes out from a thread the handler spawns, through its context.
+    let emitter = ctx.clone();
+    std::thread::spawn(move || emitter.emit_event(json!({"output_index": 0, "cursor": 7}))).join().unwrap()?;
+    let first = ctx.step("once", || Ok(json!(task.attempt)))?;
     Ok(json!({"attempt": task.attempt, "once": first}).into())
 }
 

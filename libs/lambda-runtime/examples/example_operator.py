@@ -6,8 +6,10 @@ Config: `crash` (exit at once, answering nothing), `print` (a stray line on stdo
 `sleep_seconds` (then go on), `events` (emitted as given), `forward` (one event on output 0 per
 input, at its cursor), `steps` (names: each step's result is the attempt that first ran it),
 `query` ({sql, params, max_rows}: its answer goes in the payload), `records` ({output, records}:
-published), `fail` / `permanent` (fail with this message, permanently for the latter). Payload:
-{attempt, emitted, inputs (their cursors)} plus `steps`, `query`, `published`.
+published), `event_bytes` (one event on output 0 whose partition_key is that many bytes),
+`fail` / `permanent` (fail with this message, permanently for the latter), `non_finite` ("nan"
+or "inf": a payload holding that number). Payload: {attempt, emitted, inputs (their cursors)}
+plus `steps`, `query`, `published`.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ def handle(task: Task) -> dict[str, Any]:
     for event in config.get("events", []):
         emit_event(event)
         payload["emitted"] += 1
+    if config.get("event_bytes"):
+        emit_event(output_index=0, partition_key="x" * int(config["event_bytes"]))
+        payload["emitted"] += 1
     if config.get("forward"):
         for item in task.inputs:
             emit_event(output_index=0, cursor=item.get("cursor"))
@@ -63,6 +68,8 @@ def handle(task: Task) -> dict[str, Any]:
         raise Error(config["fail"])
     if config.get("permanent"):
         raise PermanentFailure(config["permanent"])
+    if config.get("non_finite"):
+        return {"ratio": float(config["non_finite"])}  # float("nan"), float("inf")
     return payload
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from taskplat.lambda_runtime import (
+    EVENT_MAX_BYTES,
     OperatorFailure,
     PermanentFailure,
     Result,
@@ -29,7 +30,19 @@ OUTPUT = {"output_index": 0, "dataset_uuid": "d-1", "dataset_version": "v-1", "l
 
 
 def line(**fields: Any) -> str:
-    doc = {"task_id": "t-1", "attempt": 2, "lease_token": "l-1", "config": {}, "outputs": [OUTPUT]}
+    doc = {
+        "task_id": "t-1",
+        "attempt": 2,
+        "lease_token": "l-1",
+        "operator": "op",
+        "queue": "default",
+        "config": {},
+        "inputs": [],
+        "job": None,
+        "timeout_seconds": None,
+        "deadline_at": None,
+        "outputs": [OUTPUT],
+    }
     return json.dumps({**doc, **fields}) + "\n"
 
 
@@ -132,3 +145,37 @@ def test_importing_the_sdk_loads_no_http_machinery() -> None:
     code = "import sys, taskplat.lambda_runtime; print('urllib.request' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_edges_fail_the_task_and_serving_goes_on() -> None:
+    def edges(task: Task) -> dict[str, Any]:
+        if task.config.get("big"):
+            emit_event(output_index=0, partition_key="x" * EVENT_MAX_BYTES)
+        if task.config.get("nan"):
+            return {"ratio": float("nan")}
+        return {"attempt": task.attempt}
+
+    out = io.StringIO()
+    lines = ["not json\n", "[1]\n", '{"task_id": "t"}\n', line(attempt=1.5)]
+    lines += [line(config={"big": True}), line(config={"nan": True}), line()]
+    assert serve(edges, stdin=io.StringIO("".join(lines)), stdout=out) == 0
+    answered = [json.loads(each) for each in out.getvalue().splitlines()]
+    assert [each["status"] for each in answered[:4]] == ["failed"] * 4
+    assert all(each["error"].startswith("malformed task line: ") for each in answered[:4])
+    assert answered[3]["error"] == "malformed task line: attempt must be an integer"
+    assert answered[4:] == [
+        {"status": "failed", "error": f"an event is larger than {EVENT_MAX_BYTES} bytes of JSON"},
+        {"status": "failed", "error": "the result is not JSON: NaN or Infinity"},
+        {"status": "succeeded", "payload": {"attempt": 2}},
+    ]
+
+
+def test_a_non_finite_step_result_fails_the_task_unrecorded() -> None:
+    channel = Recorder()
+    task = Task.from_document(json.loads(line()))
+    envelope = run_operator(lambda t: {"s": step("s", lambda: float("inf"))}, task, channel)
+    assert envelope == {
+        "status": "failed",
+        "error": 'step "s": the result is not JSON: NaN or Infinity',
+    }
+    assert channel.steps == {}

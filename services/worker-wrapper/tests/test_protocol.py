@@ -49,8 +49,21 @@ def test_malformed_protocol_lines_are_errors() -> None:
         assert isinstance(parse_line(json.dumps(line).encode()), ProtocolError), line
 
 
+# The required fields of a task line (the contracts' `TaskLine` schema), for the tests' lines.
+LINE: dict[str, object] = {
+    "lease_token": "l",
+    "operator": "op",
+    "queue": "default",
+    "config": {},
+    "inputs": [],
+    "job": None,
+    "timeout_seconds": None,
+    "deadline_at": None,
+}
+
+
 def serve_lines(handler: object, *tasks: dict[str, object]) -> list[dict[str, object]]:
-    stdin = io.StringIO("".join(json.dumps(task) + "\n" for task in tasks))
+    stdin = io.StringIO("".join(json.dumps({**LINE, **task}) + "\n" for task in tasks))
     stdout = io.StringIO()
     assert serve(handler, stdin=stdin, stdout=stdout) == 0  # type: ignore[arg-type]
     return [json.loads(line) for line in stdout.getvalue().splitlines()]

@@ -16,7 +16,20 @@ OUT1 = {"output_index": 1, "dataset_uuid": "d1", "dataset_version": "v1", "locat
 
 
 def run(handler: Any, **task: Any) -> list[dict[str, Any]]:
-    doc = {"task_id": "t", "attempt": 1, "outputs": [OUT0, OUT1], **task}
+    doc = {
+        "task_id": "t",
+        "attempt": 1,
+        "lease_token": "l",
+        "operator": "op",
+        "queue": "default",
+        "config": {},
+        "inputs": [],
+        "job": None,
+        "timeout_seconds": None,
+        "deadline_at": None,
+        "outputs": [OUT0, OUT1],
+        **task,
+    }
     out = io.StringIO()
     assert serve(handler, stdin=io.StringIO(json.dumps(doc) + "\n"), stdout=out) == 0
     return [json.loads(line) for line in out.getvalue().splitlines()]

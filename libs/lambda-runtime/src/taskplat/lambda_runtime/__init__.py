@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from taskplat.lambda_runtime.operator import (
+    EVENT_MAX_BYTES,
     RECORDS_LINE_BYTES,
     OperatorFailure,
     PermanentFailure,
@@ -36,6 +37,7 @@ from taskplat.lambda_runtime.operator import (
     serve,
     step,
 )
+from taskplat.lambda_runtime.task_line import check_task_line
 
 if TYPE_CHECKING:
     from taskplat.lambda_runtime.dispatcher import Refused, Unreachable
@@ -64,6 +66,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "EVENT_MAX_BYTES",
     "RECORDS_LINE_BYTES",
     "LeaseLost",
     "OperatorFailure",
@@ -74,6 +77,7 @@ __all__ = [
     "Result",
     "Task",
     "Unreachable",
+    "check_task_line",
     "emit_event",
     "emit_events",
     "publish_records",

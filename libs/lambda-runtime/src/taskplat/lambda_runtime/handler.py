@@ -161,9 +161,7 @@ class _Invocation:
         context = contextvars.copy_context()
 
         def work() -> None:
-            outcome.update(
-                context.run(run_operator, self._operator, self.task, self, allow_nan=False)
-            )
+            outcome.update(context.run(run_operator, self._operator, self.task, self))
 
         running = threading.Thread(target=work, daemon=True, name="operator")
         running.start()

@@ -14,7 +14,11 @@ this module. Standard library only and cheap to import (no HTTP machinery: that 
 
 Invariants:
   * `serve` answers every task line on stdin with exactly one envelope line on stdout, so the same
-    code runs per-task (one line, then stdin closes) and pooled (a line per task, forever).
+    code runs per-task (one line, then stdin closes) and pooled (a line per task, forever). A
+    line that is not a task (not JSON, or not the shape of the contracts' `TaskLine` schema:
+    `check_task_line`) answers a failed envelope, `malformed task line: ...`, and serving goes
+    on. When stdout is closed under it (the reader went away), serving stops at once: no
+    further task runs and `serve` returns 1.
   * While a handler runs under `serve`, `sys.stdout` points at stderr: a stray `print` cannot
     corrupt the protocol; only the SDK writes to the real stdout, each line flushed.
   * Events, step results and records go to the running operator's `Channel` (a context variable,
@@ -23,7 +27,9 @@ Invariants:
   * A handler that raises fails the task with `error` = `<ExceptionType>: <message>` (traceback
     on stderr); `OperatorFailure` fails it with just its message; `PermanentFailure` fails it
     for good (`"retryable": false`: no retry, the task is Dead at once), under both runtimes; a
-    result that is not JSON fails it too.
+    result or step result that is not JSON fails it too, NaN and Infinity included (JSON has
+    neither): `the result is not JSON: NaN or Infinity`.
+  * An event over `EVENT_MAX_BYTES` of JSON (once resolved) fails the task before it is written.
   * `emit_event(output_index=N, ...)` fills `dataset_uuid` and `dataset_version` from the task's
     resolved output N (claimed with the task); an index the job does not have fails the task
     (`OperatorFailure`) before anything is written.
@@ -43,6 +49,7 @@ Invariants:
 from __future__ import annotations
 
 import contextvars
+import io
 import json
 import os
 import sys
@@ -51,8 +58,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO, TypeVar
 
+from taskplat.lambda_runtime.task_line import check_task_line
+
 T = TypeVar("T")
 RECORDS_LINE_BYTES = 200_000
+# The largest event, in bytes of JSON once resolved (the same in the three runtimes).
+EVENT_MAX_BYTES = 16_384
+NOT_FINITE = "NaN or Infinity"
 
 
 class Channel(Protocol):
@@ -71,9 +83,6 @@ _emitter: contextvars.ContextVar[Channel | None] = contextvars.ContextVar(
 _current_task: contextvars.ContextVar[Task | None] = contextvars.ContextVar(
     "taskplat_task", default=None
 )
-# Whether results may hold NaN/Infinity (the wrapper's lines always allowed them; the dispatcher
-# refuses them, so Lambda checks).
-_allow_nan: contextvars.ContextVar[bool] = contextvars.ContextVar("taskplat_nan", default=True)
 
 
 class OperatorFailure(Exception):
@@ -105,8 +114,12 @@ class Task:
     steps: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_document(cls, doc: Mapping[str, Any]) -> Task:
-        """A task line of the wrapper, or a claim's `task` with `lease_token` added."""
+    def from_document(cls, doc: Any) -> Task:
+        """A task line of the wrapper, or a claim's `task` with `lease_token` added;
+        `OperatorFailure` (`malformed task line: ...`) when it is not one."""
+        problem = check_task_line(doc)
+        if problem is not None:
+            raise OperatorFailure(f"malformed task line: {problem}")
         return cls(
             task_id=str(doc["task_id"]),
             attempt=int(doc["attempt"]),
@@ -166,15 +179,32 @@ def resolve_event(
     `dataset_uuid` and `dataset_version` (a given `dataset_version` is kept)."""
     resolved = {**(event or {}), **fields}
     index = resolved.pop("output_index", None)
-    if index is None:
-        return resolved
-    current = task or _current_task.get()
-    if current is None:
-        raise OperatorFailure("output_index needs the task (emit inside a handler run by serve)")
-    output = current.output(int(index))
-    resolved.setdefault("dataset_uuid", output["dataset_uuid"])
-    resolved.setdefault("dataset_version", output["dataset_version"])
+    if index is not None:
+        current = task or _current_task.get()
+        if current is None:
+            raise OperatorFailure(
+                "output_index needs the task (emit inside a handler run by serve)"
+            )
+        output = current.output(int(index))
+        resolved = {
+            "dataset_uuid": output["dataset_uuid"],
+            "dataset_version": output["dataset_version"],
+            **resolved,
+        }
+    if len(_json_text(resolved, "an event").encode()) > EVENT_MAX_BYTES:
+        raise OperatorFailure(f"an event is larger than {EVENT_MAX_BYTES} bytes of JSON")
     return resolved
+
+
+def _json_text(value: Any, what: str = "the result") -> str:
+    """`value` as compact JSON; `OperatorFailure` when it is not JSON (NaN and Infinity are not)."""
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError as exc:
+        detail = NOT_FINITE if "Out of range float" in str(exc) else str(exc)
+        raise OperatorFailure(f"{what} is not JSON: {detail}") from None
+    except TypeError as exc:
+        raise OperatorFailure(f"{what} is not JSON: {exc}") from None
 
 
 def current_channel() -> Channel | None:
@@ -219,9 +249,9 @@ def step(name: str, fn: Callable[[], T]) -> T:
         return stored
     result = fn()
     try:
-        json.dumps(result, allow_nan=_allow_nan.get())
-    except (TypeError, ValueError) as exc:
-        raise OperatorFailure(f"step {name!r}: the result is not JSON: {exc}") from None
+        _json_text(result)
+    except OperatorFailure as exc:
+        raise OperatorFailure(f"step {json.dumps(name)}: {exc}") from None
     standing: T = channel.step(name, result)
     task.steps[name] = standing
     return standing
@@ -272,16 +302,13 @@ def read_task(stream: TextIO | None = None) -> Task:
     return Task.from_document(json.loads(line))
 
 
-def run_operator(
-    handler: Handler, task: Task, emitter: Channel, *, allow_nan: bool = True
-) -> dict[str, Any]:
+def run_operator(handler: Handler, task: Task, emitter: Channel) -> dict[str, Any]:
     """Run `handler` on `task` with `emitter` taking its events and steps; the result envelope
     (`{"status": "succeeded", "payload", "outputs"?, "events"?}` or `{"status": "failed",
-    "error", "retryable"?: false}`), never an exception. `allow_nan=False` fails a step result
-    or a result holding NaN or Infinity."""
+    "error", "retryable"?: false}`), never an exception. A result holding NaN or Infinity
+    fails the task."""
     task_token = _current_task.set(task)
     emitter_token = _emitter.set(emitter)
-    nan_token = _allow_nan.set(allow_nan)
     try:
         result = handler(task)
         if isinstance(result, Result):
@@ -303,23 +330,37 @@ def run_operator(
     finally:
         _current_task.reset(task_token)
         _emitter.reset(emitter_token)
-        _allow_nan.reset(nan_token)
     try:
-        json.dumps(envelope, allow_nan=allow_nan)
-    except (TypeError, ValueError) as exc:
-        return {"status": "failed", "error": f"result is not JSON: {exc}"}
+        _json_text(envelope)
+    except OperatorFailure as exc:
+        return {"status": "failed", "error": str(exc)}
     return envelope
 
 
+class _StreamClosed(OperatorFailure):
+    """The protocol stream was closed under the operator (the reader went away)."""
+
+
 class _Lines:
-    """The worker wrapper's channel: one flushed JSON line on the protocol stream per call."""
+    """The worker wrapper's channel: one flushed JSON line on the protocol stream per call; once
+    the stream is found closed, every call raises `_StreamClosed`."""
 
     def __init__(self, out: TextIO) -> None:
         self.out = out
+        self.closed = False
+
+    def _send(self, text: str) -> None:
+        if self.closed:
+            raise _StreamClosed("stdout is closed")
+        try:
+            self.out.write(text)
+            self.out.flush()
+        except BrokenPipeError:
+            self.closed = True
+            raise _StreamClosed("stdout is closed") from None
 
     def write(self, obj: Mapping[str, Any]) -> None:
-        self.out.write(json.dumps(obj, separators=(",", ":")) + "\n")
-        self.out.flush()
+        self._send(json.dumps(obj, separators=(",", ":")) + "\n")
 
     def events(self, events: list[dict[str, Any]]) -> None:
         self.write({"event": events[0]} if len(events) == 1 else {"events": events})
@@ -329,25 +370,45 @@ class _Lines:
         return result
 
     def records(self, dataset_uuid: str, chunk: list[str]) -> None:
-        self.out.write(
-            '{"dataset_uuid":"' + dataset_uuid + '","records":[' + ",".join(chunk) + "]}\n"
-        )
-        self.out.flush()
+        self._send('{"dataset_uuid":"' + dataset_uuid + '","records":[' + ",".join(chunk) + "]}\n")
 
 
 def serve(handler: Handler, *, stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
     """The worker wrapper's side: answer each task line of stdin with one envelope line; return 0
     when stdin closes."""
     source = stdin or sys.stdin
-    lines = _Lines(stdout or sys.stdout)
+    out = stdout or sys.stdout
+    lines = _Lines(out)
     real_stdout = sys.stdout
     sys.stdout = sys.stderr
     try:
         for line in source:
             if not line.strip():
                 continue
-            task = Task.from_document(json.loads(line))
-            lines.write(run_operator(handler, task, lines))
+            try:
+                task = Task.from_document(json.loads(line))
+            except ValueError as exc:  # not JSON
+                envelope = {"status": "failed", "error": f"malformed task line: {exc}"}
+            except OperatorFailure as exc:
+                envelope = {"status": "failed", "error": str(exc)}
+            else:
+                envelope = run_operator(handler, task, lines)
+            lines.write(envelope)
+    except _StreamClosed:
+        print("taskplat: stdout is closed: serving stops", file=sys.stderr)
+        _discard(out)
+        return 1
     finally:
         sys.stdout = real_stdout
     return 0
+
+
+def _discard(out: TextIO) -> None:
+    """Point the closed protocol stream at /dev/null, so what it still buffers is not flushed
+    into the closed pipe again at exit (Python would report it and exit 120)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, out.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, io.UnsupportedOperation):
+        pass

@@ -91,6 +91,7 @@ from taskplat.common.contracts.operations import (
     Stats,
     ThroughputBucket,
 )
+from taskplat.common.contracts.operator import ResultEnvelope, TaskLine
 from taskplat.common.contracts.public import (
     AttemptOutcome,
     AttemptView,
@@ -187,12 +188,14 @@ __all__ = [
     "RejectedResponse",
     "ResolvedInput",
     "ResolvedOutput",
+    "ResultEnvelope",
     "RetryRequest",
     "RevokedKey",
     "StateCount",
     "Stats",
     "StepRequest",
     "StepResponse",
+    "TaskLine",
     "TaskList",
     "TaskStatus",
     "TaskView",
