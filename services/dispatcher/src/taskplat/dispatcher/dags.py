@@ -50,6 +50,7 @@ from taskplat.common.cron import next_tick
 from taskplat.common.errors import BadRequest, NotFound, ValidationFailed
 from taskplat.common.telemetry import inject
 from taskplat.dispatcher import audit, dag_rules, pins, untrusted
+from taskplat.dispatcher.audit import AuditCall
 from taskplat.dispatcher.operations import QueueRegistry
 from taskplat.dispatcher.recorder import Recorder
 from taskplat.dispatcher.repository import buffered as buffered_repo
@@ -84,7 +85,7 @@ class DagService:
 
     # ---- DAGs ----------------------------------------------------------------------------
 
-    async def apply(self, dag_name: str, doc: DagDocument) -> tuple[DagView, bool]:
+    async def apply(self, dag_name: str, doc: DagDocument, call: AuditCall) -> tuple[DagView, bool]:
         """Apply a checked document; (view, created)."""
         await off_loop(dag_rules.check_document, doc)
         if not untrusted.capability_keys_configured(self._settings):
@@ -112,7 +113,7 @@ class DagService:
                     if stored_hash is None
                     else ("replaced")
                 )
-                await audit.record(conn, outcome, now=now)
+                await audit.record(conn, call, outcome, now=now)
             view = await self._view(conn, dag_name)
         assert view is not None
         for row in canceled:
@@ -289,13 +290,13 @@ class DagService:
             rows = await repo.list_dags(conn)
         return DagList(dags=[DagSummary.model_validate(row) for row in rows])
 
-    async def delete(self, dag_name: str) -> None:
+    async def delete(self, dag_name: str, call: AuditCall) -> None:
         async with self._pool.connection() as conn:
             async with conn.transaction():
                 await repo.lock_dag(conn, dag_name)
                 deleted = await repo.delete_dag(conn, dag_name)
                 if deleted:
-                    await audit.record(conn, "deleted", now=self._clock.sql_now())
+                    await audit.record(conn, call, "deleted", now=self._clock.sql_now())
         if not deleted:
             raise NotFound(f"DAG {dag_name!r} not found")
         self._recorder.dag_deleted(dag_name)

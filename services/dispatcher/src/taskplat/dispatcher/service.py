@@ -62,6 +62,7 @@ from taskplat.common.contracts import (
 from taskplat.common.errors import Conflict, NotFound, PinnedVersionNotCurrent, ValidationFailed
 from taskplat.common.telemetry import inject
 from taskplat.dispatcher import audit, pins, untrusted
+from taskplat.dispatcher.audit import AuditCall
 from taskplat.dispatcher.claim_waits import QueuedListener, Waiter
 from taskplat.dispatcher.claims import Claims
 from taskplat.dispatcher.completions import Completions
@@ -214,7 +215,7 @@ class TaskService:
             next_cursor = encode_cursor(last["created_at"], last["task_id"])
         return TaskList(tasks=[task_view(row) for row in page], next_cursor=next_cursor)
 
-    async def cancel(self, task_id: UUID) -> TaskView:
+    async def cancel(self, task_id: UUID, call: AuditCall) -> TaskView:
         now = self._clock.sql_now()
         async with self._pool.connection() as conn:
             async with conn.transaction():
@@ -226,7 +227,7 @@ class TaskService:
                     if fence["status"] != "Canceled":
                         raise Conflict(f"task is {fence['status']} and can no longer be canceled")
                 await audit.record(
-                    conn, "canceled" if canceled is not None else "already canceled", now=now
+                    conn, call, "canceled" if canceled is not None else "already canceled", now=now
                 )
             if canceled is not None:
                 self._recorder.task_canceled(canceled)
@@ -234,7 +235,7 @@ class TaskService:
         assert row is not None
         return task_view(row)
 
-    async def replay(self, task_id: UUID, *, repin: bool = False) -> TaskView:
+    async def replay(self, task_id: UUID, call: AuditCall, *, repin: bool = False) -> TaskView:
         """Replay a Dead or Canceled task; one pinned to a dataset version that is no longer
         current is refused (PinnedVersionNotCurrent) unless `repin` moves it to the current
         versions first."""
@@ -257,7 +258,7 @@ class TaskService:
                         f"task is {fence['status']}; only Dead or Canceled tasks can be replayed"
                     )
                 await repo.notify_outbox(conn, row["queue"])
-                await audit.record(conn, "replayed", now=now)
+                await audit.record(conn, call, "replayed", now=now)
             self._recorder.task_replayed(row)
             view = await repo.get_task(conn, task_id)
         assert view is not None
