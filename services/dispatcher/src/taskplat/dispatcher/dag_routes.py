@@ -43,7 +43,13 @@ from taskplat.dispatcher.requests import (
     parse_uuid,
     read_body,
 )
-from taskplat.dispatcher.route_guard import RouteSpec, audit_call, bind_log_fields, settings_of
+from taskplat.dispatcher.route_guard import (
+    RouteSpec,
+    audit_call,
+    bind_log_fields,
+    holds,
+    settings_of,
+)
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
 
@@ -100,7 +106,9 @@ async def delete_dag(request: Request) -> Response:
 async def start_run(request: Request) -> Response:
     dag_name, job_name = _name(request, "dag_name"), _name(request, "job")
     body = await parse_body(request, JobRunRequest, settings_of(request).max_body_bytes)
-    view, created = await _dags(request).start_run(dag_name, job_name, body)
+    view, created = await _dags(request).start_run(
+        dag_name, job_name, body, may_widen=holds(request, "operate")
+    )
     bind_log_fields(task_id=view.task_id)
     return json_response(view, 201 if created else 200)
 

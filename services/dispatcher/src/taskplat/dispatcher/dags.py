@@ -46,6 +46,7 @@ from taskplat.common.contracts import (
     TaskView,
 )
 from taskplat.common.contracts.dags import FromDataset, FromJob
+from taskplat.common.contracts.public import JobRef
 from taskplat.common.cron import next_tick
 from taskplat.common.errors import BadRequest, NotFound, ValidationFailed
 from taskplat.common.telemetry import inject
@@ -302,10 +303,11 @@ class DagService:
         self._recorder.dag_deleted(dag_name)
 
     async def start_run(
-        self, dag_name: str, job_name: str, request: JobRunRequest
+        self, dag_name: str, job_name: str, request: JobRunRequest, *, may_widen: bool = False
     ) -> tuple[TaskView, bool]:
         """Start a run of a job by hand; (task, created). A known idempotency key answers the
-        existing task."""
+        existing task. `may_widen`: the caller may pin an untrusted job's run outside the job's
+        inputs (`operate`)."""
         inputs = [item.model_dump(mode="json", exclude_none=True) for item in request.inputs]
         params: dict[str, Any] = {
             "dag_name": dag_name,
@@ -320,6 +322,15 @@ class DagService:
                 if not await repo.job_exists(conn, dag_name, job_name):
                     raise NotFound(f"job {job_name!r} of DAG {dag_name!r} not found")
                 await untrusted.check_job_run(conn, self._settings, dag_name, job_name, ["path"])
+                await pins.confine_untrusted(
+                    conn,
+                    self._settings,
+                    None,
+                    JobRef(dag_name=dag_name, name=job_name),
+                    inputs,
+                    ["body", "inputs"],
+                    may_widen=may_widen,
+                )
                 params["inputs"] = await pins.pin_inputs(conn, inputs, ["body", "inputs"])
                 task_id = await repo.start_job_run(conn, params)
                 if task_id is not None:

@@ -150,6 +150,12 @@ async def read_body(request: Request, model: type[ModelT]) -> ModelT:
     return await parse_body(request, model, settings_of(request).max_body_bytes)
 
 
+def holds(request: Request, scope: Scope) -> bool:
+    """Whether the API key of this call holds `scope` (`admin` holds every scope)."""
+    identity = getattr(request.state, "identity", None)
+    return isinstance(identity, Identity) and identity.allows(scope)
+
+
 def audit_call(request: Request) -> AuditCall:
     """The audited call of this request, made by the guard (the route needs operate or admin)."""
     call = getattr(request.state, "audit_call", None)

@@ -117,8 +117,11 @@ class TaskService:
 
     # ---- public API ----------------------------------------------------------------------
 
-    async def create(self, request: CreateTaskRequest) -> tuple[TaskView, bool]:
-        """Create a task; (view, created). A known idempotency key returns the existing task."""
+    async def create(
+        self, request: CreateTaskRequest, *, may_widen: bool = False
+    ) -> tuple[TaskView, bool]:
+        """Create a task; (view, created). A known idempotency key returns the existing task.
+        `may_widen`: the caller may pin an untrusted task outside its job's inputs (`operate`)."""
         check_times(request, ["body"])
         await self._registry.require([request.queue], ["body"])
         now = self._clock.sql_now()
@@ -139,6 +142,15 @@ class TaskService:
         try:
             async with self._pool.connection() as conn:
                 await untrusted.check_new_tasks(conn, self._settings, [request], ["body"])
+                await pins.confine_untrusted(
+                    conn,
+                    self._settings,
+                    request.operator,
+                    request.job,
+                    request.inputs,
+                    ["body", "inputs"],
+                    may_widen=may_widen,
+                )
                 row, claimed = await self._insert(conn, request, params, waiter)
                 if row is None:
                     assert request.idempotency_key is not None
@@ -395,8 +407,10 @@ class TaskService:
         claimed = await self._claims.claim_next_answer(None, claim.queue, claim.max, rows or [])
         return CompleteBatchResponse(results=results, claimed=claimed)
 
-    async def create_many(self, request: CreateTasksRequest) -> CreateTasksResponse:
-        created = await self._bulk.create_many(list(request.tasks))
+    async def create_many(
+        self, request: CreateTasksRequest, *, may_widen: bool = False
+    ) -> CreateTasksResponse:
+        created = await self._bulk.create_many(list(request.tasks), may_widen=may_widen)
         return CreateTasksResponse(
             results=[CreatedTask(created=flag, task=view) for view, flag in created]
         )
