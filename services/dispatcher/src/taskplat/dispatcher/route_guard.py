@@ -35,7 +35,13 @@ from taskplat.dispatcher.access import Identity, KeyStore
 from taskplat.dispatcher.audit import AuditCall
 from taskplat.dispatcher.auth import authorize, bearer_token, check_attempt_scope
 from taskplat.dispatcher.recorder import Recorder
-from taskplat.dispatcher.requests import document_limits, parse_body, validate_body
+from taskplat.dispatcher.requests import (
+    INLINE_BODY_BYTES,
+    document_limits,
+    off_loop,
+    parse_body,
+    validate_body,
+)
 from taskplat.dispatcher.requests import read_body as read_capped
 from taskplat.dispatcher.service import TaskService
 from taskplat.dispatcher.settings import DispatcherSettings
@@ -137,7 +143,11 @@ async def _check_attempt_body(request: Request, spec: RouteSpec) -> None:
     raw = await read_capped(request, settings_of(request).max_body_bytes)
     # Starlette's own cache of the body: `request.body()` and `request.json()` answer from it.
     request._body = raw
-    body = validate_body(raw, spec.body, document_limits(request))
+    limits = document_limits(request)
+    if len(raw) > INLINE_BODY_BYTES:  # as `parse_body`: a large document off the event loop
+        body = await off_loop(validate_body, raw, spec.body, limits)
+    else:
+        body = validate_body(raw, spec.body, limits)
     check_attempt_scope(scope, body)
     request.state.body = body
 
