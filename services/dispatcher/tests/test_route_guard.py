@@ -120,3 +120,17 @@ def test_an_attempt_route_without_a_body_model_naming_the_attempt_is_refused() -
 
     with pytest.raises(ValueError, match="task_id and attempt"):
         guarded(RouteSpec("POST", "/internal/x", "x", "", "attempt", handler))
+
+
+def test_a_large_body_of_an_attempt_token_call_is_checked_too(dispatcher: Dispatcher) -> None:
+    """Over the inline size the guard validates the body off the event loop, same answers."""
+    mine, other = create_task(dispatcher)["task_id"], create_task(dispatcher)["task_id"]
+    answer = claim(dispatcher, mine).json()
+    headers = {"Authorization": f"Bearer {answer['attempt_token']}"}
+    fence = {"attempt": answer["attempt"], "lease_token": answer["lease_token"]}
+    step = {"step": "big", "result": {"blob": "x" * 40_000}}
+    with httpx.Client(base_url=dispatcher.base_url, headers=headers, timeout=30) as attempt:
+        refused = attempt.post("/internal/steps", json={"task_id": other, **fence, **step})
+        assert refused.status_code == 403, refused.text
+        own = attempt.post("/internal/steps", json={"task_id": mine, **fence, **step})
+        assert own.status_code == 200, own.text
