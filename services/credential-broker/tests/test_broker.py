@@ -184,6 +184,25 @@ def test_key_rotation_accepts_two_keys_at_once(
         assert post(rotated, new.token).status_code == 200
 
 
+def test_an_hs256_token_in_flight_works_during_the_rotation_window_only(
+    sqs_endpoint_url: str, role_arn: str, clock: FakeClock
+) -> None:
+    """Moving off HS256: a capability token the dispatcher signed with its HS256 secret before
+    the switch gets credentials while the broker lists that secret beside the new public key,
+    and 401 once it is removed."""
+    legacy = "legacy-hs256-capability-secret-0123456789"
+    claims = jwt.decode(mint(clock.now()).token, options={"verify_signature": False})
+    before_switch = jwt.encode(claims, legacy, algorithm="HS256", headers={"kid": "h1"})
+    after_switch = mint(clock.now(), kid="c2").token
+    window = json.dumps({"h1": legacy, **json.loads(public(c2=KEY_2))})
+    with serve(sqs_endpoint_url, role_arn, clock, capability_token_keys=window) as during:
+        assert post(during, before_switch).status_code == 200
+        assert post(during, after_switch).status_code == 200
+    with serve(sqs_endpoint_url, role_arn, clock, capability_token_keys=public(c2=KEY_2)) as after:
+        assert post(after, before_switch).status_code == 401
+        assert post(after, after_switch).status_code == 200
+
+
 def test_the_broker_holds_public_keys_only(role_arn: str) -> None:
     """A private key in the broker's settings is refused at start: holding it, a broker could
     mint capability tokens."""
