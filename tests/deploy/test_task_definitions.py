@@ -10,6 +10,7 @@ the services that need them, and each execution role reads exactly its task defi
 from __future__ import annotations
 
 import importlib
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -17,17 +18,26 @@ from typing import Any
 import deploy_model
 import pytest
 from deploy_model import SPECS, Container
+from pydantic import SecretStr
+
+from taskplat.common.tokens.keys import TokenKeySettings, private_key_pem
 
 # Values that stand in for what CloudFormation resolves at deploy time.
+SIGNING_KEY = private_key_pem(b"\x01" * 32)
+PUBLIC_KEY = TokenKeySettings(keys={"k1": SecretStr(SIGNING_KEY)}).public().keys["k1"]
 SAMPLE_SECRETS = {
     "DATABASE_URL": "postgresql://taskplat@db.example.internal:5432/taskplat",
     "TASKPLAT_WORKER_TOKEN": "w" * 32,
     "TASKPLAT_API_KEYS": f"{'a' * 20},{'b' * 20}",
     "PGUSER": "taskplat_app",
     "PGPASSWORD": "p" * 32,
-    "TASKPLAT_CAPABILITY_TOKEN_KEYS": '{"k1": "' + "c" * 32 + '"}',
-    "TASKPLAT_ATTEMPT_TOKEN_KEYS": '{"k1": "' + "t" * 32 + '"}',
+    "TASKPLAT_CAPABILITY_TOKEN_KEYS": json.dumps({"k1": SIGNING_KEY}),
+    "TASKPLAT_ATTEMPT_TOKEN_KEYS": json.dumps({"k1": private_key_pem(b"\x02" * 32)}),
     "TASKPLAT_QUERY_DATABASE_URL": "postgresql://taskplat_query_app:q@db.example.internal/taskplat",
+}
+# The same variable from another secret: the verifiers' public keys.
+SAMPLE_SECRETS_BY_ARN = {
+    "CapabilityTokenPublicKeysSecretArn": json.dumps({"k1": PUBLIC_KEY.get_secret_value()})
 }
 SAMPLE_PSEUDO = {"AWS::Region": "eu-west-1"}
 EXPORTING_TEMPLATE = {"PlatformStackName": "platform.yaml", "QueueStackName": "task-queue.yaml"}
@@ -152,8 +162,10 @@ def test_container_settings_validate(
     template = cfn_templates[container.template]
     for variable, value in container.environment.items():
         clean_settings_env.setenv(variable, _resolve(value, template, cfn_templates))
-    for variable in container.secrets:
-        clean_settings_env.setenv(variable, SAMPLE_SECRETS[variable])
+    for variable, value_from in container.secrets.items():
+        arn = deploy_model.secret_resource(value_from)
+        sample = SAMPLE_SECRETS_BY_ARN.get(arn.get("Ref", "") if isinstance(arn, Mapping) else "")
+        clean_settings_env.setenv(variable, sample or SAMPLE_SECRETS[variable])
     for cls in spec.settings_classes():
         cls()
 
@@ -468,3 +480,23 @@ def test_queue_names_match_what_the_services_compute(
     assert sqs_queue_name(settings, "default") == "taskplat-default"
     redrive = queue["Resources"]["TaskQueueSqs"]["Properties"]["RedrivePolicy"]
     assert redrive["deadLetterTargetArn"] == {"Fn::GetAtt": ["PoisonMessageQueue", "Arn"]}
+
+
+def test_only_the_signers_read_private_token_keys(ecs_containers: list[Container]) -> None:
+    """The dispatcher and the relay read the signing keys; the broker and the query service read
+    the capability keys' public halves from their own secret, and no active key id."""
+    signing = {"CapabilityTokenKeysSecretArn", "AttemptTokenKeysSecretArn"}
+    for container in ecs_containers:
+        read = {
+            deploy_model.secret_resource(value)["Ref"]
+            for value in container.secrets.values()
+            if "Ref" in deploy_model.secret_resource(value)
+        }
+        if container.name in {"dispatcher", "outbox-relay"}:
+            assert "CapabilityTokenKeysSecretArn" in read, container.name
+            assert "CapabilityTokenPublicKeysSecretArn" not in read, container.name
+        else:
+            assert not read & signing, f"{container.name} reads {sorted(read & signing)}"
+        if container.name in {"credential-broker", "query-service"}:
+            assert "CapabilityTokenPublicKeysSecretArn" in read, container.name
+            assert "TASKPLAT_CAPABILITY_TOKEN_ACTIVE_KID" not in container.environment

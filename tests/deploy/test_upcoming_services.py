@@ -101,7 +101,7 @@ def test_credential_broker_reads_only_the_capability_token_keys(cfn_templates: T
     assert broker["Secrets"] == [
         {
             "Name": "TASKPLAT_CAPABILITY_TOKEN_KEYS",
-            "ValueFrom": {"Ref": "CapabilityTokenKeysSecretArn"},
+            "ValueFrom": {"Ref": "CapabilityTokenPublicKeysSecretArn"},
         }
     ]
     assert task["ExecutionRoleArn"] == {"Fn::GetAtt": ["CredentialBrokerExecutionRole", "Arn"]}
@@ -110,4 +110,4 @@ def test_credential_broker_reads_only_the_capability_token_keys(cfn_templates: T
         for s in _statements(cfn_templates, "CredentialBrokerExecutionRole")
         if s["Action"] == "secretsmanager:GetSecretValue"
     ]
-    assert granted == [{"Ref": "CapabilityTokenKeysSecretArn"}]
+    assert granted == [{"Ref": "CapabilityTokenPublicKeysSecretArn"}]

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from taskplat.common.tokens.keys import private_key_pem
 from taskplat.testkit.dispatcher_harness import API_KEY, WORKER_TOKEN, Dispatcher, serve_dispatcher
 from taskplat.testkit.runtime_builds import BUILD_TIMEOUT, JsRuntime
 
 # The first test to use a runtime builds it (a first Rust build is slow on a small machine).
 pytestmark = [pytest.mark.timeout(BUILD_TIMEOUT), pytest.mark.prebuild("js-runtime")]
 
-KEYS = {"k1": "attempt-signing-key-of-the-runtime-tests-0123"}
+KEYS = {"k1": private_key_pem(b"\x31" * 32)}
 
 
 @pytest.fixture

@@ -141,4 +141,6 @@ def test_a_read_only_key_sees_no_action_button(
     browser.get(f"{d.base_url}/ui/#/queues")
     _wait(browser, "main table", "alpha")
     assert browser.find_elements(By.CSS_SELECTOR, "button[data-queue], #register") == []
+    # The audit log needs admin: its link is hidden.
+    assert not browser.find_element(By.CSS_SELECTOR, "nav a[href='#/audit']").is_displayed()
     assert console.errors() == []

@@ -10,10 +10,12 @@ from pydantic import SecretStr
 
 from taskplat.common.claim_answer import attempt_token, claimed_response, token_expiry
 from taskplat.common.tokens.attempt import attempt_key_ring, verify_attempt_token
-from taskplat.common.tokens.keys import TokenKeySettings
+from taskplat.common.tokens.keys import TokenKeySettings, private_key_pem
 
 STARTED = datetime(2030, 1, 1, tzinfo=UTC)
-RING = attempt_key_ring(TokenKeySettings(keys={"k1": SecretStr("a" * 32)}, active_kid="k1"))
+RING = attempt_key_ring(
+    TokenKeySettings(keys={"k1": SecretStr(private_key_pem(b"\x61" * 32))}, active_kid="k1")
+)
 
 
 def _row(**fields: Any) -> dict[str, Any]:

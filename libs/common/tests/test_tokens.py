@@ -3,6 +3,7 @@ scopes, and the capability a task of a DAG gets for its pinned inputs and its ou
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
@@ -29,11 +30,14 @@ from taskplat.common.tokens.keys import (
     KeyRing,
     TokenKeySettings,
     derived_key_settings,
+    private_key_pem,
+    verifier_key_settings,
 )
 
 NOW = datetime(2030, 1, 1, 12, tzinfo=UTC)
 LATER = NOW + timedelta(minutes=10)
-K1, K2 = "a" * 32, "b" * 32
+K1, K2 = private_key_pem(b"\x01" * 32), private_key_pem(b"\x02" * 32)
+HS = "h" * 32  # a legacy HS256 secret
 TASK = UUID("11111111-1111-4111-8111-111111111111")
 BLOCKS = UUID("22222222-2222-4222-8222-222222222222")
 BLOCKS_V2 = UUID("33333333-3333-4333-8333-333333333333")
@@ -43,8 +47,13 @@ ENRICHED = UUID("66666666-6666-4666-8666-666666666666")
 ENRICHED_V1 = UUID("77777777-7777-4777-8777-777777777777")
 
 
-def keys(active: str, **secrets: str) -> TokenKeySettings:
+def keys(active: str | None, **secrets: str) -> TokenKeySettings:
     return TokenKeySettings(keys={k: SecretStr(v) for k, v in secrets.items()}, active_kid=active)
+
+
+def hs256_token(claims: dict[str, object], secret: str = HS, kid: str = "h1") -> str:
+    """A token as the platform signed it before Ed25519: PyJWT's HS256 of the same claims."""
+    return jwt.encode(claims, secret, algorithm="HS256", headers={"kid": kid})
 
 
 def test_rotation_two_keys_verify_the_active_one_signs() -> None:
@@ -53,24 +62,95 @@ def test_rotation_two_keys_verify_the_active_one_signs() -> None:
     rotated = attempt_key_ring(keys("k2", k2=K2))
     token_1 = issue_attempt_token(old, TASK, 1, now=NOW, expires_at=LATER)
     token_2 = issue_attempt_token(rotating, TASK, 1, now=NOW, expires_at=LATER)
-    assert jwt.get_unverified_header(token_2)["kid"] == "k2"
+    assert jwt.get_unverified_header(token_2) == {"alg": "EdDSA", "kid": "k2", "typ": "JWT"}
     assert verify_attempt_token(rotating, token_1, now=NOW).permits(TASK, 1)
     assert verify_attempt_token(rotated, token_2, now=NOW).permits(TASK, 1)
     with pytest.raises(InvalidToken, match="unknown key"):
         verify_attempt_token(rotated, token_1, now=NOW)
 
 
+def test_a_verifier_holds_public_keys_and_verifies_what_the_signer_signs() -> None:
+    signer = keys("k2", k1=K1, k2=K2)
+    public = signer.public()
+    assert public.active_kid is None
+    assert {signer.kind(k) for k in signer.keys} == {"private"}
+    assert {public.kind(k) for k in public.keys} == {"public"}
+    assert all("PRIVATE" not in v.get_secret_value() for v in public.keys.values())
+    token = issue_capability_token(
+        capability_key_ring(signer),
+        build_capability(TASK, 1, [], [], layout=StorageLayout("lake")),
+        now=NOW,
+        expires_at=LATER,
+    )
+    verifier = capability_key_ring(verifier_key_settings(public.keys, what="capability keys"))
+    assert verify_capability_token(verifier, token, now=NOW).capability.task_id == TASK
+    with pytest.raises(RuntimeError, match="only verifies"):
+        verifier.sign({}, issued_at=NOW, expires_at=LATER)
+    # A verifier given a private key refuses to start: holding it, it could mint tokens.
+    with pytest.raises(ValueError, match="'k1' is a private key"):
+        verifier_key_settings(signer.keys, what="capability keys")
+    with pytest.raises(ValueError, match="required"):
+        verifier_key_settings(None, what="capability keys")
+
+
+def test_hs256_tokens_in_flight_verify_during_the_rotation_window_only() -> None:
+    """Moving off HS256: the verifiers first list the old secret and the new public key, then the
+    signers sign with the new Ed25519 key; a token signed with HS256 before the switch still
+    verifies while its secret is listed, and is refused once the window ends (the secret is
+    removed everywhere)."""
+    claims = {"sub": str(TASK), "attempt": 1, "aud": "taskplat-attempt",
+              "iat": int(NOW.timestamp()), "exp": int(LATER.timestamp())}  # fmt: skip
+    before_switch = hs256_token(claims)
+    during = keys("k2", h1=HS, k2=K2)
+    assert during.kind("h1") == "hs256"
+    during_ring = attempt_key_ring(during)
+    assert verify_attempt_token(during_ring, before_switch, now=NOW).permits(TASK, 1)
+    after_switch = issue_attempt_token(during_ring, TASK, 1, now=NOW, expires_at=LATER)
+    assert jwt.get_unverified_header(after_switch)["alg"] == "EdDSA"
+    # The verifiers' side of the window: the old secret and the new public key.
+    verifier = attempt_key_ring(verifier_key_settings(during.public().keys, what="keys"))
+    assert verify_attempt_token(verifier, before_switch, now=NOW).permits(TASK, 1)
+    assert verify_attempt_token(verifier, after_switch, now=NOW).permits(TASK, 1)
+    after_window = attempt_key_ring(keys("k2", k2=K2))
+    with pytest.raises(InvalidToken, match="unknown key"):
+        verify_attempt_token(after_window, before_switch, now=NOW)
+    assert verify_attempt_token(after_window, after_switch, now=NOW).permits(TASK, 1)
+    # An HS256 secret never signs.
+    with pytest.raises(ValidationError, match="must be an Ed25519 private key"):
+        keys("h1", h1=HS, k2=K2)
+
+
+def test_algorithm_confusion_is_refused() -> None:
+    """The algorithm comes from the key the `kid` names: an HS256 token whose secret is the
+    Ed25519 public key's PEM (a verifier's key is public), or an HS256 token under an Ed25519
+    key id, never verifies; nor an EdDSA token under a legacy key id."""
+    ring = attempt_key_ring(keys("k1", h1=HS, k1=K1))
+    claims = {"sub": str(TASK), "attempt": 1, "aud": "taskplat-attempt", "iat": 1, "exp": 2**40}
+    public_pem = keys(None, k1=K1).public().keys["k1"].get_secret_value()
+    forged = jwt.api_jws.PyJWS()
+    forged._algorithms["HS256"].prepare_key = lambda key: key  # type: ignore[method-assign]
+    body = json.dumps(claims, separators=(",", ":")).encode()
+    confused = forged.encode(body, public_pem.encode(), algorithm="HS256", headers={"kid": "k1"})
+    with pytest.raises(InvalidToken, match="signature"):
+        verify_attempt_token(ring, confused, now=NOW)
+    with pytest.raises(InvalidToken, match="signature"):
+        verify_attempt_token(ring, hs256_token(claims, kid="k1"), now=NOW)
+    eddsa_under_legacy = jwt.encode(claims, K1, algorithm="EdDSA", headers={"kid": "h1"})
+    with pytest.raises(InvalidToken, match="signature"):
+        verify_attempt_token(ring, eddsa_under_legacy, now=NOW)
+
+
 def test_a_token_is_pyjwt_s_encoding_byte_for_byte() -> None:
     ring = KeyRing(keys("k2", k1=K1, k2=K2), audience="taskplat-attempt")
     claims = {"sub": str(TASK), "att": 3, "text": "é"}
-    for _ in range(2):  # the second signature uses the key prepared by the first
+    for _ in range(2):
         token = ring.sign(claims, issued_at=NOW, expires_at=LATER)
         expected = jwt.encode(
             {**claims, "aud": "taskplat-attempt", "iat": int(NOW.timestamp()),
              "exp": int(LATER.timestamp())},
-            K2, algorithm="HS256", headers={"kid": "k2"},
+            K2, algorithm="EdDSA", headers={"kid": "k2"},
         )  # fmt: skip
-        assert token == expected
+        assert token == expected  # Ed25519 signatures are deterministic
     assert ring.verify(token, now=NOW)["att"] == 3
 
 
@@ -83,8 +163,8 @@ def test_expired_tampered_and_foreign_tokens_are_invalid() -> None:
         verify_attempt_token(ring, token, now=LATER)
     forged = jwt.encode(
         {"sub": str(TASK), "attempt": 3, "aud": "taskplat-attempt", "iat": 1, "exp": 2**40},
-        "c" * 32,
-        algorithm="HS256",
+        private_key_pem(b"\x09" * 32),
+        algorithm="EdDSA",
         headers={"kid": "k1"},
     )
     for bad in (forged, token[:-3] + "AAA", "not-a-jwt", ""):
@@ -98,7 +178,7 @@ def test_expired_tampered_and_foreign_tokens_are_invalid() -> None:
     )
     with pytest.raises(InvalidToken):
         verify_attempt_token(ring, unsigned, now=NOW)
-    # The same secret for another audience: a capability token never passes for an attempt one.
+    # The same key for another audience: a capability token never passes for an attempt one.
     capability = build_capability(TASK, 3, [], [], layout=StorageLayout("lake"))
     cap_token = issue_capability_token(
         capability_key_ring(keys("k1", k1=K1)), capability, now=NOW, expires_at=LATER
@@ -110,15 +190,33 @@ def test_expired_tampered_and_foreign_tokens_are_invalid() -> None:
 
 
 def test_key_settings_are_checked() -> None:
-    with pytest.raises(ValidationError, match="32 bytes"):
+    with pytest.raises(ValidationError, match="neither an Ed25519 PEM key nor an HS256 secret"):
         keys("k1", k1="short")
     with pytest.raises(ValidationError, match="not one of the keys"):
         keys("k9", k1=K1)
     with pytest.raises(ValidationError, match="JSON object"):
         TokenKeySettings.model_validate({"keys": "{", "active_kid": "k1"})
+    rsa = rsa_pem()
+    with pytest.raises(ValidationError, match="not an Ed25519 private"):
+        keys(None, r1=rsa)
+    with pytest.raises(ValidationError, match="not an Ed25519 private"):
+        keys(None, r1="-----BEGIN PRIVATE KEY-----\nnot base64\n-----END PRIVATE KEY-----\n")
     derived = derived_key_settings(SecretStr("worker-token-0123456789"), kid="w", purpose="p")
-    assert derived.keys["w"].get_secret_value() != "worker-token-0123456789"
+    again = derived_key_settings(SecretStr("worker-token-0123456789"), kid="w", purpose="p")
+    assert derived.kind("w") == "private" and derived == again
     assert isinstance(KeyRing(derived, audience="x").active_kid, str)
+
+
+def rsa_pem() -> str:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
 
 
 def test_capability_of_a_dag_task_with_pinned_inputs() -> None:

@@ -30,14 +30,23 @@ from taskplat.common.tokens.capability import (
     capability_key_ring,
     issue_capability_token,
 )
-from taskplat.common.tokens.keys import TokenKeySettings
+from taskplat.common.tokens.keys import TokenKeySettings, private_key_pem
 from taskplat.credential_broker.app import create_app
 from taskplat.credential_broker.settings import BrokerSettings
 from taskplat.devstack.ports import free_port
 from taskplat.devstack.waiting import wait_for
 
-KEY_1 = "capability-key-one-0123456789abcdef"
-KEY_2 = "capability-key-two-0123456789abcdef"
+# The dispatcher signs with the private keys; the broker holds their public halves only.
+KEY_1 = private_key_pem(b"\x41" * 32)
+KEY_2 = private_key_pem(b"\x42" * 32)
+
+
+def public(**keys: str) -> str:
+    """The verifier's JSON setting of the public halves of `keys` (kid: private PEM)."""
+    settings = TokenKeySettings(keys={k: SecretStr(v) for k, v in keys.items()}).public()
+    return json.dumps({k: v.get_secret_value() for k, v in settings.keys.items()})
+
+
 BUCKET = "lake"
 REGION = "us-east-1"
 
@@ -65,8 +74,7 @@ def broker_settings(role_arn: str, endpoint: str, **overrides: Any) -> BrokerSet
     values: dict[str, Any] = {
         "role_arn": role_arn,
         "sts_endpoint_url": endpoint,
-        "capability_token_keys": json.dumps({"c1": KEY_1}),
-        "capability_token_active_kid": "c1",
+        "capability_token_keys": public(c1=KEY_1),
         "data_bucket": BUCKET,
     }
     values.update(overrides)

@@ -23,10 +23,13 @@ from broker_harness import (
     broker_settings,
     make_role,
     mint,
+    public,
     served,
 )
+from pydantic import ValidationError
 
 from taskplat.common.clock import FakeClock
+from taskplat.common.tokens.keys import private_key_pem
 from taskplat.credential_broker.policy import session_policy
 
 
@@ -111,20 +114,20 @@ def test_bad_tokens_answer_401(broker: httpx.Client, clock: FakeClock) -> None:
     header, claims, signature = minted.token.split(".")
     other_key = jwt.encode(
         {"sub": "x", "aud": "taskplat-capability", "iat": 1, "exp": 2**40},
-        "z" * 32,
-        algorithm="HS256",
+        private_key_pem(b"\x49" * 32),
+        algorithm="EdDSA",
         headers={"kid": "c1"},
     )
     unknown_kid = jwt.encode(
         {"sub": "x", "aud": "taskplat-capability", "iat": 1, "exp": 2**40},
         KEY_2,
-        algorithm="HS256",
+        algorithm="EdDSA",
         headers={"kid": "c9"},
     )
     attempt_like = jwt.encode(
         {"sub": "x", "attempt": 1, "aud": "taskplat-attempt", "iat": 1, "exp": 2**40},
         KEY_1,
-        algorithm="HS256",
+        algorithm="EdDSA",
         headers={"kid": "c1"},
     )
     for bad in (
@@ -169,25 +172,48 @@ def test_key_rotation_accepts_two_keys_at_once(
     sqs_endpoint_url: str, role_arn: str, clock: FakeClock
 ) -> None:
     old, new = mint(clock.now(), kid="c1"), mint(clock.now(), kid="c2")
-    both = json.dumps({"c1": KEY_1, "c2": KEY_2})
     with serve(
-        sqs_endpoint_url,
-        role_arn,
-        clock,
-        capability_token_keys=both,
-        capability_token_active_kid="c2",
+        sqs_endpoint_url, role_arn, clock, capability_token_keys=public(c1=KEY_1, c2=KEY_2)
     ) as rotating:
         assert post(rotating, old.token).status_code == 200
         assert post(rotating, new.token).status_code == 200
     with serve(
-        sqs_endpoint_url,
-        role_arn,
-        clock,
-        capability_token_keys=json.dumps({"c2": KEY_2}),
-        capability_token_active_kid="c2",
+        sqs_endpoint_url, role_arn, clock, capability_token_keys=public(c2=KEY_2)
     ) as rotated:
         assert post(rotated, old.token).status_code == 401
         assert post(rotated, new.token).status_code == 200
+
+
+def test_an_hs256_token_in_flight_works_during_the_rotation_window_only(
+    sqs_endpoint_url: str, role_arn: str, clock: FakeClock
+) -> None:
+    """Moving off HS256: a capability token the dispatcher signed with its HS256 secret before
+    the switch gets credentials while the broker lists that secret beside the new public key,
+    and 401 once it is removed."""
+    legacy = "legacy-hs256-capability-secret-0123456789"
+    claims = jwt.decode(mint(clock.now()).token, options={"verify_signature": False})
+    before_switch = jwt.encode(claims, legacy, algorithm="HS256", headers={"kid": "h1"})
+    after_switch = mint(clock.now(), kid="c2").token
+    window = json.dumps({"h1": legacy, **json.loads(public(c2=KEY_2))})
+    with serve(sqs_endpoint_url, role_arn, clock, capability_token_keys=window) as during:
+        assert post(during, before_switch).status_code == 200
+        assert post(during, after_switch).status_code == 200
+    with serve(sqs_endpoint_url, role_arn, clock, capability_token_keys=public(c2=KEY_2)) as after:
+        assert post(after, before_switch).status_code == 401
+        assert post(after, after_switch).status_code == 200
+
+
+def test_the_broker_holds_public_keys_only(role_arn: str) -> None:
+    """A private key in the broker's settings is refused at start: holding it, a broker could
+    mint capability tokens."""
+    with pytest.raises(ValidationError, match="'c1' is a private key"):
+        broker_settings(
+            role_arn, "http://localhost", capability_token_keys=json.dumps({"c1": KEY_1})
+        )
+    with pytest.raises(ValidationError, match="required"):
+        broker_settings(role_arn, "http://localhost", capability_token_keys=None)
+    held = broker_settings(role_arn, "http://localhost").token_keys()
+    assert {held.kind(kid) for kid in held.keys} == {"public"} and held.active_kid is None
 
 
 def test_health_and_metrics(broker: httpx.Client, clock: FakeClock) -> None:

@@ -9,6 +9,7 @@ from base64 import urlsafe_b64decode
 from typing import Any
 
 import httpx
+import jwt
 import pytest
 
 from taskplat.common.tokens.capability import (
@@ -16,7 +17,7 @@ from taskplat.common.tokens.capability import (
     capability_key_ring,
     verify_capability_token,
 )
-from taskplat.common.tokens.keys import TokenKeySettings
+from taskplat.common.tokens.keys import TokenKeySettings, private_key_pem
 from taskplat.testkit.dispatcher_calls import (
     INTERNAL_ROUTES,
     PUBLIC_ROUTES,
@@ -30,9 +31,9 @@ from taskplat.testkit.dispatcher_calls import (
 from taskplat.testkit.dispatcher_harness import Dispatcher, serve_dispatcher
 from taskplat.testkit.dispatcher_rows import row_counts, task_state
 
-KEY_1 = "attempt-key-one-0123456789abcdef0123"
-KEY_2 = "attempt-key-two-0123456789abcdef0123"
-CAP_KEY = "capability-key-0123456789abcdef0123"
+KEY_1 = private_key_pem(b"\x11" * 32)
+KEY_2 = private_key_pem(b"\x12" * 32)
+CAP_KEY = private_key_pem(b"\x13" * 32)
 
 
 def _claim(dispatcher: Dispatcher, task_id: str) -> tuple[Lease, dict[str, Any]]:
@@ -199,12 +200,47 @@ def test_key_rotation_accepts_two_keys_at_once(db_url: str) -> None:
             assert response.status_code == expected, response.text
 
 
+def test_an_hs256_token_in_flight_is_accepted_during_the_rotation_window_only(
+    db_url: str,
+) -> None:
+    """Moving off HS256: a token signed with the old HS256 secret before the switch (as the
+    platform signed them, PyJWT's HS256 with the same claims) still works while the secret is
+    listed beside the new Ed25519 key, and answers 401 once the window ends."""
+    legacy = "legacy-hs256-attempt-secret-0123456789"
+    during = json.dumps({"h1": legacy, "k2": KEY_2})
+    with serve_dispatcher(db_url, attempt_token_keys=during, attempt_token_active_kid="k2") as d:
+        lease, body = _claim(d, create_task(d)["task_id"])
+        assert _kid(body["attempt_token"]) == "k2"
+        now = int(d.clock.now().timestamp())
+        claims = {"sub": lease.task_id, "attempt": lease.attempt, "aud": "taskplat-attempt",
+                  "iat": now - 60, "exp": now + 600}  # fmt: skip
+        before_switch = jwt.encode(claims, legacy, algorithm="HS256", headers={"kid": "h1"})
+        response = httpx.post(
+            f"{d.base_url}/internal/heartbeat", json=lease.fence(), headers=_as(before_switch)
+        )
+        assert response.status_code == 200, response.text
+    after = json.dumps({"k2": KEY_2})
+    with serve_dispatcher(db_url, attempt_token_keys=after, attempt_token_active_kid="k2") as d:
+        response = httpx.post(
+            f"{d.base_url}/internal/heartbeat", json=lease.fence(), headers=_as(before_switch)
+        )
+        assert response.status_code == 401, response.text
+        response = httpx.post(
+            f"{d.base_url}/internal/heartbeat",
+            json=lease.fence(),
+            headers=_as(body["attempt_token"]),
+        )
+        assert response.status_code == 200, response.text
+
+
 @pytest.mark.parametrize(
     "keys",
     [
         {"attempt_token_keys": '{"k1": "short"}', "attempt_token_active_kid": "k1"},
         {"attempt_token_keys": json.dumps({"k1": KEY_1}), "attempt_token_active_kid": "k9"},
         {"attempt_token_keys": json.dumps({"k1": KEY_1})},
+        # An HS256 secret verifies during a rotation window but never signs.
+        {"attempt_token_keys": json.dumps({"h1": "h" * 32}), "attempt_token_active_kid": "h1"},
     ],
 )
 def test_bad_key_settings_are_refused(db_url: str, keys: dict[str, str]) -> None:

@@ -1,7 +1,8 @@
 """The audit log: every operate and admin call writes one row in its own transaction (a failed
-call writes none, and an audit row that cannot be written undoes the call); `GET /audit` filters
-and pages. The workers: a wrapper's report on claim-next or heartbeat lists it under
-`GET /workers`; a silent one turns `lost`; an attempt token cannot report for a worker."""
+call writes none, and an audit row that cannot be written undoes the call; a refused one is
+recorded on its own, test_route_guard.py); `GET /audit` needs admin, filters and pages.
+The workers: a wrapper's report on claim-next or heartbeat lists it under `GET /workers`; a
+silent one turns `lost`; an attempt token cannot report for a worker."""
 
 from __future__ import annotations
 
@@ -54,6 +55,9 @@ def test_operate_and_admin_calls_are_audited_and_failed_ones_are_not(
         {"key_name": "ops", "action": "pause_queue", "target": "default",
          "outcome": "already paused"},
         {"key_name": "ops", "action": "retry_task", "target": queued, "outcome": "replayed"},
+        # Refused (the key lacks `admin`): recorded on its own, nothing changed.
+        {"key_name": "ops", "action": "register_queue", "target": "fresh",
+         "outcome": "refused 403"},
         {"key_name": "bootstrap", "action": "register_queue", "target": "fresh",
          "outcome": "registered"},
     ]  # fmt: skip
@@ -86,7 +90,7 @@ def test_an_audit_row_that_cannot_be_written_undoes_the_call(
 
 def test_the_audit_log_filters_and_pages(dispatcher: Dispatcher) -> None:
     ops = new_key(dispatcher, "ops", "operate")
-    viewer = new_key(dispatcher, "viewer", "read")
+    viewer = new_key(dispatcher, "viewer", "admin")
     start = dispatcher.clock.now()
     with client(dispatcher, ops) as c:
         for queue in ("a", "b", "c"):
@@ -100,6 +104,9 @@ def test_the_audit_log_filters_and_pages(dispatcher: Dispatcher) -> None:
         assert older.json()["next_cursor"] is None
         created = v.get("/audit", params={"action": "create_key"}).json()["entries"]
         assert {e["target"] for e in created} == {"ops", "viewer"}
+        # Reading the log is an admin call: it is in the log too.
+        reads = v.get("/audit", params={"action": "list_audit", "key": "viewer"}).json()
+        assert [e["outcome"] for e in reads["entries"]][-1] == "listed 2"
         assert {e["key_name"] for e in created} == {"bootstrap"}
         since = (start.timestamp() + 90) if start else 0
         recent = v.get("/audit", params={"since": _iso(since), "action": "pause_queue"}).json()[
@@ -210,6 +217,7 @@ def test_every_operate_and_admin_route_writes_its_audit_row(
         ("delete_dag", "DELETE", "/dags/d", None),
         ("create_key", "POST", "/keys", {"name": "k", "scopes": ["read"]}),
         ("list_keys", "GET", "/keys", None),
+        ("list_audit", "GET", "/audit", None),
         ("revoke_key", "DELETE", "/keys/k", None),
     ]
     assert {name for name, *_ in calls} == audited, "an audited route lacks a call here"

@@ -16,6 +16,7 @@ from uuid import uuid4
 
 import psycopg
 
+from taskplat.common.tokens.keys import private_key_pem
 from taskplat.testkit.dispatcher_calls import claimed, complete, create_task, get_task, heartbeat
 from taskplat.testkit.dispatcher_harness import Dispatcher, serve_dispatcher
 from taskplat.testkit.dispatcher_rows import task_pins
@@ -29,7 +30,7 @@ DAG: dict[str, Any] = {
     }
 }  # fmt: skip
 CAP_KEYS = {
-    "capability_token_keys": json.dumps({"c1": "capability-key-0123456789abcdef0123"}),
+    "capability_token_keys": json.dumps({"c1": private_key_pem(b"\x13" * 32)}),
     "capability_token_active_kid": "c1",
 }
 JOB = {"dag_name": "p", "name": "transform"}

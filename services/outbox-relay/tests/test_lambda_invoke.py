@@ -29,7 +29,7 @@ from relay_harness import Queues, Rows, make_settings
 from taskplat.common.db.notify import INVOKE_CHANNEL
 from taskplat.common.tokens.attempt import attempt_key_ring, verify_attempt_token
 from taskplat.common.tokens.capability import capability_key_ring, verify_capability_token
-from taskplat.common.tokens.keys import TokenKeySettings
+from taskplat.common.tokens.keys import TokenKeySettings, private_key_pem
 from taskplat.devstack.lambda_endpoint import Invocation, LocalLambda
 from taskplat.devstack.waiting import wait_for
 from taskplat.outbox_relay.lambda_invoker import NO_CAPABILITY_KEYS, NO_KEYS, Invoker, lambda_client
@@ -37,7 +37,7 @@ from taskplat.outbox_relay.relay import Relay
 from taskplat.outbox_relay.settings import RelaySettings
 from taskplat.testkit.dispatcher_harness import Dispatcher, serve_dispatcher
 
-KEYS = {"k1": "attempt-signing-key-of-the-tests-0123456789"}
+KEYS = {"k1": private_key_pem(b"\x21" * 32)}
 TESTS_DIR = Path(__file__).parent
 DAG = {
     "jobs": {
@@ -51,7 +51,7 @@ DAG = {
                       "trust": "untrusted", "inputs": [{"from": {"dataset": "probed"}}]},
     }
 }  # fmt: skip
-CAPABILITY_KEYS = {"c1": "capability-signing-key-of-the-tests-0123456789"}
+CAPABILITY_KEYS = {"c1": private_key_pem(b"\x22" * 32)}
 FINISHED = ("succeeded", "error", "crashed", "timed_out")
 
 

@@ -20,12 +20,13 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
 from relay_harness import make_settings
 
+from taskplat.common.tokens.keys import private_key_pem
 from taskplat.outbox_relay.lambda_invoker import Invoker, lambda_client
 from taskplat.testkit.dispatcher_harness import Dispatcher, serve_dispatcher
 from taskplat.testkit.dockerprobe import docker_available
 from taskplat.testkit.fixtures import TESTCONTAINERS_LOCALSTACK_IMAGE
 
-KEYS = {"k1": "attempt-signing-key-of-the-tests-0123456789"}
+KEYS = {"k1": private_key_pem(b"\x21" * 32)}
 DAG = {
     "jobs": {
         "known": {"operator": "noop", "runtime": "lambda", "timeout_seconds": 30},

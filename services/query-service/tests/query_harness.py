@@ -41,13 +41,21 @@ from taskplat.common.tokens.capability import (
     capability_key_ring,
     issue_capability_token,
 )
-from taskplat.common.tokens.keys import TokenKeySettings
+from taskplat.common.tokens.keys import TokenKeySettings, private_key_pem
 from taskplat.devstack.ports import free_port
 from taskplat.devstack.waiting import wait_for
 from taskplat.query_service.app import create_app
 from taskplat.query_service.settings import QuerySettings
 
-KEY = "capability-key-query-0123456789abcdef"
+# The dispatcher signs with the private key; the service holds its public half only.
+KEY = private_key_pem(b"\x71" * 32)
+
+
+def public_key(private: str) -> str:
+    settings = TokenKeySettings(keys={"k": SecretStr(private)})
+    return settings.public().keys["k"].get_secret_value()
+
+
 BUCKET = "lake"
 REGION = "us-east-1"
 ROLE_ARN = "arn:aws:iam::000000000000:role/taskplat-query-data"
@@ -187,8 +195,7 @@ def settings(database_url: str, endpoint: str, **overrides: Any) -> QuerySetting
         "role_arn": ROLE_ARN,
         "sts_endpoint_url": endpoint,
         "s3_endpoint_url": endpoint,
-        "capability_token_keys": json.dumps({"q1": KEY}),
-        "capability_token_active_kid": "q1",
+        "capability_token_keys": json.dumps({"q1": public_key(KEY)}),
         "data_bucket": BUCKET,
     }
     values.update(overrides)

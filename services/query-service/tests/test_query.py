@@ -23,6 +23,7 @@ from query_harness import (
 )
 
 from taskplat.common.clock import FakeClock
+from taskplat.common.tokens.keys import private_key_pem
 from taskplat.devstack.waiting import wait_for
 
 # Runs for hours: a cross product of 3^24 rows of the alerts view (no table function needed).
@@ -126,7 +127,7 @@ def test_bad_tokens_answer_401(service: httpx.Client, inputs: tuple[Dataset, Dat
     header, claims, signature = good.split(".")
     for bad in (
         f"{header}.{claims}.{signature[:-2]}xx",
-        mint(inputs, key="another-key-entirely-0123456789abcdef"),
+        mint(inputs, key=private_key_pem(b"\x79" * 32)),
         "garbage",
     ):
         answer = ask(service, bad, "SELECT 1")

@@ -37,7 +37,7 @@ from pydantic import SecretStr
 from wrapper_harness import WORKER_TOKEN, Dispatcher, Queue, run_dispatcher, spawn, wrapper_env
 
 from taskplat.common.tokens.capability import capability_key_ring, verify_capability_token
-from taskplat.common.tokens.keys import TokenKeySettings
+from taskplat.common.tokens.keys import TokenKeySettings, private_key_pem
 from taskplat.devstack.users import RunAs, traversable_by
 from taskplat.devstack.venvs import install_workspace_package
 from taskplat.worker_wrapper.isolation import aws_session
@@ -50,7 +50,7 @@ OPERATOR_USER = "taskplat-operator-test"
 AWS_SECRET = "wrapper-aws-secret-key-9f8e7d6c5b4a"
 AWS_KEY_ID = "AKIAWRAPPERTEST12345"
 CONTAINER_URI = "/v2/credentials/wrapper-relative-uri-5a4b3c2d"
-CAPABILITY_KEY = "isolation-capability-key-0123456789ab"
+CAPABILITY_KEY = private_key_pem(b"\x51" * 32)
 
 
 @pytest.fixture

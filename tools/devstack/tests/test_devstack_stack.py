@@ -208,3 +208,48 @@ def test_workers_get_no_signing_keys_nor_database(tmp_path: Path) -> None:
     }
     env = worker_spec("worker-1", "default", shared, {}, cwd=tmp_path).env
     assert set(env) == {"TASKPLAT_WORKER_TOKEN", "TASKPLAT_WORKER_QUEUE"}
+
+
+def test_data_services_get_public_keys_only() -> None:
+    """`make up`'s broker and query service verify capability tokens with the public half of the
+    dispatcher's key, and get no private key, no attempt-token key and no database URL."""
+    import json
+
+    from pydantic import SecretStr
+
+    from taskplat.common.tokens.keys import TokenKeySettings
+    from taskplat.devstack.stack.bootstrap import attempt_key
+    from taskplat.devstack.stack.data_services import capability_env, service_envs
+
+    signer = capability_env("worker-token-of-the-test")
+    shared = {
+        **signer,
+        "DATABASE_URL": "postgresql://x",
+        "TASKPLAT_API_KEYS": "k",
+        "TASKPLAT_WORKER_TOKEN": "t",
+        "TASKPLAT_ATTEMPT_TOKEN_KEYS": json.dumps({"devstack": attempt_key("t")}),
+        "TASKPLAT_ATTEMPT_TOKEN_ACTIVE_KID": "devstack",
+    }
+    signing = TokenKeySettings.model_validate_json(
+        json.dumps(
+            {
+                "keys": json.loads(signer["TASKPLAT_CAPABILITY_TOKEN_KEYS"]),
+                "active_kid": signer["TASKPLAT_CAPABILITY_TOKEN_ACTIVE_KID"],
+            }
+        )
+    )
+    assert {signing.kind(kid) for kid in signing.keys} == {"private"}
+    envs = service_envs(
+        shared, endpoint_url="http://s3", broker_port=1, query_port=2, query_database_url="q"
+    )
+    for name, env in envs.items():
+        assert not {
+            "DATABASE_URL",
+            "TASKPLAT_WORKER_TOKEN",
+            "TASKPLAT_ATTEMPT_TOKEN_KEYS",
+            "TASKPLAT_CAPABILITY_TOKEN_ACTIVE_KID",
+        } & set(env), name
+        assert "PRIVATE KEY" not in json.dumps(env), name
+        keys = json.loads(env["TASKPLAT_CAPABILITY_TOKEN_KEYS"])
+        held = TokenKeySettings(keys={k: SecretStr(v) for k, v in keys.items()})
+        assert held == signing.public(), name

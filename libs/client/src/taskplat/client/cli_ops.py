@@ -332,7 +332,7 @@ def audit(
     target: str | None,
     limit: int,
 ) -> None:
-    """The audit log of operate and admin calls, newest first."""
+    """The audit log of operate and admin calls and their refusals, newest first (an admin key)."""
     entries: list[AuditEntry] = []
     cursor: str | None = None
     filters = {"since": aware(since), "until": aware(until), "key": key, "action": action,

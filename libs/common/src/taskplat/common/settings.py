@@ -212,13 +212,16 @@ class AttemptTokenSettings(BaseSettings):
     attempt_token_keys: dict[str, SecretStr] | None = Field(
         None,
         validation_alias=_alias("TASKPLAT_ATTEMPT_TOKEN_KEYS"),
-        description='JSON object `{"<kid>": "<secret of 32+ bytes>"}` of the keys that verify '
-        "attempt tokens (two during a rotation); unset: a key derived from the worker token.",
+        description='JSON object `{"<kid>": "<Ed25519 private key, PEM>"}` of the keys that sign '
+        "and verify attempt tokens (two during a rotation; an HS256 secret of 32+ bytes is still "
+        "accepted for verification while a deployment moves off HS256); unset: an Ed25519 key "
+        "derived from the worker token.",
     )
     attempt_token_active_kid: str | None = Field(
         None,
         validation_alias=_alias("TASKPLAT_ATTEMPT_TOKEN_ACTIVE_KID"),
-        description="Key id of `TASKPLAT_ATTEMPT_TOKEN_KEYS` that signs new attempt tokens.",
+        description="Key id of `TASKPLAT_ATTEMPT_TOKEN_KEYS` (an Ed25519 private key) that signs "
+        "new attempt tokens.",
     )
 
     @field_validator("attempt_token_keys", mode="before")
@@ -228,20 +231,24 @@ class AttemptTokenSettings(BaseSettings):
 
 
 class CapabilityTokenSettings(BaseSettings):
-    """Keys of capability tokens (the dispatcher signs, the credential broker verifies)."""
+    """Keys of capability tokens: the dispatcher and the relay sign (Ed25519 private keys), the
+    credential broker and the query service verify (the public keys only)."""
 
     model_config = _FRAGMENT_CONFIG
 
     capability_token_keys: dict[str, SecretStr] | None = Field(
         None,
         validation_alias=_alias("TASKPLAT_CAPABILITY_TOKEN_KEYS"),
-        description='JSON object `{"<kid>": "<secret of 32+ bytes>"}` of the keys that verify '
-        "capability tokens (two during a rotation).",
+        description='JSON object `{"<kid>": "<Ed25519 key, PEM>"}`: private keys in the '
+        "signers (dispatcher, relay), their public halves in the verifiers (broker, query "
+        "service); two during a rotation, and an HS256 secret of 32+ bytes is still accepted for "
+        "verification while a deployment moves off HS256.",
     )
     capability_token_active_kid: str | None = Field(
         None,
         validation_alias=_alias("TASKPLAT_CAPABILITY_TOKEN_ACTIVE_KID"),
-        description="Key id of `TASKPLAT_CAPABILITY_TOKEN_KEYS` that signs new capability tokens.",
+        description="Key id of `TASKPLAT_CAPABILITY_TOKEN_KEYS` (an Ed25519 private key) that "
+        "signs new capability tokens (signers only).",
     )
 
     @field_validator("capability_token_keys", mode="before")

@@ -1,8 +1,9 @@
 """Settings of the credential broker (env prefix `TASKPLAT_BROKER_`, plus the shared names).
 
-Invariants: the capability-token keys (`TASKPLAT_CAPABILITY_TOKEN_KEYS`, the same the dispatcher
-signs with) are required and secret; the broker holds no attempt-token key and no worker token, so
-it can mint nothing the dispatcher accepts; every default is a production-sensible value.
+Invariants: the capability-token keys (`TASKPLAT_CAPABILITY_TOKEN_KEYS`: the public halves of the
+Ed25519 keys the dispatcher signs with; a private key is refused) are required; the broker holds no
+private key, no attempt-token key and no worker token, so it can mint nothing any service accepts;
+every default is a production-sensible value.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from taskplat.common.settings import (
     ServiceSettings,
 )
 from taskplat.common.telemetry import TelemetrySettings
-from taskplat.common.tokens.keys import TokenKeySettings, key_settings
+from taskplat.common.tokens.keys import TokenKeySettings, verifier_key_settings
 
 
 class BrokerSettings(
@@ -61,17 +62,11 @@ class BrokerSettings(
     max_body_bytes: int = Field(4096, ge=2, description="Request body size cap (413).")
 
     def token_keys(self) -> TokenKeySettings:
-        keys = key_settings(
-            self.capability_token_keys,
-            self.capability_token_active_kid,
-            what="capability token keys",
+        """The capability tokens' public keys (a private key is refused: this service verifies
+        only); `TASKPLAT_CAPABILITY_TOKEN_ACTIVE_KID` is ignored."""
+        return verifier_key_settings(
+            self.capability_token_keys, what="TASKPLAT_CAPABILITY_TOKEN_KEYS"
         )
-        if keys is None:
-            raise ValueError(
-                "TASKPLAT_CAPABILITY_TOKEN_KEYS and TASKPLAT_CAPABILITY_TOKEN_ACTIVE_KID "
-                "are required"
-            )
-        return keys
 
     @model_validator(mode="after")
     def _keys_set(self) -> Self:

@@ -30,7 +30,7 @@ from taskplat.dispatcher.access import Identity
 from taskplat.dispatcher.access_service import AccessService
 from taskplat.dispatcher.errors import json_response
 from taskplat.dispatcher.requests import parse_body, parse_query, parse_queue_name
-from taskplat.dispatcher.route_guard import RouteSpec, settings_of
+from taskplat.dispatcher.route_guard import RouteSpec, audit_call, settings_of
 
 _KEY_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -54,11 +54,13 @@ def _access(request: Request) -> AccessService:
 async def create_key(request: Request) -> Response:
     body = await parse_body(request, KeyCreateRequest, settings_of(request).max_body_bytes)
     identity: Identity = request.state.identity
-    return json_response(await _access(request).create_key(body, identity), 201)
+    return json_response(
+        await _access(request).create_key(body, identity, audit_call(request)), 201
+    )
 
 
 async def list_keys(request: Request) -> Response:
-    return json_response(await _access(request).list_keys())
+    return json_response(await _access(request).list_keys(audit_call(request)))
 
 
 async def revoke_key(request: Request) -> Response:
@@ -68,7 +70,7 @@ async def revoke_key(request: Request) -> Response:
             "name must be 1-64 letters, digits, '_', '.' or '-'",
             detail=[{"loc": ["path", "name"], "msg": "invalid name", "type": "name"}],
         )
-    return json_response(await _access(request).revoke_key(name))
+    return json_response(await _access(request).revoke_key(name, audit_call(request)))
 
 
 async def list_audit(request: Request) -> Response:
@@ -81,6 +83,7 @@ async def list_audit(request: Request) -> Response:
         target=query.target,
         cursor=query.cursor,
         limit=query.limit,
+        call=audit_call(request),
     )
     return json_response(page)
 
@@ -91,7 +94,7 @@ async def list_workers(request: Request) -> Response:
 
 async def register_queue(request: Request) -> Response:
     queue = parse_queue_name(request.path_params["queue"])
-    view, created = await _access(request).register_queue(queue)
+    view, created = await _access(request).register_queue(queue, audit_call(request))
     return json_response(view, 201 if created else 200)
 
 

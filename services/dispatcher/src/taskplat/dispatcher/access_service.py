@@ -38,6 +38,7 @@ from taskplat.common.errors import Conflict, NotFound, ValidationFailed
 from taskplat.common.logging import get_logger
 from taskplat.dispatcher import audit
 from taskplat.dispatcher.access import BOOTSTRAP, Identity, KeyStore, key_hash, new_secret
+from taskplat.dispatcher.audit import AuditCall
 from taskplat.dispatcher.operations import Operations, QueueRegistry
 from taskplat.dispatcher.repository import access as repo
 from taskplat.dispatcher.settings import DispatcherSettings
@@ -69,7 +70,9 @@ class AccessService:
 
     # ---- keys ----------------------------------------------------------------------------
 
-    async def create_key(self, request: KeyCreateRequest, creator: Identity) -> KeyCreated:
+    async def create_key(
+        self, request: KeyCreateRequest, creator: Identity, call: AuditCall
+    ) -> KeyCreated:
         if request.name.lower().startswith(BOOTSTRAP):
             raise ValidationFailed(
                 f"key names starting with {BOOTSTRAP!r} are reserved for the bootstrap keys",
@@ -91,27 +94,27 @@ class AccessService:
                 if row is None:
                     raise Conflict(f"a key named {request.name!r} exists; revoke it first")
                 await audit.record(
-                    conn, "created", target=request.name, detail={"scopes": scopes}, now=now
+                    conn, call, "created", target=request.name, detail={"scopes": scopes}, now=now
                 )
         get_logger().info("api_key_created", key=request.name, scopes=scopes)
         return KeyCreated(
             name=row["name"], scopes=row["scopes"], created_at=row["created_at"], key=secret
         )
 
-    async def list_keys(self) -> KeyList:
+    async def list_keys(self, call: AuditCall) -> KeyList:
         """The stored keys; an admin call, so it is audited too (who looked at the keys)."""
         async with self._pool.connection() as conn:
             async with conn.transaction():
                 rows = await repo.list_keys(conn)
-                await audit.record(conn, f"listed {len(rows)}", now=self._clock.sql_now())
+                await audit.record(conn, call, f"listed {len(rows)}", now=self._clock.sql_now())
         return KeyList(keys=[KeyView.model_validate(row) for row in rows])
 
-    async def revoke_key(self, name: str) -> RevokedKey:
+    async def revoke_key(self, name: str, call: AuditCall) -> RevokedKey:
         async with self._pool.connection() as conn:
             async with conn.transaction():
                 if not await repo.delete_key(conn, name):
                     raise NotFound(f"no key named {name!r}")
-                await audit.record(conn, "revoked", now=self._clock.sql_now())
+                await audit.record(conn, call, "revoked", now=self._clock.sql_now())
         self._keys.forget(name)
         get_logger().info("api_key_revoked", key=name)
         return RevokedKey(name=name)
@@ -128,7 +131,10 @@ class AccessService:
         target: str | None,
         cursor: str | None,
         limit: int,
+        call: AuditCall,
     ) -> AuditList:
+        """A page of the audit log, newest first; an admin call, so it is audited too (who read
+        the log), in the transaction that read the page."""
         before_id: int | None = None
         if cursor is not None:
             if not cursor.isdigit() or len(cursor) > 19:
@@ -149,7 +155,11 @@ class AccessService:
             "limit": limit + 1,
         }
         async with self._pool.connection() as conn:
-            rows = await repo.list_audit(conn, params)
+            async with conn.transaction():
+                rows = await repo.list_audit(conn, params)
+                await audit.record(
+                    conn, call, f"listed {min(len(rows), limit)}", now=self._clock.sql_now()
+                )
         page = rows[:limit]
         next_cursor = str(page[-1]["audit_id"]) if len(rows) > limit else None
         return AuditList(
@@ -206,14 +216,16 @@ class AccessService:
 
     # ---- queues --------------------------------------------------------------------------
 
-    async def register_queue(self, name: str) -> tuple[QueueView, bool]:
+    async def register_queue(self, name: str, call: AuditCall) -> tuple[QueueView, bool]:
         """Register `name` (persisted; every replica accepts it on its next miss)."""
         await self._registry.ensure_registered()
         now = self._clock.sql_now()
         async with self._pool.connection() as conn:
             async with conn.transaction():
                 created = await repo.register_queue(conn, name, now)
-                await audit.record(conn, "registered" if created else "already registered", now=now)
+                await audit.record(
+                    conn, call, "registered" if created else "already registered", now=now
+                )
         if created:
             get_logger().info("queue_registered", queue=name)
         for queue in (await self._operations.queues()).queues:

@@ -113,6 +113,7 @@ def create_app(
     )
     app.state.settings = settings
     app.state.pool = pool
+    app.state.clock = clock
     app.state.telemetry = telemetry
     app.state.recorder = recorder
     app.state.service = TaskService(

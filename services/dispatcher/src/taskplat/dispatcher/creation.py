@@ -109,8 +109,11 @@ class BulkCreate:
         self._recorder = recorder
         self._registry = registry
 
-    async def create_many(self, requests: list[CreateTaskRequest]) -> list[tuple[TaskView, bool]]:
-        """Create the tasks in one transaction; (view, created) for each, in order."""
+    async def create_many(
+        self, requests: list[CreateTaskRequest], *, may_widen: bool = False
+    ) -> list[tuple[TaskView, bool]]:
+        """Create the tasks in one transaction; (view, created) for each, in order. `may_widen`:
+        the caller may pin untrusted tasks outside their jobs' inputs (`operate`)."""
         for index, request in enumerate(requests):
             check_times(request, ["body", "tasks", index])
         await self._registry.require({request.queue for request in requests}, ["body", "tasks"])
@@ -125,6 +128,16 @@ class BulkCreate:
         wanted: list[UUID] = [each["task_id"] for each in values]
         async with self._pool.connection() as conn:
             await untrusted.check_new_tasks(conn, self._settings, requests, ["body", "tasks"])
+            for index, request in enumerate(requests):
+                await pins.confine_untrusted(
+                    conn,
+                    self._settings,
+                    request.operator,
+                    request.job,
+                    request.inputs,
+                    ["body", "tasks", index, "inputs"],
+                    may_widen=may_widen,
+                )
             async with conn.transaction():
                 for index, request in enumerate(requests):
                     loc: list[str | int] = ["body", "tasks", index, "inputs"]

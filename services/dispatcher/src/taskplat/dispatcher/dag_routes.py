@@ -43,7 +43,13 @@ from taskplat.dispatcher.requests import (
     parse_uuid,
     read_body,
 )
-from taskplat.dispatcher.route_guard import RouteSpec, bind_log_fields, settings_of
+from taskplat.dispatcher.route_guard import (
+    RouteSpec,
+    audit_call,
+    bind_log_fields,
+    holds,
+    settings_of,
+)
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
 
@@ -79,7 +85,7 @@ async def put_dag(request: Request) -> Response:
     body = await read_body(request, settings_of(request).max_body_bytes)
     content_type = request.headers.get("content-type", "application/json")
     doc = await off_loop(parse_document, body, content_type, document_limits(request))
-    view, created = await _dags(request).apply(dag_name, doc)
+    view, created = await _dags(request).apply(dag_name, doc, audit_call(request))
     return json_response(view, 201 if created else 200)
 
 
@@ -93,14 +99,16 @@ async def get_dag(request: Request) -> Response:
 
 async def delete_dag(request: Request) -> Response:
     dag_name = _name(request, "dag_name")
-    await _dags(request).delete(dag_name)
+    await _dags(request).delete(dag_name, audit_call(request))
     return json_response(DeletedDag(dag_name=dag_name))
 
 
 async def start_run(request: Request) -> Response:
     dag_name, job_name = _name(request, "dag_name"), _name(request, "job")
     body = await parse_body(request, JobRunRequest, settings_of(request).max_body_bytes)
-    view, created = await _dags(request).start_run(dag_name, job_name, body)
+    view, created = await _dags(request).start_run(
+        dag_name, job_name, body, may_widen=holds(request, "operate")
+    )
     bind_log_fields(task_id=view.task_id)
     return json_response(view, 201 if created else 200)
 
@@ -122,13 +130,18 @@ async def new_version(request: Request) -> Response:
             "this route takes no fields (send {} or nothing)",
             detail=[{"loc": ["body"], "msg": "unexpected fields", "type": "extra_forbidden"}],
         )
-    return json_response(await _datasets(request).new_version(dataset_uuid), 201)
+    return json_response(
+        await _datasets(request).new_version(dataset_uuid, audit_call(request)), 201
+    )
 
 
 async def make_current(request: Request) -> Response:
     dataset_uuid = parse_uuid(request.path_params["dataset_uuid"], name="dataset_uuid")
     body = await parse_body(request, CurrentVersionRequest, settings_of(request).max_body_bytes)
-    return json_response(await _datasets(request).make_current(dataset_uuid, body.dataset_version))
+    view = await _datasets(request).make_current(
+        dataset_uuid, body.dataset_version, audit_call(request)
+    )
+    return json_response(view)
 
 
 async def list_events(request: Request) -> Response:

@@ -11,7 +11,9 @@ Invariants:
   * a document is accepted only when every input names a job of the document and one of that job's
     output indexes (or a dataset by name), every schedule is a five-field cron expression, a dataset
     is given one kind within the document, a declared schema belongs to a buffered_postgres output
-    and uses only allowed column names and types (one schema per dataset within the document),
+    and uses only allowed column names and types (one schema per dataset within the document), a
+    `postgres` dataset's `postgres_table:` location names its own table (never another dataset's
+    or the platform's),
     and the jobs form no cycle (a job reads another's output directly, or through a dataset that
     the other writes); otherwise every problem found is named, each with its location;
   * the document hash is the sha256 of the validated document's canonical JSON, so the same
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +43,8 @@ from taskplat.common.documents import DocumentLimits, DocumentRefused, NodeBudge
 from taskplat.common.errors import MalformedJson, ValidationFailed
 from taskplat.dispatcher.requests import validation_detail
 
+POSTGRES_TABLE = "postgres_table:"
+OWN_TABLE = re.compile(r"dataset_\{dataset_uuid\}(?:[A-Za-z0-9_]|\{dataset_version\})*")
 YAML_TYPES = frozenset({"application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml"})
 DEFAULT_LOCATIONS = {
     "postgres": "postgres_table:dataset_{dataset_uuid}",
@@ -257,7 +262,28 @@ def _dataset_problems(doc: DagDocument) -> list[dict[str, Any]]:
                 )
             if output.kind == "buffered_postgres":
                 problems += _schema_problems(output, loc, schemas)
+            if output.kind == "postgres" and output.location is not None:
+                problems += _table_problems(output.location, [*loc, "location"])
     return problems
+
+
+def _table_problems(location: str, loc: list[str | int]) -> list[dict[str, Any]]:
+    """A `postgres` dataset's `postgres_table:` location names its own table only: one whose name
+    starts with `dataset_{dataset_uuid}` (then letters, digits, `_` or `{dataset_version}`), so
+    it can never be another dataset's table (`dataset_<its uuid>...`) nor a platform table."""
+    if not location.startswith(POSTGRES_TABLE):
+        return []
+    if OWN_TABLE.fullmatch(location.removeprefix(POSTGRES_TABLE)):
+        return []
+    return [
+        _problem(
+            loc,
+            f"a postgres dataset's location names its own table only: "
+            f"'{POSTGRES_TABLE}dataset_{{dataset_uuid}}' optionally followed by letters, digits, "
+            f"'_' or '{{dataset_version}}', not {location!r}",
+            "foreign_table",
+        )
+    ]
 
 
 def _declared(output: Any) -> list[tuple[str, str]]:

@@ -46,10 +46,12 @@ from taskplat.common.contracts import (
     TaskView,
 )
 from taskplat.common.contracts.dags import FromDataset, FromJob
+from taskplat.common.contracts.public import JobRef
 from taskplat.common.cron import next_tick
 from taskplat.common.errors import BadRequest, NotFound, ValidationFailed
 from taskplat.common.telemetry import inject
 from taskplat.dispatcher import audit, dag_rules, pins, untrusted
+from taskplat.dispatcher.audit import AuditCall
 from taskplat.dispatcher.operations import QueueRegistry
 from taskplat.dispatcher.recorder import Recorder
 from taskplat.dispatcher.repository import buffered as buffered_repo
@@ -84,7 +86,7 @@ class DagService:
 
     # ---- DAGs ----------------------------------------------------------------------------
 
-    async def apply(self, dag_name: str, doc: DagDocument) -> tuple[DagView, bool]:
+    async def apply(self, dag_name: str, doc: DagDocument, call: AuditCall) -> tuple[DagView, bool]:
         """Apply a checked document; (view, created)."""
         await off_loop(dag_rules.check_document, doc)
         if not untrusted.capability_keys_configured(self._settings):
@@ -112,7 +114,7 @@ class DagService:
                     if stored_hash is None
                     else ("replaced")
                 )
-                await audit.record(conn, outcome, now=now)
+                await audit.record(conn, call, outcome, now=now)
             view = await self._view(conn, dag_name)
         assert view is not None
         for row in canceled:
@@ -289,22 +291,23 @@ class DagService:
             rows = await repo.list_dags(conn)
         return DagList(dags=[DagSummary.model_validate(row) for row in rows])
 
-    async def delete(self, dag_name: str) -> None:
+    async def delete(self, dag_name: str, call: AuditCall) -> None:
         async with self._pool.connection() as conn:
             async with conn.transaction():
                 await repo.lock_dag(conn, dag_name)
                 deleted = await repo.delete_dag(conn, dag_name)
                 if deleted:
-                    await audit.record(conn, "deleted", now=self._clock.sql_now())
+                    await audit.record(conn, call, "deleted", now=self._clock.sql_now())
         if not deleted:
             raise NotFound(f"DAG {dag_name!r} not found")
         self._recorder.dag_deleted(dag_name)
 
     async def start_run(
-        self, dag_name: str, job_name: str, request: JobRunRequest
+        self, dag_name: str, job_name: str, request: JobRunRequest, *, may_widen: bool = False
     ) -> tuple[TaskView, bool]:
         """Start a run of a job by hand; (task, created). A known idempotency key answers the
-        existing task."""
+        existing task. `may_widen`: the caller may pin an untrusted job's run outside the job's
+        inputs (`operate`)."""
         inputs = [item.model_dump(mode="json", exclude_none=True) for item in request.inputs]
         params: dict[str, Any] = {
             "dag_name": dag_name,
@@ -320,6 +323,15 @@ class DagService:
                 if not await repo.job_exists(conn, dag_name, job_name):
                     raise NotFound(f"job {job_name!r} of DAG {dag_name!r} not found")
                 await untrusted.check_job_run(conn, self._settings, dag_name, job_name, ["path"])
+                await pins.confine_untrusted(
+                    conn,
+                    self._settings,
+                    None,
+                    JobRef(dag_name=dag_name, name=job_name),
+                    inputs,
+                    ["body", "inputs"],
+                    may_widen=may_widen,
+                )
                 params["inputs"] = await pins.pin_inputs(conn, inputs, ["body", "inputs"])
                 task_id = await repo.start_job_run(conn, params)
             created = task_id is not None

@@ -39,6 +39,7 @@ from taskplat.common.contracts import (
 from taskplat.common.contracts.dags import Producer
 from taskplat.common.errors import NotFound, ValidationFailed
 from taskplat.dispatcher import audit
+from taskplat.dispatcher.audit import AuditCall
 from taskplat.dispatcher.recorder import Recorder
 from taskplat.dispatcher.repository import buffered as buffered_repo
 from taskplat.dispatcher.repository import dags as repo
@@ -99,7 +100,7 @@ class DatasetService:
             }
         )
 
-    async def new_version(self, dataset_uuid: UUID) -> NewVersionResponse:
+    async def new_version(self, dataset_uuid: UUID, call: AuditCall) -> NewVersionResponse:
         now = self._clock.sql_now()
         async with self._pool.connection() as conn:
             async with conn.transaction():
@@ -116,6 +117,7 @@ class DatasetService:
                     await buffered_repo.create_table(conn, dataset_uuid, version, columns, now)
                 await audit.record(
                     conn,
+                    call,
                     f"version {version}, {len(canceled)} tasks canceled",
                     detail={"dataset_version": str(version), "canceled_tasks": len(canceled)},
                     now=now,
@@ -125,7 +127,9 @@ class DatasetService:
             self._recorder.task_canceled(row, by="version_rollover")
         return NewVersionResponse(dataset=view, canceled_tasks=len(canceled))
 
-    async def make_current(self, dataset_uuid: UUID, dataset_version: UUID) -> NewVersionResponse:
+    async def make_current(
+        self, dataset_uuid: UUID, dataset_version: UUID, call: AuditCall
+    ) -> NewVersionResponse:
         """Make an earlier version current again (a rollback): the live tasks pinned to the
         version that stops being current are canceled in the same transaction. The current
         version again changes nothing."""
@@ -151,6 +155,7 @@ class DatasetService:
                     outcome = f"{dataset_version} already current"
                 await audit.record(
                     conn,
+                    call,
                     outcome,
                     detail={
                         "dataset_version": str(dataset_version),

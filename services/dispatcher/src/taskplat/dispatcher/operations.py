@@ -44,6 +44,7 @@ from taskplat.common.errors import NotFound, ValidationFailed
 from taskplat.common.logging import get_logger
 from taskplat.common.telemetry import inject
 from taskplat.dispatcher import audit
+from taskplat.dispatcher.audit import AuditCall
 from taskplat.dispatcher.recorder import Recorder
 from taskplat.dispatcher.repository import queues as repo
 from taskplat.dispatcher.repository import tasks as task_repo
@@ -125,20 +126,20 @@ class Operations:
                 return queue
         raise NotFound(f"queue {name!r} is not registered")  # pragma: no cover - raced away
 
-    async def pause(self, name: str) -> QueueView:
+    async def pause(self, name: str, call: AuditCall) -> QueueView:
         async with self._pool.connection() as conn:
             async with conn.transaction():
                 changed = await repo.set_paused(conn, name, self._clock.sql_now())
                 if changed is not None:
                     outcome = "paused" if changed else "already paused"
-                    await audit.record(conn, outcome, now=self._clock.sql_now())
+                    await audit.record(conn, call, outcome, now=self._clock.sql_now())
         if changed is None:
             raise NotFound(f"queue {name!r} is not registered")
         if changed:
             self._recorder.queue_paused(name)
         return await self._view(name)
 
-    async def resume(self, name: str) -> QueueView:
+    async def resume(self, name: str, call: AuditCall) -> QueueView:
         async with self._pool.connection() as conn:
             async with conn.transaction():
                 if not await repo.queue_exists(conn, name):
@@ -149,12 +150,12 @@ class Operations:
                 if announced:
                     await repo.notify_queues(conn, [name])
                 outcome = f"resumed, {announced} announced" if resumed else "already running"
-                await audit.record(conn, outcome, now=self._clock.sql_now())
+                await audit.record(conn, call, outcome, now=self._clock.sql_now())
         if resumed:
             self._recorder.queue_resumed(name, announced)
         return await self._view(name)
 
-    async def replay_many(self, request: BulkRetryRequest) -> BulkRetryResponse:
+    async def replay_many(self, request: BulkRetryRequest, call: AuditCall) -> BulkRetryResponse:
         filters = request.model_dump(exclude={"ids", "limit"}, exclude_none=True)
         if request.ids is None and "status" not in filters:
             filters["status"] = "Dead"
@@ -174,6 +175,7 @@ class Operations:
                     await repo.notify_queues(conn, sorted({row["queue"] for row in rows}))
                 await audit.record(
                     conn,
+                    call,
                     f"replayed {len(rows)}",
                     detail={"ids": [str(i) for i in ids]} if ids is not None else filters,
                     now=self._clock.sql_now(),

@@ -10,6 +10,11 @@ Invariants:
   * the datasets are share-locked before their current versions are read, in the transaction that
     writes the task: a concurrent version change waits for that commit, then cancels the task if
     it pinned the version that stopped being current; a change that committed first is seen.
+  * a task that will run untrusted (its job says `trust: untrusted`, or its operator is one of
+    `untrusted_operators`) may pin only the datasets its job declares as inputs, at any of their
+    versions (none, for a task of no job): its capability token grants exactly its pins, so a
+    `submit` key must not widen what an `operate` key applied. Anything else is a 422 naming the
+    dataset (`confine_untrusted`), unless the caller holds `operate`.
 """
 
 from __future__ import annotations
@@ -21,8 +26,11 @@ from uuid import UUID
 from psycopg import AsyncConnection
 from psycopg.rows import DictRow
 
+from taskplat.common.contracts.public import JobRef
 from taskplat.common.errors import ValidationFailed
 from taskplat.dispatcher.repository import dags as repo
+from taskplat.dispatcher.settings import DispatcherSettings
+from taskplat.dispatcher.untrusted import untrusted
 
 Conn = AsyncConnection[DictRow]
 
@@ -96,3 +104,49 @@ async def pin_inputs(conn: Conn, inputs: Sequence[Any], loc: list[str | int]) ->
     if problems:
         raise ValidationFailed("; ".join(p["msg"] for p in problems), detail=problems)
     return pinned
+
+
+async def confine_untrusted(
+    conn: Conn,
+    settings: DispatcherSettings,
+    operator: str | None,
+    job: JobRef | None,
+    inputs: Sequence[Any],
+    loc: list[str | int],
+    *,
+    may_widen: bool,
+) -> None:
+    """422 naming each dataset a task that will run untrusted pins outside its job's declared
+    inputs (`operator` None: the job's own). `may_widen`: the caller holds `operate`."""
+    if may_widen:
+        return
+    reads = dataset_reads(inputs, loc)
+    if not reads:
+        return
+    scope = await repo.job_scope(conn, job.dag_name, job.name) if job is not None else None
+    runs_as = operator if operator is not None else (scope["operator"] if scope else "")
+    if not untrusted(settings, runs_as, str(scope["trust"]) if scope else None):
+        return
+    declared = set(scope["input_datasets"]) if scope else set()
+    where = f"job {job.dag_name}/{job.name}" if job is not None else "a task of no job"
+    outside = [(position, dataset) for position, dataset, _ in reads if dataset not in declared]
+    if outside:
+        messages = [
+            f"dataset {dataset} is not an input of {where}, which runs untrusted"
+            for _, dataset in outside
+        ]
+        problems = [
+            {
+                "loc": [*loc, position, "dataset_uuid"],
+                "msg": message,
+                "type": "untrusted_pin",
+                "dataset_uuid": str(dataset),
+            }
+            for (position, dataset), message in zip(outside, messages, strict=True)
+        ]
+        raise ValidationFailed(
+            "; ".join(messages)
+            + ": an untrusted task may pin only the datasets its job declares as inputs "
+            "(pinning another needs the 'operate' scope)",
+            detail=problems,
+        )

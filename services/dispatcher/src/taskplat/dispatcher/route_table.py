@@ -3,8 +3,8 @@
 Invariants: the app and the OpenAPI document are both built from `ALL_ROUTES`, so a route exists
 exactly when it is documented. Every API-key route names its scope in `SCOPES` (a test fails for
 one that does not; served without one, it needs `admin`). `read` is every view, `submit` creates
-work, `operate` changes work or DAGs (and is audited), `admin` manages keys and queues (and is
-audited); docs/operations.md lists them.
+work, `operate` changes work or DAGs (and is audited), `admin` manages keys and queues and reads the
+audit log (and is audited); docs/operations.md lists them.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ SCOPES: dict[str, Scope] = {
     "create_key": "admin",
     "list_keys": "admin",
     "revoke_key": "admin",
-    "list_audit": "read",
+    "list_audit": "admin",  # the log names every key and its scopes, like `GET /keys`
     "list_workers": "read",
 }
 

@@ -61,7 +61,9 @@ from taskplat.dispatcher.operations import Operations
 from taskplat.dispatcher.requests import parse_body, parse_query, parse_queue_name, parse_uuid
 from taskplat.dispatcher.route_guard import (
     RouteSpec,
+    audit_call,
     bind_log_fields,
+    holds,
     read_body,
     service_of,
     settings_of,
@@ -99,13 +101,14 @@ def _operations(request: Request) -> Operations:
 
 async def create_task(request: Request) -> Response:
     body = await read_body(request, CreateTaskRequest)
-    view, created = await service_of(request).create(body)
+    view, created = await service_of(request).create(body, may_widen=holds(request, "operate"))
     return json_response(view, 201 if created else 200)
 
 
 async def create_tasks(request: Request) -> Response:
     body = await read_body(request, CreateTasksRequest)
-    return json_response(await service_of(request).create_many(body), 201)
+    created = await service_of(request).create_many(body, may_widen=holds(request, "operate"))
+    return json_response(created, 201)
 
 
 async def list_tasks(request: Request) -> Response:
@@ -135,7 +138,7 @@ async def get_task(request: Request) -> Response:
 async def cancel_task(request: Request) -> Response:
     task_id = parse_uuid(request.path_params["task_id"], name="task_id")
     bind_log_fields(task_id=task_id)
-    return json_response(await service_of(request).cancel(task_id))
+    return json_response(await service_of(request).cancel(task_id, audit_call(request)))
 
 
 async def retry_task(request: Request) -> Response:
@@ -144,12 +147,14 @@ async def retry_task(request: Request) -> Response:
     body = await parse_body(
         request, RetryRequest, settings_of(request).max_body_bytes, optional=True
     )
-    return json_response(await service_of(request).replay(task_id, repin=body.repin))
+    return json_response(
+        await service_of(request).replay(task_id, audit_call(request), repin=body.repin)
+    )
 
 
 async def retry_tasks(request: Request) -> Response:
     body = await read_body(request, BulkRetryRequest)
-    return json_response(await _operations(request).replay_many(body))
+    return json_response(await _operations(request).replay_many(body, audit_call(request)))
 
 
 async def list_queues(request: Request) -> Response:
@@ -158,12 +163,12 @@ async def list_queues(request: Request) -> Response:
 
 async def pause_queue(request: Request) -> Response:
     queue = parse_queue_name(request.path_params["queue"])
-    return json_response(await _operations(request).pause(queue))
+    return json_response(await _operations(request).pause(queue, audit_call(request)))
 
 
 async def resume_queue(request: Request) -> Response:
     queue = parse_queue_name(request.path_params["queue"])
-    return json_response(await _operations(request).resume(queue))
+    return json_response(await _operations(request).resume(queue, audit_call(request)))
 
 
 async def stats(request: Request) -> Response:

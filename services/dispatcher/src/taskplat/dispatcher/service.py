@@ -62,6 +62,7 @@ from taskplat.common.contracts import (
 from taskplat.common.errors import Conflict, NotFound, PinnedVersionNotCurrent, ValidationFailed
 from taskplat.common.telemetry import inject
 from taskplat.dispatcher import audit, pins, untrusted
+from taskplat.dispatcher.audit import AuditCall
 from taskplat.dispatcher.claim_waits import QueuedListener, Waiter
 from taskplat.dispatcher.claims import Claims
 from taskplat.dispatcher.completions import Completions
@@ -116,8 +117,11 @@ class TaskService:
 
     # ---- public API ----------------------------------------------------------------------
 
-    async def create(self, request: CreateTaskRequest) -> tuple[TaskView, bool]:
-        """Create a task; (view, created). A known idempotency key returns the existing task."""
+    async def create(
+        self, request: CreateTaskRequest, *, may_widen: bool = False
+    ) -> tuple[TaskView, bool]:
+        """Create a task; (view, created). A known idempotency key returns the existing task.
+        `may_widen`: the caller may pin an untrusted task outside its job's inputs (`operate`)."""
         check_times(request, ["body"])
         await self._registry.require([request.queue], ["body"])
         now = self._clock.sql_now()
@@ -138,6 +142,15 @@ class TaskService:
         try:
             async with self._pool.connection() as conn:
                 await untrusted.check_new_tasks(conn, self._settings, [request], ["body"])
+                await pins.confine_untrusted(
+                    conn,
+                    self._settings,
+                    request.operator,
+                    request.job,
+                    request.inputs,
+                    ["body", "inputs"],
+                    may_widen=may_widen,
+                )
                 row, claimed = await self._insert(conn, request, params, waiter)
                 if row is None:
                     assert request.idempotency_key is not None
@@ -214,7 +227,7 @@ class TaskService:
             next_cursor = encode_cursor(last["created_at"], last["task_id"])
         return TaskList(tasks=[task_view(row) for row in page], next_cursor=next_cursor)
 
-    async def cancel(self, task_id: UUID) -> TaskView:
+    async def cancel(self, task_id: UUID, call: AuditCall) -> TaskView:
         now = self._clock.sql_now()
         async with self._pool.connection() as conn:
             async with conn.transaction():
@@ -226,7 +239,7 @@ class TaskService:
                     if fence["status"] != "Canceled":
                         raise Conflict(f"task is {fence['status']} and can no longer be canceled")
                 await audit.record(
-                    conn, "canceled" if canceled is not None else "already canceled", now=now
+                    conn, call, "canceled" if canceled is not None else "already canceled", now=now
                 )
             if canceled is not None:
                 self._recorder.task_canceled(canceled)
@@ -234,7 +247,7 @@ class TaskService:
         assert row is not None
         return task_view(row)
 
-    async def replay(self, task_id: UUID, *, repin: bool = False) -> TaskView:
+    async def replay(self, task_id: UUID, call: AuditCall, *, repin: bool = False) -> TaskView:
         """Replay a Dead or Canceled task; one pinned to a dataset version that is no longer
         current is refused (PinnedVersionNotCurrent) unless `repin` moves it to the current
         versions first."""
@@ -257,7 +270,7 @@ class TaskService:
                         f"task is {fence['status']}; only Dead or Canceled tasks can be replayed"
                     )
                 await repo.notify_outbox(conn, row["queue"])
-                await audit.record(conn, "replayed", now=now)
+                await audit.record(conn, call, "replayed", now=now)
             self._recorder.task_replayed(row)
             view = await repo.get_task(conn, task_id)
         assert view is not None
@@ -394,8 +407,10 @@ class TaskService:
         claimed = await self._claims.claim_next_answer(None, claim.queue, claim.max, rows or [])
         return CompleteBatchResponse(results=results, claimed=claimed)
 
-    async def create_many(self, request: CreateTasksRequest) -> CreateTasksResponse:
-        created = await self._bulk.create_many(list(request.tasks))
+    async def create_many(
+        self, request: CreateTasksRequest, *, may_widen: bool = False
+    ) -> CreateTasksResponse:
+        created = await self._bulk.create_many(list(request.tasks), may_widen=may_widen)
         return CreateTasksResponse(
             results=[CreatedTask(created=flag, task=view) for view, flag in created]
         )

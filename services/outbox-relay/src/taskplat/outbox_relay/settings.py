@@ -122,8 +122,9 @@ class RelaySettings(
     attempt_token_keys: dict[str, SecretStr] | None = Field(
         None,
         validation_alias=AliasChoices("TASKPLAT_ATTEMPT_TOKEN_KEYS"),
-        description='The dispatcher\'s attempt-token keys (JSON `{"<kid>": "<secret>"}`): the '
-        "relay signs Lambda attempts' tokens with them; unset: Lambda jobs are not invoked.",
+        description='The dispatcher\'s attempt-token keys (JSON `{"<kid>": "<Ed25519 private '
+        "key, PEM>\"}`): the relay signs Lambda attempts' tokens with them; unset: Lambda jobs "
+        "are not invoked.",
     )
     attempt_token_active_kid: str | None = Field(
         None,

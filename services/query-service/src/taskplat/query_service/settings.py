@@ -1,9 +1,9 @@
 """Settings of the query service (env prefix `TASKPLAT_QUERY_`, plus the shared names).
 
-Invariants: the capability-token keys (`TASKPLAT_CAPABILITY_TOKEN_KEYS`, the same the dispatcher
-signs with) and the read-only database URL are required and secret; the service holds no
-attempt-token key, no worker token and no write right anywhere; every limit has a
-production-sensible default.
+Invariants: the capability-token keys (`TASKPLAT_CAPABILITY_TOKEN_KEYS`: the public halves of the
+Ed25519 keys the dispatcher signs with; a private key is refused) and the read-only database URL are
+required; the service holds no private key, no attempt-token key, no worker token and no write
+right anywhere; every limit has a production-sensible default.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pydantic_settings import SettingsConfigDict
 
 from taskplat.common.settings import CapabilityTokenSettings, ServiceSettings
 from taskplat.common.telemetry import TelemetrySettings
-from taskplat.common.tokens.keys import TokenKeySettings, key_settings
+from taskplat.common.tokens.keys import TokenKeySettings, verifier_key_settings
 
 
 class QuerySettings(ServiceSettings, CapabilityTokenSettings, TelemetrySettings):
@@ -78,17 +78,11 @@ class QuerySettings(ServiceSettings, CapabilityTokenSettings, TelemetrySettings)
     )
 
     def token_keys(self) -> TokenKeySettings:
-        keys = key_settings(
-            self.capability_token_keys,
-            self.capability_token_active_kid,
-            what="capability token keys",
+        """The capability tokens' public keys (a private key is refused: this service verifies
+        only); `TASKPLAT_CAPABILITY_TOKEN_ACTIVE_KID` is ignored."""
+        return verifier_key_settings(
+            self.capability_token_keys, what="TASKPLAT_CAPABILITY_TOKEN_KEYS"
         )
-        if keys is None:
-            raise ValueError(
-                "TASKPLAT_CAPABILITY_TOKEN_KEYS and TASKPLAT_CAPABILITY_TOKEN_ACTIVE_KID "
-                "are required"
-            )
-        return keys
 
     @model_validator(mode="after")
     def _keys_set(self) -> Self:

@@ -205,6 +205,12 @@ async def job_trust(conn: Conn, dag_name: str, job_name: str) -> Row | None:
     return await _one(conn, "job_trust", {"dag_name": dag_name, "job_name": job_name})
 
 
+async def job_scope(conn: Conn, dag_name: str, job_name: str) -> Row | None:
+    """The job's {operator, trust, input_datasets} (the datasets it declares as inputs); None
+    when no such job is applied."""
+    return await _one(conn, "job_scope", {"dag_name": dag_name, "job_name": job_name})
+
+
 async def list_events(conn: Conn, params: dict[str, Any]) -> list[Row]:
     return await _all(conn, "list_events", params)
 

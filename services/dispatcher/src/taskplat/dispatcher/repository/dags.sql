@@ -149,6 +149,13 @@ FOR SHARE
 -- name: job_trust
 SELECT operator, trust FROM jobs WHERE dag_name = %(dag_name)s AND name = %(job_name)s
 
+-- name: job_scope
+SELECT j.operator, j.trust,
+       ARRAY(SELECT DISTINCT i.dataset_uuid FROM job_inputs AS i
+             WHERE i.dag_name = j.dag_name AND i.job_name = j.name) AS input_datasets
+FROM jobs AS j
+WHERE j.dag_name = %(dag_name)s AND j.name = %(job_name)s
+
 -- name: list_events
 SELECT e.event_id, e.dataset_uuid, e.dataset_version, e."cursor", e.partition_key,
        e.range_start, e.range_end, e.task_id, e.attempt, e.routed_at, e.route_reason,

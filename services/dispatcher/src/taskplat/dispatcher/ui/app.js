@@ -4,7 +4,8 @@
 // their own every few seconds (the Live switch pauses them); a refresh that changes nothing
 // leaves the page alone, and one that does keeps the scroll position. Action buttons show only
 // when the key's scopes (the X-Taskplat-Scopes header of every answer) allow the action, and a
-// refused action shows the API's message.
+// refused action shows the API's message. The Audit page shows for admin keys only and does not
+// refresh on its own (reading the audit log is an audited call).
 "use strict";
 
 const KEY = "taskplat.apiKey";
@@ -34,7 +35,11 @@ async function api(method, path, body) {
   }
   const response = await fetch(path, init);
   const granted = response.headers.get("X-Taskplat-Scopes");
-  if (granted !== null) scopes = new Set(granted.split(",").filter(Boolean));
+  if (granted !== null) {
+    scopes = new Set(granted.split(",").filter(Boolean));
+    // The audit log is for admin keys (it names every key and its scopes).
+    document.querySelector("nav a[href='#/audit']").hidden = !can("admin");
+  }
   const text = await response.text();
   let data = null;
   try { data = text ? JSON.parse(text) : null; } catch (_) { data = { message: text }; }
@@ -712,6 +717,8 @@ setInterval(() => {
     return;
   }
   if (!sessionStorage.getItem(KEY) || document.getElementById("nav").hidden) return;
+  // Each read of the audit log is itself audited: that page refreshes only when asked.
+  if (location.hash.startsWith("#/audit")) return;
   route(true);
 }, REFRESH_MS);
 

@@ -2,8 +2,9 @@
 the environment every service shares.
 
 Invariants: each step raises `DevstackError` naming what failed, never a library's exception; the
-attempt-token signing key is derived from the worker token and goes to the dispatcher and the
-relay through the shared environment (the stack gives workers none of it, see `services.py`).
+attempt-token signing key (Ed25519) is derived from the worker token and goes to the dispatcher
+and the relay through the shared environment (the stack gives workers and the data services none
+of it, see `services.py` and `data_services.py`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,13 @@ DEV_ATTEMPT_KID = "devstack"
 
 
 def attempt_key(worker_token: str) -> str:
-    """The stack's attempt-token signing key (stable for a run directory's worker token)."""
-    return hashlib.sha256(f"taskplat-attempt-token:{worker_token}".encode()).hexdigest()
+    """The stack's attempt-token signing key, an Ed25519 private key in PEM (stable for a run
+    directory's worker token)."""
+    from taskplat.common.tokens.keys import private_key_pem
+
+    return private_key_pem(
+        hashlib.sha256(f"taskplat-attempt-token:{worker_token}".encode()).digest()
+    )
 
 
 def create_queues(config: StackConfig, endpoint_url: str) -> None:
@@ -82,8 +88,9 @@ def shared_env(
         TASKPLAT_DISPATCHER_PORT=str(port),
         # The queue registry: POST /tasks accepts the stack's queues only.
         TASKPLAT_DISPATCHER_QUEUES=",".join(config.queues),
-        # The dispatcher verifies and the relay signs (Lambda attempts) attempt tokens with
-        # one key, derived from the worker token; workers never get it.
+        # The dispatcher signs and verifies, and the relay signs (Lambda attempts), attempt
+        # tokens with one Ed25519 key derived from the worker token; workers and the data
+        # services never get it.
         TASKPLAT_ATTEMPT_TOKEN_KEYS=json.dumps({DEV_ATTEMPT_KID: attempt_key(worker_token)}),
         TASKPLAT_ATTEMPT_TOKEN_ACTIVE_KID=DEV_ATTEMPT_KID,
         PYTHONUNBUFFERED="1",

@@ -2,8 +2,9 @@
 need (capability keys, the data bucket, the query service's read-only database user).
 
 Invariants:
-- The capability-token key is derived from the run directory's worker token, like the attempt
-  key: the dispatcher signs and the two services verify with it; worker wrappers never get it.
+- The capability-token key (Ed25519) is derived from the run directory's worker token, like the
+  attempt key: the dispatcher and the relay sign with it; the two services get its public half
+  only, and no attempt-token key; worker wrappers get none of them.
 - The query service connects as `taskplat_query_dev`, a login user that is only a member of
   `taskplat_query` (migration 0019); it gets neither `DATABASE_URL` nor the API keys. The broker
   gets no database URL at all.
@@ -32,7 +33,15 @@ ROLE_ARN = "arn:aws:iam::000000000000:role/taskplat-data-access"
 QUERY_USER = "taskplat_query_dev"
 # What only the services that sign or verify capability tokens get.
 CAPABILITY_SETTINGS = ("TASKPLAT_CAPABILITY_TOKEN_KEYS", "TASKPLAT_CAPABILITY_TOKEN_ACTIVE_KID")
-_NOT_FOR_DATA_SERVICES = ("DATABASE_URL", "TASKPLAT_API_KEYS", "TASKPLAT_WORKER_TOKEN")
+# The data services verify capability tokens with public keys and hold no private key.
+_NOT_FOR_DATA_SERVICES = (
+    "DATABASE_URL",
+    "TASKPLAT_API_KEYS",
+    "TASKPLAT_WORKER_TOKEN",
+    "TASKPLAT_ATTEMPT_TOKEN_KEYS",
+    "TASKPLAT_ATTEMPT_TOKEN_ACTIVE_KID",
+    "TASKPLAT_CAPABILITY_TOKEN_ACTIVE_KID",
+)
 _LOCALSTACK_KEYS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
 
 
@@ -41,14 +50,29 @@ def _derived(worker_token: str, purpose: str) -> str:
 
 
 def capability_env(worker_token: str) -> dict[str, str]:
-    """The capability-token settings of the dispatcher, the broker and the query service."""
+    """The capability-token settings of the signers (the dispatcher, the relay): an Ed25519
+    private key derived from the worker token. The data services get its public half only
+    (`service_envs`)."""
+    from taskplat.common.tokens.keys import private_key_pem
+
+    seed = bytes.fromhex(_derived(worker_token, "capability-token"))
     return {
-        "TASKPLAT_CAPABILITY_TOKEN_KEYS": json.dumps(
-            {CAPABILITY_KID: _derived(worker_token, "capability-token")}
-        ),
+        "TASKPLAT_CAPABILITY_TOKEN_KEYS": json.dumps({CAPABILITY_KID: private_key_pem(seed)}),
         "TASKPLAT_CAPABILITY_TOKEN_ACTIVE_KID": CAPABILITY_KID,
         "TASKPLAT_DATA_BUCKET": DATA_BUCKET,
     }
+
+
+def verifier_keys(signer_keys: str) -> str:
+    """The public halves of the signers' `TASKPLAT_CAPABILITY_TOKEN_KEYS` (JSON), for the
+    services that only verify."""
+    from pydantic import SecretStr
+
+    from taskplat.common.tokens.keys import TokenKeySettings
+
+    keys = {kid: SecretStr(key) for kid, key in json.loads(signer_keys).items()}
+    public = TokenKeySettings(keys=keys).public().keys
+    return json.dumps({kid: key.get_secret_value() for kid, key in public.items()})
 
 
 def create_query_user(database_url: str, worker_token: str) -> str:
@@ -105,8 +129,13 @@ def service_envs(
     query_database_url: str,
 ) -> dict[str, dict[str, str]]:
     """The full environment of each data service (the shared one without the database URL, the
-    API keys and the worker token, plus its own settings)."""
+    API keys, the worker token and every private key, with the capability keys' public halves,
+    plus its own settings)."""
     base = {k: v for k, v in shared.items() if k not in _NOT_FOR_DATA_SERVICES}
+    if "TASKPLAT_CAPABILITY_TOKEN_KEYS" in base:
+        base["TASKPLAT_CAPABILITY_TOKEN_KEYS"] = verifier_keys(
+            base["TASKPLAT_CAPABILITY_TOKEN_KEYS"]
+        )
     base.update(_LOCALSTACK_KEYS)
     return {
         "credential-broker": {
