@@ -273,7 +273,7 @@ class TaskService:
         return ClaimBatchResponse(
             claimed=[answer for answer in answers if isinstance(answer, ClaimedResponse)],
             not_claimed=[
-                NotClaimedItem(task_id=task_id, reason=answer.reason)
+                NotClaimedItem(task_id=task_id, reason=answer.reason, detail=answer.detail)
                 for task_id, answer in zip(request.task_ids, answers, strict=True)
                 if isinstance(answer, NotClaimedResponse)
             ],
@@ -290,7 +290,10 @@ class TaskService:
             wait_seconds=request.wait_seconds,
             gone=gone,
         )
-        return ClaimNextResponse(claimed=claimed)
+        refused = await self._claims.refused(
+            request.queue, request.worker_id, request.max - len(claimed)
+        )
+        return ClaimNextResponse(claimed=claimed, not_claimed=refused)
 
     async def fetch(self, task_id: UUID) -> FetchResponse:
         async with self._pool.connection() as conn:
