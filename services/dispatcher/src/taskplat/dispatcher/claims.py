@@ -18,10 +18,11 @@ Invariants:
   * A claim-next with `wait_seconds` that finds no task waits for one (`claim_waits`), at most
     `claim_max_wait_seconds`, and claims again each time a create of its queue NOTIFYs it and
     once more at the end of the wait; it answers as soon as it claimed something, and claims
-    nothing more once its client went away (`gone`). While it waits, and the dispatcher listens,
-    the queue's `polled_until` is stamped (at most every half wait per queue and dispatcher;
-    its own statement, a failed stamp fails nothing): creates then hold the queue's wake-ups
-    back for `polled_wakeup_delay_seconds`.
+    nothing more once its client went away (`gone`); what it claimed as its client went is
+    handed back by the service (failed `Drained`, retried at once). While it waits, and the
+    dispatcher listens, the queue's `polled_until` is stamped (at most every half wait per queue
+    and dispatcher; its own statement, a failed stamp fails nothing): creates then hold the
+    queue's wake-ups back for `polled_wakeup_delay_seconds`.
   * A waiting claim may be claimed for by a create of its queue on this dispatcher: the same
     statement in the create's transaction (`claim_next_in`), whose rows the waiting claim answers
     (`claim_next_answer`) once that transaction committed.
@@ -203,6 +204,8 @@ class Claims:
         listener = self._listener
         if wait <= 0 or listener is None:
             return await self._claim_next_now(queue, worker_id, limit, stamp_polled=0.0)
+        if gone is not None and gone.done():  # the client left before its claim began
+            return []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         # Registered before the first claim: no NOTIFY is missed.

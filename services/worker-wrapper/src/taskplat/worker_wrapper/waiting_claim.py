@@ -23,9 +23,11 @@ Invariants:
     goes on; a failing poll is logged and retried after its own backoff while SQS is polled.
   * Liveness: the mark moves each time a receive returned, and each time a saturated wrapper's
     wait timed out (at most `busy_tick` apart).
-  * On stop no new receive or poll starts; the poll in flight is waited for and what it claimed
-    runs (it is leased to this wrapper), all within `drain_timeout_seconds` of the stop; the
-    messages still waiting for a slot are released (visible again at once).
+  * On stop no new receive or poll starts; a waiting claim-next in flight is cancelled at once
+    (`ClaimPoll.settle`: the dispatcher sees the client leave and claims nothing more for it), a
+    claim gone along with completions is waited for; what was claimed runs (it is leased to
+    this wrapper), all within `drain_timeout_seconds` of the stop; the messages still waiting
+    for a slot are released (visible again at once).
 """
 
 from __future__ import annotations
@@ -198,8 +200,9 @@ class WaitingClaimLoop:
             slots.start_deliveries(ready)
 
     async def drain_after_stop(self) -> None:
-        """Drain every running task, with what the poll in flight at the stop claims (it is
-        leased to this wrapper): all within `drain_timeout_seconds` of the stop."""
+        """Drain every running task, with what the poll in flight at the stop had claimed (it is
+        leased to this wrapper; a waiting claim-next still open is cancelled): all within
+        `drain_timeout_seconds` of the stop."""
         loop = asyncio.get_running_loop()
         drain_timeout = self.slots.drain_settings.drain_timeout_seconds
         deadline = loop.time() + drain_timeout
