@@ -5,6 +5,7 @@ stopped wrapper) and drains what was already brought."""
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 from typing import Any
@@ -142,3 +143,37 @@ def test_the_wrapper_reports_itself_and_its_running_tasks_on_its_polls(
                 timeout=15,
                 what="the finished task gone from the report",
             )
+
+
+def test_without_capability_keys_an_untrusted_task_reaches_no_wrapper_by_any_claim(
+    db_url: str, queue: Queue, operators_file: Path, tmp_path: Path
+) -> None:
+    """An untrusted task created while the dispatcher had capability keys, the keys removed and
+    the dispatcher restarted: neither its SQS wake-up (claimed by id) nor the waiting claim
+    hands it to the wrapper; it stays Queued, no attempt spent, while trusted work runs."""
+    untrusted_ops = {"TASKPLAT_DISPATCHER_UNTRUSTED_OPERATORS": "echo"}
+    keys = {
+        "TASKPLAT_CAPABILITY_TOKEN_KEYS": json.dumps({"c1": "capability-key-0123456789abcdef0123"}),
+        "TASKPLAT_CAPABILITY_TOKEN_ACTIVE_KID": "c1",
+    }
+    with run_dispatcher(db_url, tmp_path / "keyed", {**untrusted_ops, **keys}) as keyed:
+        untrusted = keyed.create("echo", config={"n": 1})
+    with run_dispatcher(db_url, tmp_path / "keyless", untrusted_ops) as keyless:
+        with running_wrapper(keyless, queue, operators_file, **POLL):
+            wait_for(
+                lambda: "taskplat_claims_waiting{" in keyless.api.get("/metrics").text,
+                timeout=15,
+                what="the wrapper's waiting claim",
+            )
+            queue.wake(untrusted["task_id"])  # claimed by id: NotClaimed, the message deleted
+            queue.wait_empty()
+            trusted = keyless.create("sleep", config={"seconds": 0.1})  # the waiting claim's
+            keyless.wait_status(trusted["task_id"], "Completed", timeout=30)
+        view = keyless.get(untrusted["task_id"])
+        assert view["status"] == "Queued" and view["attempts"] == []
+        refused = [
+            line
+            for line in keyless.api.get("/metrics").text.splitlines()
+            if line.startswith("taskplat_claims_refused_total{")
+        ]
+        assert refused and float(refused[0].rsplit(" ", 1)[1]) >= 1
