@@ -180,6 +180,7 @@ def test_the_claim_of_a_completion_batch_takes_no_untrusted_task(
     body = response.json()
     assert body["results"][0]["status_code"] == 200 and body["claimed"] == []
     _assert_unchanged(db_url, untrusted_work, before)
+    assert _refused(keyless) == 2  # counted, though this answer has no place to name them
 
 
 def test_readyz_says_untrusted_work_is_not_served_and_stays_ready(

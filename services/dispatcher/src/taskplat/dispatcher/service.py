@@ -418,6 +418,9 @@ class TaskService:
             list(request.completions), claim_next
         )
         claimed = await self._claims.claim_next_answer(None, claim.queue, claim.max, rows or [])
+        # Untrusted tasks left for want of capability keys are counted (the answer has no place
+        # for them: the wrapper's next claim-next names them).
+        await self._claims.refused(claim.queue, claim.worker_id, claim.max - len(claimed))
         return CompleteBatchResponse(results=results, claimed=claimed)
 
     async def create_many(self, request: CreateTasksRequest) -> CreateTasksResponse:
