@@ -30,3 +30,19 @@ ON CONFLICT (name) DO UPDATE SET paused = true
 
 -- name: attempts
 SELECT count(*) AS attempts FROM task_attempts WHERE task_id = %(task_id)s
+
+-- name: insert_untrusted_job
+-- A job %(dag)s.udf of runtime %(runtime)s (`ecs` or `lambda`) and queue %(queue)s that says
+-- `trust: untrusted`.
+WITH dag AS (
+    INSERT INTO dags (dag_name, document, document_hash, created_at, updated_at)
+    VALUES (%(dag)s, '{}', 'h', now(), now())
+)
+INSERT INTO jobs (dag_name, name, operator, runtime, queue, config, trust, max_attempts,
+                  backoff_base_seconds, backoff_max_seconds, timeout_seconds)
+VALUES (%(dag)s, 'udf', 'probe', %(runtime)s, %(queue)s, '{}', 'untrusted', 3, 1, 60, 30)
+
+-- name: task_version
+-- The task row's version and lock state: xmin changes on any write, xmax on a row lock too.
+SELECT xmin::text AS xmin, xmax::text AS xmax, status, attempt FROM tasks
+WHERE task_id = %(task_id)s

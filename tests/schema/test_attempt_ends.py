@@ -49,6 +49,8 @@ def _claim(conn: psycopg.Connection[dict[str, Any]], task_id: UUID, lease: float
         "default_timeout_seconds": 60,
         "now": CLAIMED_AT,
         "lease_token": uuid4(),
+        "capability_keys": True,
+        "untrusted_operators": [],
     }
     row = conn.execute(CLAIM, params).fetchone()
     assert row is not None

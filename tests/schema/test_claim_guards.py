@@ -6,7 +6,8 @@ Lambda function) runs on every kind of task: Queued, expired, on a paused queue,
 `runtime: lambda` job, in each other status, missing. It claims exactly the claimable ones
 (Queued, unexpired, queue not paused; claim-next also skips a `runtime: lambda` job's task),
 records one attempt for each, and answers the same columns with the same values (only the lease,
-its expiry and the worker differ for a Lambda function). A caller that re-states the transition
+its expiry and the worker differ for a Lambda function). A caller without capability keys claims
+no untrusted task (migration 0024) and writes nothing. A caller that re-states the transition
 instead of calling the function, or a guard lost from the function, fails here.
 """
 
@@ -89,6 +90,8 @@ def _params(caller: Caller, task_id: UUID, queue: str) -> dict[str, Any]:
         "default_timeout_seconds": 60,
         "grace_seconds": 5,
         "now": NOW,
+        "capability_keys": True,
+        "untrusted_operators": [],
     }
 
 
@@ -192,3 +195,55 @@ def test_a_single_claim_keeps_the_callers_lease_token_and_a_batch_gets_one_per_t
             conn.rollback()
     assert sorted(row["task_id"] for row in rows) == [first, second]  # each once
     assert len({row["lease_token"] for row in rows}) == 2
+
+
+# (the runtime of the job that says untrusted, or None: the operator is listed as untrusted)
+UNTRUSTED = ["ecs", "lambda", None]
+
+
+@pytest.mark.parametrize("job_runtime", UNTRUSTED)
+def test_a_caller_without_capability_keys_claims_no_untrusted_task(
+    db_url: str, job_runtime: str | None
+) -> None:
+    job_untrusted = job_runtime is not None
+    task_id = uuid4()
+    queue = f"q-{task_id.hex[:12]}"
+    dag = f"dag-{task_id.hex[:12]}"
+    job = None
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        if job_untrusted:
+            conn.execute(
+                ROWS["insert_untrusted_job"], {"dag": dag, "queue": queue, "runtime": job_runtime}
+            )
+            job = Jsonb({"dag_name": dag, "name": "udf"})
+        conn.execute(
+            ROWS["insert_task"],
+            {"task_id": task_id, "status": "Queued", "queue": queue, "job": job,
+             "expires_at": None, "now": NOW},
+        )  # fmt: skip
+    for caller in CALLERS:
+        if caller.name == "claim_next" and job_runtime == "lambda":
+            continue  # claim-next never takes a Lambda job's task
+        if caller.name == LAMBDA and not job_untrusted:
+            continue  # a Lambda task always has a job: its trust is the job's (no operator list)
+        params = _params(caller, task_id, queue)
+        if not job_untrusted:
+            params["untrusted_operators"] = ["probe"]
+        for keys, expected in ((False, []), (True, [task_id])):
+            with psycopg.connect(db_url, row_factory=dict_row) as conn:
+                try:
+                    before = conn.execute(ROWS["task_version"], {"task_id": task_id}).fetchone()
+                    rows = conn.execute(
+                        caller.statement, {**params, "capability_keys": keys}
+                    ).fetchall()
+                    after = conn.execute(ROWS["task_version"], {"task_id": task_id}).fetchone()
+                    attempts = conn.execute(ROWS["attempts"], {"task_id": task_id}).fetchone()
+                finally:
+                    conn.rollback()
+            assert [row["task_id"] for row in rows] == expected, (caller.name, keys)
+            assert attempts is not None
+            assert attempts["attempts"] == len(expected), (caller.name, keys)
+            if not expected:
+                assert after == before, caller.name  # nothing written, not even a lock
+            else:
+                assert rows[0]["trust"] == ("untrusted" if job_untrusted else "trusted")

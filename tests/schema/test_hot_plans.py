@@ -110,6 +110,8 @@ VALUES: dict[str, Value] = {
     "trace_context": _const(None),
     "lease_seconds": _const(30.0),
     "default_timeout_seconds": _const(3600),
+    "capability_keys": _const(True),
+    "untrusted_operators": _const([]),
     "worker_id": _const("w-9"),
     "status": _const("Completed"),
     "result": lambda s: Jsonb({"ok": True}),

@@ -339,7 +339,9 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "claimed": [
             {"status": "Claimed", "attempt": 1, "lease_token": U2, "lease_expires_at": T1,
              "task": CLAIM_TASK, "attempt_token": "h.c.s"}
-        ]
+        ],
+        "not_claimed": [{"task_id": U1, "reason": "MissingCapabilityKeys",
+                         "detail": "TASKPLAT_CAPABILITY_TOKEN_KEYS is not set"}],
     },
     "CompleteBatchRequest": {
         "completions": [

@@ -391,7 +391,9 @@ def test_every_documented_response_schema_validates_a_real_response(
 
 def test_healthz_and_readyz(dispatcher: Dispatcher) -> None:
     assert dispatcher.anonymous.get("/healthz").json() == {"status": "ok"}
-    assert dispatcher.anonymous.get("/readyz").json() == {"status": "ready"}
+    ready = dispatcher.anonymous.get("/readyz").json()
+    assert ready["status"] == "ready"  # without capability keys: ready, for trusted work only
+    assert ready["untrusted"]["ready"] is False
 
 
 def test_readyz_answers_503_when_the_database_does_not_exist(db_url: str) -> None:

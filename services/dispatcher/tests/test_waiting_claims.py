@@ -277,6 +277,46 @@ def test_a_claim_whose_client_went_away_claims_nothing(dispatcher: Dispatcher, d
     assert task_row(db_url, task_id)["status"] == "Queued"
 
 
+def _claim_next_calls(dispatcher: Dispatcher) -> float:
+    """Finished `task-claim-next` calls, whatever their answer (the HTTP duration count)."""
+    text = dispatcher.anonymous.get("/metrics").text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("taskplat_http_server_duration_seconds_count{")
+        and 'route="/internal/task-claim-next"' in line
+    )
+
+
+def test_a_claim_whose_client_left_before_its_answer_leaves_no_task_to_it(
+    dispatcher: Dispatcher, db_url: str
+) -> None:
+    task_id = create_task(dispatcher, queue="q2")["task_id"]  # Queued: a claim takes it at once
+    body = json.dumps({"worker_id": "w-left", "queue": "q2", "max": 1, "wait_seconds": 30})
+    host, port = dispatcher.base_url.removeprefix("http://").split(":")
+    request = (
+        f"POST /internal/task-claim-next HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: {dispatcher.worker.headers['Authorization']}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}"
+    )
+    calls = _claim_next_calls(dispatcher)
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(request.encode())  # and the connection closes at once: the client left
+    wait_for(
+        lambda: _claim_next_calls(dispatcher) > calls, timeout=DEADLINE, what="the call to end"
+    )
+    # Whether its claim began after the client left (it claims nothing) or just before (what it
+    # claimed is handed back, Drained), no attempt is left to the client that cannot hear of it.
+    row = task_row(db_url, task_id)
+    assert row["status"] in ("Queued", "Failed"), row
+    with psycopg.connect(db_url) as conn:
+        open_attempts = conn.execute(
+            "SELECT count(*) FROM task_attempts WHERE task_id = %s AND finished_at IS NULL",
+            (task_id,),
+        ).fetchone()
+    assert open_attempts == (0,)
+
+
 def test_concurrent_waiting_claims_each_take_a_task_once(
     dispatcher: Dispatcher, db_url: str
 ) -> None:

@@ -24,9 +24,10 @@ from psycopg import Connection
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
 from pydantic import SecretStr
-from relay_harness import Queues, Rows, make_settings
+from relay_harness import Queues, Rows, make_settings, metric_lines
 
 from taskplat.common.db.notify import INVOKE_CHANNEL
+from taskplat.common.telemetry import Telemetry
 from taskplat.common.tokens.attempt import attempt_key_ring, verify_attempt_token
 from taskplat.common.tokens.capability import capability_key_ring, verify_capability_token
 from taskplat.common.tokens.keys import TokenKeySettings, private_key_pem
@@ -36,6 +37,7 @@ from taskplat.outbox_relay.lambda_invoker import NO_CAPABILITY_KEYS, NO_KEYS, In
 from taskplat.outbox_relay.relay import Relay
 from taskplat.outbox_relay.settings import RelaySettings
 from taskplat.testkit.dispatcher_harness import Dispatcher, serve_dispatcher
+from taskplat.testkit.dispatcher_rows import task_xmin
 
 KEYS = {"k1": private_key_pem(b"\x21" * 32)}
 TESTS_DIR = Path(__file__).parent
@@ -429,8 +431,20 @@ def test_without_capability_keys_an_untrusted_job_is_not_invoked(
         attempt_token_keys=KEYS, attempt_token_active_kid="k1",
     )  # fmt: skip
     task_id = d.api.post("/dags/d/jobs/sandboxed/runs", json={}).json()["task_id"]
-    assert make_invoker(settings, pool, d).run_once().failed == 1
+    written = task_xmin(db_url, task_id)
+    telemetry = Telemetry("outbox-relay")
+    invoker = Invoker(
+        settings, pool=pool, client=lambda_client(settings), clock=d.clock,
+        rand=random.Random(3), telemetry=telemetry,
+    )  # fmt: skip
+    assert invoker.run_once().failed == 1
     [row] = outbox(db_url, task_id)
     assert row["sent_at"] is None and NO_CAPABILITY_KEYS in row["last_error"]
+    assert "TASKPLAT_CAPABILITY_TOKEN_KEYS is not set" in row["last_error"]
     view = task(d, task_id)
     assert view["status"] == "Queued" and view["attempts"] == [] and lam.invocations() == []
+    assert task_xmin(db_url, task_id) == written  # the claim took nothing: the row is as created
+    assert 'taskplat_claims_refused_total{setting="TASKPLAT_CAPABILITY_TOKEN_KEYS"} 1.0' in (
+        metric_lines(telemetry)
+    )
+    telemetry.shutdown()

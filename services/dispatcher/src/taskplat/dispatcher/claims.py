@@ -18,10 +18,11 @@ Invariants:
   * A claim-next with `wait_seconds` that finds no task waits for one (`claim_waits`), at most
     `claim_max_wait_seconds`, and claims again each time a create of its queue NOTIFYs it and
     once more at the end of the wait; it answers as soon as it claimed something, and claims
-    nothing more once its client went away (`gone`). While it waits, and the dispatcher listens,
-    the queue's `polled_until` is stamped (at most every half wait per queue and dispatcher;
-    its own statement, a failed stamp fails nothing): creates then hold the queue's wake-ups
-    back for `polled_wakeup_delay_seconds`.
+    nothing more once its client went away (`gone`); what it claimed as its client went is
+    handed back by the service (failed `Drained`, retried at once). While it waits, and the
+    dispatcher listens, the queue's `polled_until` is stamped (at most every half wait per queue
+    and dispatcher; its own statement, a failed stamp fails nothing): creates then hold the
+    queue's wake-ups back for `polled_wakeup_delay_seconds`.
   * A waiting claim may be claimed for by a create of its queue on this dispatcher: the same
     statement in the create's transaction (`claim_next_in`), whose rows the waiting claim answers
     (`claim_next_answer`) once that transaction committed.
@@ -31,6 +32,12 @@ Invariants:
   * Each claim and each NotClaimed answer is recorded after the statement committed.
   * Every Claimed answer carries the attempt token of the attempt it claimed (and, for an
     untrusted task, its capability token), issued from the committed row.
+  * No untrusted task is handed out without its capability token: while the dispatcher has no
+    capability keys, every claim statement is told so (`capability_keys`, with the
+    `untrusted_operators` setting) and takes no untrusted task (migration 0024); the task stays
+    Queued, unchanged. A claim of one by id answers NotClaimed `MissingCapabilityKeys` with a
+    detail naming the setting; a claim-next that came back short names the untrusted tasks it
+    left (`refused`). Each refused task counts in `taskplat.claims.refused`.
 """
 
 from __future__ import annotations
@@ -51,10 +58,12 @@ from taskplat.common.claim_answer import claimed_response
 from taskplat.common.clock import Clock
 from taskplat.common.contracts import (
     ClaimedResponse,
+    NotClaimedItem,
     NotClaimedReason,
     NotClaimedResponse,
 )
 from taskplat.common.logging import get_logger
+from taskplat.dispatcher import untrusted
 from taskplat.dispatcher.claim_waits import QueuedListener
 from taskplat.dispatcher.recorder import Recorder
 from taskplat.dispatcher.repository import batch, queues
@@ -71,11 +80,20 @@ CLAIMED_AHEAD_STAMP_SECONDS = 1.0
 
 
 def _reason(fence: Row | None) -> NotClaimedReason:
+    """Why a claim took nothing. A Queued task the claim did not take is of a paused queue or,
+    when the claim ran without capability keys, untrusted."""
     if fence is None:
         return "NotFound"
     if fence["status"] == "Queued" and fence.get("paused"):
         return "Paused"
+    if fence["status"] == "Queued" and fence.get("untrusted"):
+        return "MissingCapabilityKeys"
     return NOT_CLAIMED_REASONS.get(fence["status"], "NotQueued")
+
+
+def _not_claimed(reason: NotClaimedReason) -> NotClaimedResponse:
+    detail = untrusted.NOT_CLAIMED_DETAIL if reason == "MissingCapabilityKeys" else None
+    return NotClaimedResponse(reason=reason, detail=detail)
 
 
 class Claims:
@@ -94,6 +112,8 @@ class Claims:
         self._recorder = recorder
         self._tokens = tokens
         self._listener = listener
+        self._capability_keys = untrusted.capability_keys_configured(settings)
+        self._untrusted_operators = list(settings.untrusted_operators)
         self._claimed_ahead_stamped: dict[str, float] = {}  # queue -> monotonic time
         self._polled_stamped_until: dict[str, float] = {}  # queue -> monotonic time
 
@@ -111,6 +131,8 @@ class Claims:
             "lease_seconds": self._settings.lease_ttl_seconds,
             "default_timeout_seconds": self._settings.default_timeout_seconds,
             "now": self._clock.sql_now(),
+            "capability_keys": self._capability_keys,
+            "untrusted_operators": self._untrusted_operators,
         }
 
     async def claim(self, task_id: UUID, worker_id: str) -> ClaimAnswer:
@@ -120,10 +142,12 @@ class Claims:
             if row is not None:
                 self._recorder.task_claimed(row)
                 return self._claimed(row)
-            fence = await repo.read_fence(conn, task_id)
+            fence = await repo.read_claim_fence(conn, task_id, self._untrusted_operators)
         reason = _reason(fence)
         self._recorder.claim_not_claimed(task_id, worker_id, reason)
-        return NotClaimedResponse(reason=reason)
+        if reason == "MissingCapabilityKeys":
+            self._recorder.claims_refused([task_id], worker_id, untrusted.MISSING_SETTING)
+        return _not_claimed(reason)
 
     async def claim_batch(self, task_ids: Sequence[UUID], worker_id: str) -> list[ClaimAnswer]:
         distinct = list(dict.fromkeys(task_ids))
@@ -131,7 +155,9 @@ class Claims:
             rows = await batch.claim_tasks(conn, {**self._params(worker_id), "task_ids": distinct})
             claimed = {row["task_id"]: row for row in rows}
             others = [task_id for task_id in distinct if task_id not in claimed]
-            fences = await batch.read_fences(conn, others) if others else {}
+            fences = (
+                await batch.read_fences(conn, others, self._untrusted_operators) if others else {}
+            )
         for row in rows:
             self._recorder.task_claimed(row)
         answers: list[ClaimAnswer] = []
@@ -142,9 +168,27 @@ class Claims:
             else:
                 reason = "AlreadyRunning" if task_id in claimed else _reason(fences.get(task_id))
                 self._recorder.claim_not_claimed(task_id, worker_id, reason)
-                answers.append(NotClaimedResponse(reason=reason))
+                if reason == "MissingCapabilityKeys":
+                    self._recorder.claims_refused([task_id], worker_id, untrusted.MISSING_SETTING)
+                answers.append(_not_claimed(reason))
             answered.add(task_id)
         return answers
+
+    async def refused(self, queue: str, worker_id: str, limit: int) -> list[NotClaimedItem]:
+        """The untrusted Queued tasks of `queue` (at most `limit`) a claim-next left because
+        this dispatcher has no capability keys; none when it has them."""
+        if self._capability_keys or limit <= 0:
+            return []
+        params = {**self._params(worker_id), "queue": queue, "max": limit}
+        async with self._pool.connection() as conn:
+            task_ids = await batch.refused_untrusted(conn, params)
+        if task_ids:
+            self._recorder.claims_refused(task_ids, worker_id, untrusted.MISSING_SETTING)
+        detail = untrusted.NOT_CLAIMED_DETAIL
+        return [
+            NotClaimedItem(task_id=task_id, reason="MissingCapabilityKeys", detail=detail)
+            for task_id in task_ids
+        ]
 
     async def claim_next(
         self,
@@ -160,6 +204,8 @@ class Claims:
         listener = self._listener
         if wait <= 0 or listener is None:
             return await self._claim_next_now(queue, worker_id, limit, stamp_polled=0.0)
+        if gone is not None and gone.done():  # the client left before its claim began
+            return []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         # Registered before the first claim: no NOTIFY is missed.

@@ -113,7 +113,11 @@ def _open_paths() -> dict[str, Any]:
         return {"get": {"summary": summary, "responses": {"200": {
             "description": ok, "content": {media: {}}}}}}  # fmt: skip
 
-    ready = plain("Readiness: 200 when Postgres answers", "ready")
+    ready = plain(
+        "Readiness: 200 when Postgres answers; `untrusted.ready` false when untrusted work is "
+        "not handed out (no capability keys; `untrusted.setting` names the missing setting)",
+        "ready",
+    )
     ready["get"]["responses"]["503"] = {"description": "the database is unavailable"}
     return {
         "/healthz": plain("Liveness", "the process serves"),

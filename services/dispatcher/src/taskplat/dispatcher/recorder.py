@@ -61,6 +61,11 @@ class Recorder:
         self._not_claimed = counter(
             "taskplat.claims.not_claimed", description="Claims answered NotClaimed."
         )
+        self._refused = counter(
+            "taskplat.claims.refused",
+            description="Untrusted tasks a claim left Queued because this process has no "
+            "capability keys (`setting`: the missing one).",
+        )
         self._rejected = counter(
             "taskplat.worker_calls.rejected", description="Stale worker calls refused."
         )
@@ -162,6 +167,16 @@ class Recorder:
         self._not_claimed.add(1, {"reason": reason})
         get_logger().info(
             "claim_not_claimed", task_id=str(task_id), worker_id=worker_id, reason=reason
+        )
+
+    def claims_refused(self, task_ids: list[Any], worker_id: str, setting: str) -> None:
+        """Untrusted tasks a claim left Queued for want of `setting` (capability keys)."""
+        self._refused.add(len(task_ids), {"setting": setting})
+        get_logger().warning(
+            "claim_refused_untrusted",
+            task_ids=[str(task_id) for task_id in task_ids],
+            worker_id=worker_id,
+            setting=setting,
         )
 
     def heartbeat(self, row: Row) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
@@ -286,7 +287,7 @@ class TaskService:
         return ClaimBatchResponse(
             claimed=[answer for answer in answers if isinstance(answer, ClaimedResponse)],
             not_claimed=[
-                NotClaimedItem(task_id=task_id, reason=answer.reason)
+                NotClaimedItem(task_id=task_id, reason=answer.reason, detail=answer.detail)
                 for task_id, answer in zip(request.task_ids, answers, strict=True)
                 if isinstance(answer, NotClaimedResponse)
             ],
@@ -295,7 +296,8 @@ class TaskService:
     async def claim_next(
         self, request: ClaimNextRequest, gone: asyncio.Future[object] | None = None
     ) -> ClaimNextResponse:
-        """`gone` completes when the caller went away: a waiting claim then claims no more."""
+        """`gone` completes when the caller went away: a waiting claim then claims no more, and
+        what it claimed as the caller went is handed back (its answer can no longer arrive)."""
         claimed = await self._claims.claim_next(
             request.queue,
             request.worker_id,
@@ -303,7 +305,31 @@ class TaskService:
             wait_seconds=request.wait_seconds,
             gone=gone,
         )
-        return ClaimNextResponse(claimed=claimed)
+        if claimed and gone is not None and gone.done():
+            await self._hand_back(claimed)
+            return ClaimNextResponse(claimed=[])
+        refused = await self._claims.refused(
+            request.queue, request.worker_id, request.max - len(claimed)
+        )
+        return ClaimNextResponse(claimed=claimed, not_claimed=refused)
+
+    async def _hand_back(self, claimed: Sequence[ClaimedResponse]) -> None:
+        """End the attempts a waiting claim took for a client that went away before its answer:
+        failed `Drained` (not the task's fault, retried at once), as the stopping wrapper would
+        have reported them."""
+        await self._completions.complete_batch(
+            [
+                CompleteRequest(
+                    task_id=answer.task.task_id,
+                    attempt=answer.attempt,
+                    lease_token=answer.lease_token,
+                    status="Failed",
+                    reason="Drained",
+                    error_message="the waiting claim's client went away before its answer",
+                )
+                for answer in claimed
+            ]
+        )
 
     async def fetch(self, task_id: UUID) -> FetchResponse:
         async with self._pool.connection() as conn:
@@ -405,6 +431,9 @@ class TaskService:
             list(request.completions), claim_next
         )
         claimed = await self._claims.claim_next_answer(None, claim.queue, claim.max, rows or [])
+        # Untrusted tasks left for want of capability keys are counted (the answer has no place
+        # for them: the wrapper's next claim-next names them).
+        await self._claims.refused(claim.queue, claim.worker_id, claim.max - len(claimed))
         return CompleteBatchResponse(results=results, claimed=claimed)
 
     async def create_many(

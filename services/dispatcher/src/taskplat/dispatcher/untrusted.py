@@ -4,7 +4,8 @@ Invariants: a task is untrusted when its job says `trust: untrusted` or its oper
 `untrusted_operators` setting (as `TokenIssuer.trust` decides at claim time). While the dispatcher
 has no capability keys, applying a DAG with an untrusted job, creating a task of an untrusted job
 or operator, and starting a run of an untrusted job answer 422 naming the missing setting: such a
-task could only ever be claimed without its token.
+task could only ever be claimed without its token. Untrusted work created while the keys were
+there is not claimable by a dispatcher without them (claims.py, migration 0024).
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ from taskplat.dispatcher.repository import dags as repo
 from taskplat.dispatcher.settings import DispatcherSettings
 
 MISSING_SETTING = "TASKPLAT_CAPABILITY_TOKEN_KEYS"
+# The detail of a claim's NotClaimed `MissingCapabilityKeys` (claims.py).
+NOT_CLAIMED_DETAIL = (
+    f"{MISSING_SETTING} is not set: the task runs untrusted and this dispatcher has no "
+    "capability keys to sign its capability token, so it is not handed out (it stays Queued)"
+)
 
 Row = dict[str, Any]
 

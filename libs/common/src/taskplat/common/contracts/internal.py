@@ -42,8 +42,16 @@ from taskplat.common.contracts.public import ErrorResponse, JobRef, TaskStatus
 CompletionStatus = Literal["Completed", "Failed", "Canceled"]
 FailureReason = Literal["Drained"]
 NotClaimedReason = Literal[
-    "AlreadyRunning", "Completed", "Canceled", "NotFound", "NotQueued", "Paused"
-]
+    "AlreadyRunning", "Completed", "Canceled", "NotFound", "NotQueued", "Paused",
+    "MissingCapabilityKeys",
+]  # fmt: skip
+NOT_CLAIMED_DETAIL = Field(
+    None,
+    exclude_if=lambda value: value is None,  # absent unless there is something to say
+    description="Only for reason `MissingCapabilityKeys`: what is missing, naming the setting "
+    "(the task runs untrusted and the dispatcher cannot sign its capability token; it stays "
+    "Queued).",
+)
 Trust = Literal["trusted", "untrusted"]
 RejectReason = Literal[
     "StaleAttempt", "StaleLease", "NotRunning", "Canceled", "NotFound", "NotCanceled"
@@ -137,6 +145,7 @@ class ClaimedResponse(Contract):
 class NotClaimedResponse(Contract):
     status: Literal["NotClaimed"] = "NotClaimed"
     reason: NotClaimedReason
+    detail: str | None = NOT_CLAIMED_DETAIL
 
 
 class FetchResponse(Contract):
@@ -318,6 +327,7 @@ class ClaimBatchRequest(Contract):
 class NotClaimedItem(Contract):
     task_id: UUID
     reason: NotClaimedReason
+    detail: str | None = NOT_CLAIMED_DETAIL
 
 
 class ClaimBatchResponse(Contract):
@@ -355,6 +365,13 @@ class ClaimNextRequest(Contract):
 class ClaimNextResponse(Contract):
     claimed: list[ClaimedResponse] = Field(
         description="The tasks claimed (none when no Queued task of the queue was free)."
+    )
+    not_claimed: list[NotClaimedItem] = Field(
+        default_factory=list,
+        exclude_if=lambda value: not value,  # absent when empty
+        description="Only when the dispatcher left Queued tasks of the queue it may not hand "
+        "out (untrusted ones while it has no capability keys: reason `MissingCapabilityKeys`): "
+        "some of them, at most `max`.",
     )
 
 

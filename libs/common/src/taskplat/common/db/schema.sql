@@ -6,6 +6,39 @@
 --
 
 --
+-- Name: taskplat_claimed_task; Type: TYPE; Schema: public; Owner: -
+--
+
+CREATE TYPE public.taskplat_claimed_task AS (
+	task_id uuid,
+	attempt integer,
+	job jsonb,
+	operator text,
+	queue text,
+	config jsonb,
+	inputs jsonb,
+	timeout_seconds integer,
+	deadline_at timestamp with time zone,
+	lease_token uuid,
+	lease_expires_at timestamp with time zone,
+	worker_id text,
+	started_at timestamp with time zone,
+	queued_at timestamp with time zone,
+	created_at timestamp with time zone,
+	replay_offset integer,
+	outputs jsonb,
+	trust text,
+	steps jsonb,
+	trace_context jsonb
+);
+
+--
+-- Name: TYPE taskplat_claimed_task; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TYPE public.taskplat_claimed_task IS 'A claimed task as a claim answers it (the claim payload).';
+
+--
 -- Name: taskplat_new_task; Type: TYPE; Schema: public; Owner: -
 --
 
@@ -135,10 +168,10 @@ $$;
 COMMENT ON FUNCTION public.taskplat_cancel_tasks(p_task_ids uuid[], p_reason text, p_now timestamp with time zone) IS 'Cancels the named live tasks (Requested or VersionSuperseded), closing their open attempts.';
 
 --
--- Name: taskplat_claim(uuid[], text, double precision, integer, timestamp with time zone, uuid, text, double precision); Type: FUNCTION; Schema: public; Owner: -
+-- Name: taskplat_claim(uuid[], text, double precision, integer, timestamp with time zone, uuid, text, double precision, boolean, text[]); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.taskplat_claim(p_task_ids uuid[], p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone, p_lease_token uuid DEFAULT NULL::uuid, p_function_prefix text DEFAULT NULL::text, p_grace_seconds double precision DEFAULT 0) RETURNS TABLE(task_id uuid, attempt integer, job jsonb, operator text, queue text, config jsonb, inputs jsonb, timeout_seconds integer, deadline_at timestamp with time zone, lease_token uuid, lease_expires_at timestamp with time zone, worker_id text, started_at timestamp with time zone, queued_at timestamp with time zone, created_at timestamp with time zone, replay_offset integer, outputs jsonb, trust text, steps jsonb, trace_context jsonb)
+CREATE FUNCTION public.taskplat_claim(p_task_ids uuid[], p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone, p_lease_token uuid DEFAULT NULL::uuid, p_function_prefix text DEFAULT NULL::text, p_grace_seconds double precision DEFAULT 0, p_capability_keys boolean DEFAULT true, p_untrusted_operators text[] DEFAULT '{}'::text[]) RETURNS SETOF public.taskplat_claimed_task
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
@@ -147,13 +180,15 @@ DECLARE
     v_now timestamptz := coalesce(p_now, now());
     v_locked uuid[];
 BEGIN
-    -- Guard: claimable (Queued, unexpired, queue not paused; taskplat_start_attempts tests it).
+    -- Guard: claimable (Queued, unexpired, queue not paused, trusted unless the claimer holds
+    -- capability keys; taskplat_start_attempts tests it).
     -- Several tasks are locked in task_id order first; one is locked by its UPDATE alone.
     IF cardinality(p_task_ids) = 1 THEN
         RETURN QUERY
         SELECT * FROM taskplat_start_attempts(p_task_ids, v_now, p_worker_id, p_lease_seconds,
                                               p_default_timeout_seconds, p_lease_token,
-                                              p_function_prefix, p_grace_seconds);
+                                              p_function_prefix, p_grace_seconds,
+                                              p_capability_keys, p_untrusted_operators);
         RETURN;
     END IF;
     v_locked := ARRAY(
@@ -163,6 +198,7 @@ BEGIN
           AND (t.status = 'Queued') IS TRUE  -- by primary key, never the Queued index (see top)
           AND (t.expires_at IS NULL OR t.expires_at > v_now)
           AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.name = t.queue AND q.paused)
+          AND (p_capability_keys OR NOT taskplat_untrusted(t.job, t.operator, p_untrusted_operators))
         ORDER BY t.task_id
         FOR UPDATE OF t);
     IF cardinality(v_locked) = 0 THEN
@@ -171,21 +207,22 @@ BEGIN
     RETURN QUERY
     SELECT * FROM taskplat_start_attempts(v_locked, v_now, p_worker_id, p_lease_seconds,
                                           p_default_timeout_seconds, p_lease_token,
-                                          p_function_prefix, p_grace_seconds);
+                                          p_function_prefix, p_grace_seconds,
+                                          p_capability_keys, p_untrusted_operators);
 END
 $$;
 
 --
--- Name: FUNCTION taskplat_claim(p_task_ids uuid[], p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone, p_lease_token uuid, p_function_prefix text, p_grace_seconds double precision); Type: COMMENT; Schema: public; Owner: -
+-- Name: FUNCTION taskplat_claim(p_task_ids uuid[], p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone, p_lease_token uuid, p_function_prefix text, p_grace_seconds double precision, p_capability_keys boolean, p_untrusted_operators text[]); Type: COMMENT; Schema: public; Owner: -
 --
 
-COMMENT ON FUNCTION public.taskplat_claim(p_task_ids uuid[], p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone, p_lease_token uuid, p_function_prefix text, p_grace_seconds double precision) IS 'Claims the named tasks that are Queued, unexpired and of an unpaused queue (task_id order).';
+COMMENT ON FUNCTION public.taskplat_claim(p_task_ids uuid[], p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone, p_lease_token uuid, p_function_prefix text, p_grace_seconds double precision, p_capability_keys boolean, p_untrusted_operators text[]) IS 'Claims the named tasks that are Queued, unexpired, of an unpaused queue and trusted unless the claimer holds capability keys (task_id order).';
 
 --
--- Name: taskplat_claim_next(text, integer, text, double precision, integer, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+-- Name: taskplat_claim_next(text, integer, text, double precision, integer, timestamp with time zone, boolean, text[]); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.taskplat_claim_next(p_queue text, p_max integer, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(task_id uuid, attempt integer, job jsonb, operator text, queue text, config jsonb, inputs jsonb, timeout_seconds integer, deadline_at timestamp with time zone, lease_token uuid, lease_expires_at timestamp with time zone, worker_id text, started_at timestamp with time zone, queued_at timestamp with time zone, created_at timestamp with time zone, replay_offset integer, outputs jsonb, trust text, steps jsonb, trace_context jsonb)
+CREATE FUNCTION public.taskplat_claim_next(p_queue text, p_max integer, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone, p_capability_keys boolean DEFAULT true, p_untrusted_operators text[] DEFAULT '{}'::text[]) RETURNS SETOF public.taskplat_claimed_task
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
@@ -194,7 +231,8 @@ DECLARE
     v_now timestamptz := coalesce(p_now, now());
     v_picked uuid[];
 BEGIN
-    -- Guard: claimable (Queued, unexpired, queue not paused) and not a `runtime: lambda` job's
+    -- Guard: claimable (Queued, unexpired, queue not paused, trusted unless the claimer holds
+    -- capability keys) and not a `runtime: lambda` job's
     -- task (the relay claims those for their function); rows others are claiming are skipped.
     v_picked := ARRAY(
         SELECT t.task_id
@@ -208,6 +246,7 @@ BEGIN
                               WHERE j.dag_name = t.job ->> 'dag_name'
                                 AND j.name = t.job ->> 'name'
                                 AND j.runtime = 'lambda'))
+          AND (p_capability_keys OR NOT taskplat_untrusted(t.job, t.operator, p_untrusted_operators))
         ORDER BY t.queued_at
         LIMIT p_max
         FOR UPDATE OF t SKIP LOCKED);
@@ -216,16 +255,17 @@ BEGIN
     END IF;
     RETURN QUERY
     SELECT s.* FROM taskplat_start_attempts(v_picked, v_now, p_worker_id, p_lease_seconds,
-                                            p_default_timeout_seconds) AS s
+                                            p_default_timeout_seconds, NULL, NULL, 0,
+                                            p_capability_keys, p_untrusted_operators) AS s
     ORDER BY s.queued_at, s.task_id;
 END
 $$;
 
 --
--- Name: FUNCTION taskplat_claim_next(p_queue text, p_max integer, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone); Type: COMMENT; Schema: public; Owner: -
+-- Name: FUNCTION taskplat_claim_next(p_queue text, p_max integer, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone, p_capability_keys boolean, p_untrusted_operators text[]); Type: COMMENT; Schema: public; Owner: -
 --
 
-COMMENT ON FUNCTION public.taskplat_claim_next(p_queue text, p_max integer, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone) IS 'Claims up to p_max claimable tasks of a queue, oldest first, skipping locked rows and the tasks of runtime: lambda jobs.';
+COMMENT ON FUNCTION public.taskplat_claim_next(p_queue text, p_max integer, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone, p_capability_keys boolean, p_untrusted_operators text[]) IS 'Claims up to p_max claimable tasks of a queue, oldest first, skipping locked rows and the tasks of runtime: lambda jobs.';
 
 --
 -- Name: taskplat_complete_late(uuid, integer, uuid, jsonb, jsonb, timestamp with time zone, text, jsonb, jsonb); Type: FUNCTION; Schema: public; Owner: -
@@ -1397,16 +1437,17 @@ CREATE FUNCTION public.taskplat_sink_store_event(p_dataset_uuid uuid, p_dataset_
 $$;
 
 --
--- Name: taskplat_start_attempts(uuid[], timestamp with time zone, text, double precision, integer, uuid, text, double precision); Type: FUNCTION; Schema: public; Owner: -
+-- Name: taskplat_start_attempts(uuid[], timestamp with time zone, text, double precision, integer, uuid, text, double precision, boolean, text[]); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.taskplat_start_attempts(p_task_ids uuid[], p_now timestamp with time zone, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_lease_token uuid DEFAULT NULL::uuid, p_function_prefix text DEFAULT NULL::text, p_grace_seconds double precision DEFAULT 0) RETURNS TABLE(task_id uuid, attempt integer, job jsonb, operator text, queue text, config jsonb, inputs jsonb, timeout_seconds integer, deadline_at timestamp with time zone, lease_token uuid, lease_expires_at timestamp with time zone, worker_id text, started_at timestamp with time zone, queued_at timestamp with time zone, created_at timestamp with time zone, replay_offset integer, outputs jsonb, trust text, steps jsonb, trace_context jsonb)
+CREATE FUNCTION public.taskplat_start_attempts(p_task_ids uuid[], p_now timestamp with time zone, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_lease_token uuid DEFAULT NULL::uuid, p_function_prefix text DEFAULT NULL::text, p_grace_seconds double precision DEFAULT 0, p_capability_keys boolean DEFAULT true, p_untrusted_operators text[] DEFAULT '{}'::text[]) RETURNS SETOF public.taskplat_claimed_task
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 #variable_conflict use_column
 BEGIN
-    -- Guard: only the named rows still claimable move (Queued, unexpired, queue not paused);
+    -- Guard: only the named rows still claimable move (Queued, unexpired, queue not paused,
+    -- and trusted unless the claimer holds capability keys);
     -- the UPDATE re-tests it on the newest version of each row it locks, so one claim wins.
     -- p_lease_token: the lease of a single claimed task (a fresh one per task when NULL).
     RETURN QUERY
@@ -1430,6 +1471,7 @@ BEGIN
           AND (t.status = 'Queued') IS TRUE  -- by primary key, never the Queued index (top)
           AND (t.expires_at IS NULL OR t.expires_at > p_now)
           AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.name = t.queue AND q.paused)
+          AND (p_capability_keys OR NOT taskplat_untrusted(t.job, t.operator, p_untrusted_operators))
         RETURNING t.task_id, t.attempt, t.job, t.operator, t.queue, t.config, t.inputs,
                   t.timeout_seconds, t.deadline_at, t.lease_token, t.lease_expires_at,
                   t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset,
@@ -1440,19 +1482,15 @@ BEGIN
         INSERT INTO task_attempts (task_id, attempt, worker_id, lease_token, started_at)
         SELECT c.task_id, c.attempt, c.worker_id, c.lease_token, c.started_at FROM claimed AS c
     )
-    SELECT c.task_id, c.attempt, c.job, c.operator, c.queue, c.config, c.inputs,
-           c.timeout_seconds, c.deadline_at, c.lease_token, c.lease_expires_at, c.worker_id,
-           c.started_at, c.queued_at, c.created_at, c.replay_offset, c.outputs, c.trust,
-           c.steps, c.trace_context
-    FROM claimed AS c;
+    SELECT c.* FROM claimed AS c;  -- RETURNING lists taskplat_claimed_task's fields in order
 END
 $$;
 
 --
--- Name: FUNCTION taskplat_start_attempts(p_task_ids uuid[], p_now timestamp with time zone, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_lease_token uuid, p_function_prefix text, p_grace_seconds double precision); Type: COMMENT; Schema: public; Owner: -
+-- Name: FUNCTION taskplat_start_attempts(p_task_ids uuid[], p_now timestamp with time zone, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_lease_token uuid, p_function_prefix text, p_grace_seconds double precision, p_capability_keys boolean, p_untrusted_operators text[]); Type: COMMENT; Schema: public; Owner: -
 --
 
-COMMENT ON FUNCTION public.taskplat_start_attempts(p_task_ids uuid[], p_now timestamp with time zone, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_lease_token uuid, p_function_prefix text, p_grace_seconds double precision) IS 'Queued -> Running of rows the caller locked as claimable, with their attempt records.';
+COMMENT ON FUNCTION public.taskplat_start_attempts(p_task_ids uuid[], p_now timestamp with time zone, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_lease_token uuid, p_function_prefix text, p_grace_seconds double precision, p_capability_keys boolean, p_untrusted_operators text[]) IS 'Queued -> Running of rows the caller locked as claimable, with their attempt records.';
 
 --
 -- Name: taskplat_start_job_run(text, text, jsonb, jsonb, text, timestamp with time zone, jsonb, uuid, double precision); Type: FUNCTION; Schema: public; Owner: -
@@ -1541,6 +1579,23 @@ BEGIN
         WHERE s.task_id = p_task_id), '{}'::jsonb);
 END
 $$;
+
+--
+-- Name: taskplat_untrusted(jsonb, text, text[]); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_untrusted(p_job jsonb, p_operator text, p_untrusted_operators text[]) RETURNS boolean
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT p_operator = ANY(coalesce(p_untrusted_operators, '{}'))
+           OR (p_job IS NOT NULL AND taskplat_job_trust(p_job) = 'untrusted')
+$$;
+
+--
+-- Name: FUNCTION taskplat_untrusted(p_job jsonb, p_operator text, p_untrusted_operators text[]); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_untrusted(p_job jsonb, p_operator text, p_untrusted_operators text[]) IS 'Whether a task runs untrusted: its job says trust untrusted or its operator is listed.';
 
 --
 -- Name: api_keys; Type: TABLE; Schema: public; Owner: -

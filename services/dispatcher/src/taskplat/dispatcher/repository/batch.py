@@ -46,9 +46,19 @@ async def claim_next(conn: Conn, params: dict[str, Any]) -> list[Row]:
     return await _all(conn, "claim_next", params)
 
 
-async def read_fences(conn: Conn, task_ids: Sequence[UUID]) -> dict[UUID, Row]:
-    rows = await _all(conn, "read_fences", {"task_ids": list(task_ids)})
+async def read_fences(
+    conn: Conn, task_ids: Sequence[UUID], untrusted_operators: Sequence[str]
+) -> dict[UUID, Row]:
+    """Each task's status, whether its queue is paused and whether it runs untrusted."""
+    params = {"task_ids": list(task_ids), "untrusted_operators": list(untrusted_operators)}
+    rows = await _all(conn, "read_fences", params)
     return {row["task_id"]: row for row in rows}
+
+
+async def refused_untrusted(conn: Conn, params: dict[str, Any]) -> list[UUID]:
+    """Up to `max` Queued untrusted tasks of `queue` (what a claim-next without capability
+    keys leaves)."""
+    return [row["task_id"] for row in await _all(conn, "refused_untrusted", params)]
 
 
 async def find_tasks_by_idempotency_keys(conn: Conn, keys: Sequence[str]) -> dict[str, UUID]:

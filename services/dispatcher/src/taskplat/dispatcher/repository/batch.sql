@@ -9,16 +9,41 @@
 -- name: claim_tasks
 SELECT * FROM taskplat_claim(%(task_ids)s::uuid[], %(worker_id)s,
                              %(lease_seconds)s::double precision,
-                             %(default_timeout_seconds)s::integer, %(now)s::timestamptz)
+                             %(default_timeout_seconds)s::integer, %(now)s::timestamptz,
+                             p_capability_keys => %(capability_keys)s::boolean,
+                             p_untrusted_operators => %(untrusted_operators)s::text[])
 
 -- name: claim_next
 SELECT * FROM taskplat_claim_next(%(queue)s::text, %(max)s::integer, %(worker_id)s::text,
                                   %(lease_seconds)s::double precision,
-                                  %(default_timeout_seconds)s::integer, %(now)s::timestamptz)
+                                  %(default_timeout_seconds)s::integer, %(now)s::timestamptz,
+                                  %(capability_keys)s::boolean, %(untrusted_operators)s::text[])
+
+-- name: refused_untrusted
+-- Up to %(max)s Queued tasks of the queue a claim-next left because they run untrusted
+-- (taskplat_untrusted, migration 0024) and this dispatcher has no capability keys; never a
+-- `runtime: lambda` job's task (claim-next never takes those), none of a paused queue (left for
+-- that).
+SELECT t.task_id
+FROM tasks AS t
+WHERE t.status = 'Queued'
+  AND t.queue = %(queue)s
+  AND (t.expires_at IS NULL OR t.expires_at > coalesce(%(now)s::timestamptz, now()))
+  AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.name = %(queue)s AND q.paused)
+  AND taskplat_untrusted(t.job, t.operator, %(untrusted_operators)s::text[])
+  AND (t.job IS NULL
+       OR NOT EXISTS (SELECT 1 FROM jobs AS j
+                      WHERE j.dag_name = t.job ->> 'dag_name'
+                        AND j.name = t.job ->> 'name'
+                        AND j.runtime = 'lambda'))
+ORDER BY t.queued_at
+LIMIT %(max)s
 
 -- name: read_fences
+-- Why a batch claim took nothing of each task: as read_claim_fence (tasks.sql).
 SELECT t.task_id, t.status, t.attempt, t.lease_token, t.attempt_outcome,
-       EXISTS (SELECT 1 FROM queues AS q WHERE q.name = t.queue AND q.paused) AS paused
+       EXISTS (SELECT 1 FROM queues AS q WHERE q.name = t.queue AND q.paused) AS paused,
+       taskplat_untrusted(t.job, t.operator, %(untrusted_operators)s::text[]) AS untrusted
 FROM tasks AS t
 WHERE t.task_id = ANY(%(task_ids)s::uuid[])
 

@@ -139,6 +139,14 @@ async def read_fence(conn: Conn, task_id: UUID, *, for_update: bool = False) -> 
     return await _one(conn, name, {"task_id": task_id})
 
 
+async def read_claim_fence(
+    conn: Conn, task_id: UUID, untrusted_operators: Sequence[str]
+) -> Row | None:
+    """The task's status, whether its queue is paused and whether it runs untrusted."""
+    params = {"task_id": task_id, "untrusted_operators": list(untrusted_operators)}
+    return await _one(conn, "read_claim_fence", params)
+
+
 async def claim_task(conn: Conn, params: dict[str, Any]) -> Row | None:
     return await _one(conn, "claim_task", params)
 

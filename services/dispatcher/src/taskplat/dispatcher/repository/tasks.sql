@@ -89,10 +89,22 @@ FOR UPDATE OF t
 
 -- name: claim_task
 -- The claim (taskplat_claim, migration 0020) of one task, with the caller's lease token.
+-- Without capability keys (%(capability_keys)s false) an untrusted task is not claimable.
 SELECT * FROM taskplat_claim(ARRAY[%(task_id)s::uuid], %(worker_id)s,
                              %(lease_seconds)s::double precision,
                              %(default_timeout_seconds)s::integer,
-                             %(now)s::timestamptz, %(lease_token)s::uuid)
+                             %(now)s::timestamptz, %(lease_token)s::uuid,
+                             p_capability_keys => %(capability_keys)s::boolean,
+                             p_untrusted_operators => %(untrusted_operators)s::text[])
+
+-- name: read_claim_fence
+-- Why a claim of the task took nothing: `paused`, its queue is paused; `untrusted`, it runs
+-- untrusted (taskplat_untrusted, migration 0024).
+SELECT t.task_id, t.status,
+       EXISTS (SELECT 1 FROM queues AS q WHERE q.name = t.queue AND q.paused) AS paused,
+       taskplat_untrusted(t.job, t.operator, %(untrusted_operators)s::text[]) AS untrusted
+FROM tasks AS t
+WHERE t.task_id = %(task_id)s
 
 -- name: fetch_task
 SELECT task_id, status, attempt, job, operator, queue, config, inputs, timeout_seconds,

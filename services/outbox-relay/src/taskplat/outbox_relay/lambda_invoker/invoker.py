@@ -40,8 +40,10 @@ Invariants:
     error, visible on the row and in `taskplat.lambda.invocations{outcome="failed"}`;
   * an attempt of an untrusted job (`trust: untrusted`) carries its capability token in the
     invocation payload (never in the function's environment), issued like the dispatcher's claim
-    issues it; without capability keys its claim is rolled back and the row pushed back with that
-    error, so an untrusted job never runs without its token;
+    issues it; without capability keys its task is not claimable (the claim takes nothing,
+    migration 0024: the task stays Queued and spends no attempt), the row is pushed back with an
+    error naming the missing setting and counts in `taskplat.claims.refused{setting}`, so an
+    untrusted job never runs without its token;
   * every performed row counts once in `taskplat.lambda.invocations{outcome}` (`invoked`,
     `failed`, `skipped`), after its transaction committed; rows that left the outbox also count in
     `taskplat.outbox.relayed{kind}` (and skipped ones in `taskplat.outbox.skipped{kind}`);
@@ -102,10 +104,11 @@ NO_KEYS = (
     "attempt token keys are not configured (TASKPLAT_ATTEMPT_TOKEN_KEYS and "
     "TASKPLAT_ATTEMPT_TOKEN_ACTIVE_KID): a Lambda attempt needs a signed attempt token"
 )
+CAPABILITY_KEYS_SETTING = "TASKPLAT_CAPABILITY_TOKEN_KEYS"
 NO_CAPABILITY_KEYS = (
-    "capability token keys are not configured (TASKPLAT_CAPABILITY_TOKEN_KEYS and "
-    "TASKPLAT_CAPABILITY_TOKEN_ACTIVE_KID): an untrusted job never runs without its capability "
-    "token"
+    f"{CAPABILITY_KEYS_SETTING} is not set: capability token keys are not configured "
+    f"({CAPABILITY_KEYS_SETTING} and TASKPLAT_CAPABILITY_TOKEN_ACTIVE_KID), and an untrusted job "
+    "never runs without its capability token (the task stays Queued)"
 )
 
 
@@ -149,6 +152,15 @@ class Invoker:
             telemetry.counter(
                 "taskplat.lambda.invocations",
                 description="invoke_lambda rows performed, by outcome (invoked, failed, skipped).",
+            )
+            if telemetry is not None
+            else None
+        )
+        self._refused: Any = (
+            telemetry.counter(
+                "taskplat.claims.refused",
+                description="Untrusted tasks a claim left Queued because this process has no "
+                "capability keys (`setting`: the missing one).",
             )
             if telemetry is not None
             else None
@@ -208,6 +220,10 @@ class Invoker:
             elif outcome == "invoked":
                 outbox.mark_sent(conn, [row.outbox_id], now=now)
         # Committed: the claim and the mark (or the back-off) are durable together.
+        if outcome == "refused":  # a failure whose task stayed Queued for want of keys
+            if self._refused is not None:
+                self._refused.add(1, {"setting": CAPABILITY_KEYS_SETTING})
+            outcome = "failed"
         self._count(outcome)
         if outcome == "failed":
             return outcome
@@ -220,7 +236,8 @@ class Invoker:
 
     def _perform(self, conn: Connection[DictRow], row: OutboxRow, now: datetime | None) -> str:
         """Claim and invoke inside a savepoint; a failed Invoke rolls the claim back and backs
-        the row off."""
+        the row off ("failed"), and so does a task left for want of capability keys
+        ("refused")."""
         if self._ring is None:
             self._fail(conn, row, NO_KEYS, now)
             return "failed"
@@ -232,7 +249,18 @@ class Invoker:
         except InvokeFailed as exc:
             self._fail(conn, row, str(exc), now)
             return "failed"
+        if claimed is None and self._refused_untrusted(conn, row):
+            self._fail(conn, row, NO_CAPABILITY_KEYS, now)
+            return "refused"
         return "skipped" if claimed is None else "invoked"
+
+    def _refused_untrusted(self, conn: Connection[DictRow], row: OutboxRow) -> bool:
+        """Whether a claim that took nothing left the task because it runs untrusted and this
+        relay has no capability keys (the task is then still Queued: the row is kept)."""
+        if self._capability_ring is not None:
+            return False
+        found = conn.execute(Q["queued_untrusted"], {"task_id": row.task_id}).fetchone()
+        return found is not None and bool(found["untrusted"])
 
     def _claim(
         self, conn: Connection[DictRow], row: OutboxRow, now: datetime | None
@@ -244,6 +272,7 @@ class Invoker:
             "default_timeout_seconds": self._settings.lambda_default_timeout_seconds,
             "grace_seconds": self._settings.lambda_grace_seconds,
             "now": now,
+            "capability_keys": self._capability_ring is not None,
         }
         return conn.execute(Q["claim_for_function"], params).fetchone()
 
@@ -256,7 +285,8 @@ class Invoker:
 
     def _capability_token(self, claimed: dict[str, Any]) -> str | None:
         """An untrusted job's capability token (as the dispatcher's claim issues it); never an
-        invocation of an untrusted job without one."""
+        invocation of an untrusted job without one (the claim does not take one without keys:
+        this is a second guard)."""
         if claimed.get("trust") != "untrusted":
             return None
         if self._capability_ring is None:
