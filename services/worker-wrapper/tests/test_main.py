@@ -13,6 +13,7 @@ from taskplat.worker_wrapper.operators import (
     default_operators_file,
     load_operators,
 )
+from taskplat.worker_wrapper.settings import WrapperSettings
 
 GOOD_ENV = {
     "TASKPLAT_WORKER_TOKEN": "a-worker-token-0123456789",
@@ -66,6 +67,46 @@ def test_a_deletion_may_linger_at_most_half_the_receive_visibility() -> None:
     assert_one_line_refusal(
         result, "delete_linger_seconds must be at most half of receive_visibility_timeout_seconds"
     )
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({"TASKPLAT_WORKER_CLAIM_AHEAD": "true"}, "claim_ahead applies only with poll_dispatcher"),
+        (
+            {"TASKPLAT_WORKER_CLAIM_WITH_COMPLETIONS": "true", "TASKPLAT_WORKER_BATCH_CALLS": "0"},
+            "claim_with_completions needs poll_dispatcher and batch_calls",
+        ),
+        (
+            {
+                "TASKPLAT_WORKER_CLAIM_WITH_COMPLETIONS": "true",
+                "TASKPLAT_WORKER_POLL_DISPATCHER": "false",
+            },
+            "claim_with_completions needs poll_dispatcher and batch_calls",
+        ),
+        (
+            {"TASKPLAT_WORKER_PARALLEL_CALLS": "2", "TASKPLAT_WORKER_BATCH_CALLS": "false"},
+            "parallel_calls apply only with batch_calls",
+        ),
+    ],
+    ids=["claim-ahead-beside-waiting-claim", "along-unbatched", "along-no-waiting", "unbatched"],
+)
+def test_a_flag_for_a_way_of_getting_work_not_taken_is_refused(
+    env: dict[str, str], needle: str
+) -> None:
+    assert_one_line_refusal(run_main({**GOOD_ENV, **env}), needle)
+
+
+def test_the_flags_of_the_way_taken_are_accepted() -> None:
+    required = {"worker_token": "a-worker-token-0123456789", "dispatcher_url": "http://127.0.0.1:9"}
+    settings = WrapperSettings.model_validate(
+        {**required, "poll_dispatcher": False, "claim_ahead": True, "parallel_calls": 2}
+    )
+    assert settings.claim_ahead and not settings.poll_dispatcher
+    # Defaults that do not apply are no error: claim_ahead is on by default, beside the waiting
+    # claim (which takes its place), and so are the batching tunables without batch_calls.
+    assert WrapperSettings.model_validate(required).poll_dispatcher
+    assert not WrapperSettings.model_validate({**required, "batch_calls": False}).batch_calls
 
 
 @pytest.mark.parametrize(

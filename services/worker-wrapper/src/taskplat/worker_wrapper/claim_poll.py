@@ -3,13 +3,17 @@
 Invariants:
   * At most one is in flight; it reserves the slots it asked for (`slots`) until it is taken,
     so what it claims always has a slot.
-  * It is never cancelled: what the dispatcher claimed for it is leased to this wrapper, so a
-    stopping wrapper waits for its answer (`settle`) and runs what it brings.
+  * On stop a waiting claim-next still open is cancelled at once (`settle`): its HTTP request is
+    aborted, so the dispatcher sees its client leave and claims nothing more for it (a wrapper
+    that stops never leaves a claim behind that would take a task for it once it is gone); what
+    the dispatcher had claimed for it as it left is handed back there (failed `Drained`,
+    retried at once). An answer already in is taken, and its tasks run.
   * It is not retried by the client: a failure (dispatcher unreachable, 5xx, a protocol error) is
     logged, claims nothing, and the next one starts only after a full-jitter backoff; the SQS
     long poll beside it goes on meanwhile, so no task depends on it.
   * A claim that goes along with a completion call (`attach`, no wait) is held as the poll in
-    flight: the same reservation, the same answer and failure handling.
+    flight: the same reservation, the same answer and failure handling; it never waits on the
+    dispatcher, so a stop waits for its answer and runs what it brings.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class ClaimPoll:
         self._retry_max = retry_max_seconds
         self.future: asyncio.Future[list[ClaimedResponse]] | None = None
         self.slots = 0
+        self._own = False  # the poll in flight is this object's claim-next call (not attached)
         self._failures = 0
         self._ready_at = 0.0  # event-loop time before which no new poll starts (a backoff)
 
@@ -70,6 +75,7 @@ class ClaimPoll:
     def start(self, limit: int) -> asyncio.Future[list[ClaimedResponse]]:
         assert self.future is None and limit > 0
         self.slots = limit
+        self._own = True
         self.future = asyncio.ensure_future(
             self._client.claim_next(
                 self._queue,
@@ -85,6 +91,7 @@ class ClaimPoll:
         """Hold a claim made along with a completion call as the poll in flight."""
         assert self.future is None and limit > 0
         self.slots = limit
+        self._own = False
         self.future = answer
 
     def take(self) -> list[ClaimedResponse]:
@@ -110,9 +117,19 @@ class ClaimPoll:
         get_logger().warning("claim_poll_failed", error=error, failures=self._failures)
 
     async def settle(self) -> list[ClaimedResponse]:
-        """On stop: wait for the poll in flight (bounded by its own timeout) and take its answer."""
+        """On stop: take the answer of the poll in flight. A waiting claim-next not answered yet
+        is cancelled (its request aborted: the dispatcher stops waiting for this wrapper); a
+        claim attached to a completion call is waited for (bounded by its own timeout)."""
         if self.future is None:
             return []
+        if self._own and not self.future.done():
+            future, self.future = self.future, None
+            future.cancel()
+            await asyncio.wait({future})  # the request is aborted before the stop goes on
+            if future.cancelled():
+                get_logger().info("claim_poll_cancelled", queue=self._queue)
+                return []
+            self.future = future  # answered meanwhile: take it
         await asyncio.wait({self.future}, timeout=self.wait_seconds + self._timeout + 1)
         if not self.future.done():  # pragma: no cover - the client's timeout ends it first
             self.future = None

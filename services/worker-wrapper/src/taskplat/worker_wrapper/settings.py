@@ -172,7 +172,8 @@ class WrapperSettings(
         description="Under a backlog (a receive came back full), claim further Queued tasks of "
         "the queue straight from the dispatcher (`task-claim-next`) while slots are free, "
         "instead of waiting for their wake-ups; an idle wrapper still long-polls SQS. Only "
-        "without `poll_dispatcher`, whose waiting claim fills free slots the same way.",
+        "without `poll_dispatcher`, whose waiting claim fills free slots the same way (set to "
+        "true beside it, the wrapper refuses to start).",
     )
     poll_dispatcher: bool = Field(
         True,
@@ -230,7 +231,8 @@ class WrapperSettings(
         description="With `batch_calls` and `poll_dispatcher`: under a backlog, the claim of the "
         "next tasks goes along with the completion call about to be sent (one "
         "`task-complete-batch` carrying `claim_next`: one request and one transaction) instead "
-        "of a `task-claim-next` of its own.",
+        "of a `task-claim-next` of its own (set to true without both, the wrapper refuses to "
+        "start).",
     )
     parallel_calls: int = Field(
         4,
@@ -261,7 +263,35 @@ class WrapperSettings(
             raise ValueError("retry_base_seconds must not exceed retry_max_seconds")
         if self.stall_seconds <= self.wait_time_seconds:
             raise ValueError("stall_seconds must exceed wait_time_seconds")
+        self._one_way_of_getting_work()
         return self
+
+    def _one_way_of_getting_work(self) -> None:
+        """A flag set for a way of getting work the wrapper does not take is refused, never
+        ignored: the SQS receive (always), with claim-ahead only without the waiting claim
+        (`poll_dispatcher`, which fills free slots itself), with claims along completions only
+        with the waiting claim and batched calls; the batching tunables only with
+        `batch_calls`. A default that does not apply is not an error."""
+        chosen = self.model_fields_set
+        if "claim_ahead" in chosen and self.claim_ahead and self.poll_dispatcher:
+            raise ValueError(
+                "claim_ahead applies only with poll_dispatcher false (the waiting claim fills "
+                "free slots itself): set TASKPLAT_WORKER_POLL_DISPATCHER=false or leave "
+                "TASKPLAT_WORKER_CLAIM_AHEAD unset"
+            )
+        if "claim_with_completions" in chosen and self.claim_with_completions:
+            if not (self.poll_dispatcher and self.batch_calls):
+                raise ValueError(
+                    "claim_with_completions needs poll_dispatcher and batch_calls (a claim goes "
+                    "along a batched completion of a wrapper that waits on the dispatcher)"
+                )
+        batching = sorted(
+            chosen & {"delete_linger_seconds", "complete_linger_seconds", "parallel_calls"}
+        )
+        if batching and not self.batch_calls:
+            raise ValueError(
+                f"{', '.join(batching)} apply only with batch_calls (TASKPLAT_WORKER_BATCH_CALLS)"
+            )
 
 
 def describe_settings_error(exc: ValidationError) -> str:

@@ -10,9 +10,10 @@ Invariants:
     slot waits for a slot (its visibility renewed as usual) before any new poll starts.
   * Under a backlog (the last poll came back full, two or more tasks) the loop gathers free slots
     as claim-ahead does, so one call fills them all; claim-ahead itself is not used.
-  * With `claims_along` (`claim_with_completions`), under a backlog the claim goes along with the
-    completion call about to be sent instead of a claim-next of its own: the completion batcher
-    asks (`_claim_along`) as it sends, and gets a claim for the free slots when no poll is in
+  * With `claim_with_completions` (`build_wrapper` gives the completion batcher this loop's
+    `claim_along`), under a backlog the claim goes along with the completion call about to be
+    sent instead of a claim-next of its own: the completion batcher asks (`claim_along`) as it
+    sends, and gets a claim for the free slots when no poll is in
     flight or backing off, no received message waits for a slot and the wrapper is not
     stopping; that claim is held as the poll in flight (`ClaimPoll.attach`). While completions
     wait to be sent the loop starts no claim-next itself, for at most `ALONG_WAIT_SECONDS`;
@@ -23,9 +24,11 @@ Invariants:
     goes on; a failing poll is logged and retried after its own backoff while SQS is polled.
   * Liveness: the mark moves each time a receive returned, and each time a saturated wrapper's
     wait timed out (at most `busy_tick` apart).
-  * On stop no new receive or poll starts; the poll in flight is waited for and what it claimed
-    runs (it is leased to this wrapper), all within `drain_timeout_seconds` of the stop; the
-    messages still waiting for a slot are released (visible again at once).
+  * On stop no new receive or poll starts; a waiting claim-next in flight is cancelled at once
+    (`ClaimPoll.settle`: the dispatcher sees the client leave and claims nothing more for it), a
+    claim gone along with completions is waited for; what was claimed runs (it is leased to
+    this wrapper), all within `drain_timeout_seconds` of the stop; the messages still waiting
+    for a slot are released (visible again at once).
 """
 
 from __future__ import annotations
@@ -54,8 +57,6 @@ class WaitingClaimLoop:
         slots: WorkSlots,
         health: IntakeHealth,
         backoff: ReceiveBackoff,
-        *,
-        claims_along: bool = False,
     ) -> None:
         self.poll = poll
         self.intake = intake
@@ -68,9 +69,8 @@ class WaitingClaimLoop:
         self._along = False  # the poll in flight is a claim made along with completions
         self._answered = asyncio.Event()  # a claim made along was answered: the loop turns
         self._along_until = 0.0  # event-loop time until which the claim is left to completions
+        # Read only: whether claims go along completions (`claim_along` set by `build_wrapper`).
         self._completions = slots.executor.completions
-        if claims_along:
-            self._completions.claim_along = self._claim_along
 
     def _leave_to_completions(self, now: float) -> bool:
         """Under a backlog, whether the claim is left to completions about to be sent (they
@@ -86,7 +86,7 @@ class WaitingClaimLoop:
         self._along_until = 0.0
         return False
 
-    def _claim_along(self) -> ClaimAlong | None:
+    def claim_along(self) -> ClaimAlong | None:
         """Asked by a completion call as it is sent: a claim for the free slots to go along
         with it, under a backlog when no poll is in flight (None: no claim goes along)."""
         poll, slots = self.poll, self.slots
@@ -130,7 +130,7 @@ class WaitingClaimLoop:
                 else:  # it may wait long: one slot stays free for a wake-up SQS brings meanwhile
                     limit = min(room - 1 if room > 1 else room, MAX_BATCH)
                 # Meanwhile a claim may have gone along with completions; or completions about
-                # to be sent take it along (`_claim_along`), for at most `ALONG_WAIT_SECONDS`.
+                # to be sent take it along (`claim_along`), for at most `ALONG_WAIT_SECONDS`.
                 if poll.future is None and not self._leave_to_completions(loop.time()):
                     poll.start(limit)
                     self._along = False
@@ -147,7 +147,7 @@ class WaitingClaimLoop:
             freed = asyncio.ensure_future(slots.freed.wait())
             wakes = {freed}
             if self._backlog and self._completions.claim_along is not None:
-                # Only under a backlog can a claim go along (`_claim_along`) during this wait.
+                # Only under a backlog can a claim go along (`claim_along`) during this wait.
                 wakes.add(asyncio.ensure_future(self._answered.wait()))
             timeout = slots.busy_tick
             if poll.future is None and poll.delay():
@@ -198,8 +198,9 @@ class WaitingClaimLoop:
             slots.start_deliveries(ready)
 
     async def drain_after_stop(self) -> None:
-        """Drain every running task, with what the poll in flight at the stop claims (it is
-        leased to this wrapper): all within `drain_timeout_seconds` of the stop."""
+        """Drain every running task, with what the poll in flight at the stop had claimed (it is
+        leased to this wrapper; a waiting claim-next still open is cancelled): all within
+        `drain_timeout_seconds` of the stop."""
         loop = asyncio.get_running_loop()
         drain_timeout = self.slots.drain_settings.drain_timeout_seconds
         deadline = loop.time() + drain_timeout

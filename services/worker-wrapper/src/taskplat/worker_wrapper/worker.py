@@ -60,7 +60,6 @@ class IntakeSettings:
     parallel_calls: int = 4
     claim_next_timeout_seconds: float = 10.0
     report_in_background: bool = False
-    claim_with_completions: bool = False
 
 
 class WayOfGettingWork(Protocol):
@@ -110,14 +109,7 @@ class WorkerWrapper:
         )
         self.way: WayOfGettingWork
         if poll is not None:
-            self.way = WaitingClaimLoop(
-                poll,
-                intake,
-                self.slots,
-                self.health,
-                backoff,
-                claims_along=settings.claim_with_completions and settings.batch_calls,
-            )
+            self.way = WaitingClaimLoop(poll, intake, self.slots, self.health, backoff)
         else:
             claim_ahead = (
                 ClaimAhead(
@@ -246,7 +238,7 @@ def build_wrapper(
         ),
         instruments,
     )
-    return WorkerWrapper(
+    wrapper = WorkerWrapper(
         intake,
         executor,
         runners,
@@ -278,6 +270,13 @@ def build_wrapper(
             parallel_calls=settings.parallel_calls,
             claim_next_timeout_seconds=settings.http_timeout_seconds,
             report_in_background=settings.report_in_background,
-            claim_with_completions=settings.claim_with_completions,
         ),
     )
+    if (
+        isinstance(wrapper.way, WaitingClaimLoop)
+        and settings.claim_with_completions
+        and settings.batch_calls
+    ):
+        # Under a backlog the completion batcher asks the waiting claim for a claim to carry.
+        executor.completions.claim_along = wrapper.way.claim_along
+    return wrapper
