@@ -1,0 +1,140 @@
+"""The sandbox side: `python -I -m taskplat.query_service.sandbox CONTROL_FD LIMITS_JSON`.
+
+This process is started by the service (`pool.py`) with an environment of its own (no DSN, key,
+token or AWS variable of the service's) and no descriptor but its control socket. It is a fork
+server: it imports DuckDB and pyarrow once, and forks one child per sandbox the service asks for
+(a Unix socket passed over the control socket, `SCM_RIGHTS`), answering the child's pid.
+
+Invariants of a child (one sandbox):
+  * It opens a fresh DuckDB and locks it down (`engine.connect`) before it says it is ready; it
+    then reads one request (a JSON header, then one Arrow IPC stream per input), registers each
+    input under its view names, runs the one statement and writes one answer (a JSON header, then
+    the body), and exits. It serves one query, never two.
+  * It holds no secret, no database connection and no AWS credential: the service reads the
+    inputs and hands them over as Arrow. Whatever runs inside it can reach only those tables.
+  * Its answer is data for the service (JSON and bytes, never pickled objects).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import socket
+import sys
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from taskplat.query_service import engine, frames
+
+READY = b'{"ready":true}'
+MAX_REQUEST = 1 << 40  # the service's own frames: it bounds the inputs it reads itself
+
+
+def _warm_up() -> None:
+    """Import what DuckDB imports lazily on its first Arrow scan, once, before any fork."""
+    conn = duckdb.connect(":memory:", config={"threads": 1})
+    try:
+        conn.register("warm", pa.table({"x": [1]}))
+        conn.sql("SELECT count(*) FROM warm").fetchall()
+    finally:
+        conn.close()
+
+
+def _failure(code: str, message: str) -> bytes:
+    return json.dumps({"ok": False, "error": code, "message": message[:1000]}).encode()
+
+
+def serve(sock: socket.socket, limits: engine.Limits) -> None:
+    """One sandbox: lock down, say ready, answer one request."""
+    conn = engine.connect(limits)
+    frames.send(sock, READY)
+    request: dict[str, Any] = json.loads(frames.receive(sock, MAX_REQUEST))
+    tables = [
+        pa.ipc.open_stream(frames.receive(sock, MAX_REQUEST)).read_all()
+        for _ in range(int(request["inputs"]))
+    ]
+    for name, index in request["views"]:
+        conn.register(str(name), tables[int(index)])
+    run_limits = engine.Limits(
+        max_rows=int(request["max_rows"]),
+        max_bytes=limits.max_bytes,
+        timeout_seconds=limits.timeout_seconds,
+        memory_limit=limits.memory_limit,
+        threads=limits.threads,
+    )
+    try:
+        answer = engine.run(
+            conn,
+            str(request["sql"]),
+            request.get("params"),
+            run_limits,
+            int(request["max_rows"]),
+            request["format"],
+        )
+    except engine.QueryTimeout as exc:
+        frames.send(sock, _failure(exc.code, exc.message))
+        return
+    except engine.QueryFailed as exc:
+        frames.send(sock, _failure(exc.code, exc.message))
+        return
+    header = {
+        "ok": True,
+        "media_type": answer.media_type,
+        "row_count": answer.row_count,
+        "truncated": answer.truncated,
+        "elapsed_ms": answer.elapsed_ms,
+    }
+    frames.send_many(sock, [json.dumps(header).encode(), answer.body])
+
+
+def _child(fd: int, limits: engine.Limits) -> None:
+    sock = socket.socket(fileno=fd)
+    try:
+        serve(sock, limits)
+    except frames.FrameError:
+        pass  # the service went away or gave up on this sandbox
+    except Exception as exc:  # any failure is answered, never a traceback
+        try:
+            frames.send(sock, _failure("sandbox_failed", type(exc).__name__))
+        except OSError:
+            pass
+
+
+def main(argv: list[str]) -> int:
+    control = socket.socket(fileno=int(argv[1]))
+    limits = engine.Limits(**json.loads(argv[2]))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    _warm_up()
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(control, 16, 1)
+        except OSError:
+            return 0
+        if not message:
+            for fd in fds:
+                os.close(fd)
+            return 0
+        if not fds:
+            continue
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                control.close()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                _child(fds[0], limits)
+            except BaseException:  # a child never returns into the loop
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(fds[0])
+        control.sendall(pid.to_bytes(4, "big"))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
