@@ -93,6 +93,15 @@ class Sandbox:
     def __init__(self, pid: int, sock: socket.socket) -> None:
         self.pid = pid
         self._sock = sock
+        self._pidfd: int | None = None
+
+    def hold(self) -> None:
+        """Take a pidfd of the sandbox once it said it is ready (it is then alive, waiting for
+        its request): a kill through it can never reach a process that reused the pid."""
+        try:
+            self._pidfd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            self._pidfd = None
 
     def run(
         self,
@@ -116,7 +125,7 @@ class Sandbox:
             self.kill()
             raise SandboxFailed("the query's sandbox failed before answering") from None
         finally:
-            self._sock.close()
+            self.close()
         return engine.Answer(
             body,
             head.media_type or "",
@@ -139,12 +148,18 @@ class Sandbox:
 
     def kill(self) -> None:
         try:
-            os.kill(self.pid, signal.SIGKILL)
+            if self._pidfd is not None:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            else:
+                os.kill(self.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
 
     def close(self) -> None:
         self._sock.close()
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
 
 
 def _failure(head: SandboxAnswer) -> TaskplatError:
@@ -202,6 +217,7 @@ class SandboxPool:
             if frames.receive(ours, len(READY), deadline) != READY:
                 sandbox.kill()
                 raise SandboxFailed("a sandbox did not get ready")
+            sandbox.hold()
             return sandbox
         except BaseException:
             ours.close()

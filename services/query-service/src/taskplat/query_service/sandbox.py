@@ -3,7 +3,8 @@
 This process is started by the service (`pool.py`) with an environment of its own (no DSN, key,
 token or AWS variable of the service's) and no descriptor but its control socket. It is a fork
 server: it imports DuckDB and pyarrow once, and forks one child per sandbox the service asks for
-(a Unix socket passed over the control socket, `SCM_RIGHTS`), answering the child's pid.
+(a Unix socket passed over the control socket, `SCM_RIGHTS`), answering the child's pid; it reaps
+its children as they exit.
 
 Invariants of a child (one sandbox):
   * It opens a fresh DuckDB and locks it down (`engine.connect`) before it says it is ready; it
@@ -104,12 +105,24 @@ def _child(fd: int, limits: engine.Limits) -> None:
             pass
 
 
+def _reap(signum: int, frame: object) -> None:
+    """Wait for every child that has exited (so their CPU time is counted in this process's
+    `cutime`/`cstime`, as for any reaped child)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 def main(argv: list[str]) -> int:
     control = socket.socket(fileno=int(argv[1]))
     limits = engine.Limits(**json.loads(argv[2]))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     _warm_up()
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    signal.signal(signal.SIGCHLD, _reap)
     while True:
         try:
             message, fds, _, _ = socket.recv_fds(control, 16, 1)
