@@ -240,3 +240,14 @@ def test_a_query_past_the_time_limit_kills_its_sandbox(pool: SandboxPool) -> Non
             short,
         )
     wait_for(lambda: _zombie(sandbox.pid), timeout=10, what="the sandbox to be gone")
+
+
+def test_no_sandbox_sees_what_another_one_left(pool: SandboxPool) -> None:
+    """Each sandbox's database is its own copy of one no query used: a table, a view or a
+    variable made in one is not in the next."""
+    contained(pool, "CREATE TABLE left_behind AS SELECT 42 AS x")
+    contained(pool, "CREATE VIEW left_view AS SELECT 42 AS x")
+    contained(pool, "SET VARIABLE left_var = 42")
+    for sql in ("SELECT * FROM left_behind", "SELECT * FROM left_view"):
+        assert "does not exist" in contained(pool, sql), sql
+    assert b"[[null]]" in direct(pool, "SELECT getvariable('left_var')").body

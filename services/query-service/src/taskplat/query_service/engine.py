@@ -1,7 +1,8 @@
 """The DuckDB of one query, inside a sandbox process: locked down, then the statement, the answer.
 
 Invariants:
-  * Every query gets a fresh in-memory DuckDB (`connect`): nothing of one query is seen by another.
+  * Every query gets a fresh in-memory DuckDB (`connect`, or a forked copy of one that no query
+    has used): nothing of one query is seen by another.
   * It is locked down before any data reaches it: no extension is loaded (parquet, json and icu are
     built into the pinned DuckDB; autoinstall, autoload, community and unsigned extensions are
     off and external access is off, so `LOAD` of anything fails), `allowed_directories` is empty,
@@ -66,9 +67,11 @@ class Answer:
     elapsed_ms: float
 
 
-def connect(limits: Limits) -> duckdb.DuckDBPyConnection:
-    """A fresh in-memory DuckDB, locked down before any data or statement reaches it."""
-    conn = duckdb.connect(
+def open_database(limits: Limits) -> duckdb.DuckDBPyConnection:
+    """A fresh in-memory DuckDB with no extension loading and no replacement scans, on one thread
+    (so a process holding it may fork: the sandboxes are forked copies of one never-used
+    database). Not yet locked down: `lock_down` does that before it holds any data."""
+    return duckdb.connect(
         ":memory:",
         config={
             "autoinstall_known_extensions": False,
@@ -77,13 +80,24 @@ def connect(limits: Limits) -> duckdb.DuckDBPyConnection:
             "allow_unsigned_extensions": False,
             "python_enable_replacements": False,
             "memory_limit": limits.memory_limit,
-            "threads": limits.threads,
+            "threads": 1,
         },
     )
+
+
+def lock_down(conn: duckdb.DuckDBPyConnection, limits: Limits) -> None:
+    """Its threads, then no directory, no external access, and the configuration locked."""
+    conn.execute(f"SET threads = {int(limits.threads)}")
+    conn.execute("SET allowed_directories = []")
+    conn.execute("SET enable_external_access = false")
+    conn.execute("SET lock_configuration = true")
+
+
+def connect(limits: Limits) -> duckdb.DuckDBPyConnection:
+    """A fresh in-memory DuckDB, locked down before any data or statement reaches it."""
+    conn = open_database(limits)
     try:
-        conn.execute("SET allowed_directories = []")
-        conn.execute("SET enable_external_access = false")
-        conn.execute("SET lock_configuration = true")
+        lock_down(conn, limits)
     except BaseException:
         conn.close()
         raise

@@ -7,10 +7,11 @@ server: it imports DuckDB and pyarrow once, and forks one child per sandbox the 
 its children as they exit.
 
 Invariants of a child (one sandbox):
-  * It opens a fresh DuckDB and locks it down (`engine.connect`) before it says it is ready; it
-    then reads one request (a JSON header, then one Arrow IPC stream per input), registers each
-    input under its view names, runs the one statement and writes one answer (a JSON header, then
-    the body), and exits. It serves one query, never two.
+  * Its DuckDB is its own copy (by `fork`) of an in-memory database the fork server opened on one
+    thread and never queried nor gave data to; it locks it down (`engine.lock_down`) before it
+    says it is ready; it then reads one request (a JSON header, then one Arrow IPC stream per
+    input), registers each input under its view names, runs the one statement, writes one answer
+    (a JSON header, then the body) and exits. It serves one query, never two.
   * It holds no secret, no database connection and no AWS credential: the service reads the
     inputs and hands them over as Arrow. Whatever runs inside it can reach only those tables.
   * Its answer is data for the service (JSON and bytes, never pickled objects).
@@ -49,9 +50,10 @@ def _failure(code: str, message: str) -> bytes:
     return json.dumps({"ok": False, "error": code, "message": message[:1000]}).encode()
 
 
-def serve(sock: socket.socket, limits: engine.Limits) -> None:
-    """One sandbox: lock down, say ready, answer one request."""
-    conn = engine.connect(limits)
+def serve(sock: socket.socket, limits: engine.Limits, conn: duckdb.DuckDBPyConnection) -> None:
+    """One sandbox: lock `conn` (this process's copy of a never-used database) down, say ready,
+    answer one request."""
+    engine.lock_down(conn, limits)
     frames.send(sock, READY)
     request: dict[str, Any] = json.loads(frames.receive(sock, MAX_REQUEST))
     tables = [
@@ -92,10 +94,10 @@ def serve(sock: socket.socket, limits: engine.Limits) -> None:
     frames.send_many(sock, [json.dumps(header).encode(), answer.body])
 
 
-def _child(fd: int, limits: engine.Limits) -> None:
+def _child(fd: int, limits: engine.Limits, conn: duckdb.DuckDBPyConnection) -> None:
     sock = socket.socket(fileno=fd)
     try:
-        serve(sock, limits)
+        serve(sock, limits, conn)
     except frames.FrameError:
         pass  # the service went away or gave up on this sandbox
     except Exception as exc:  # any failure is answered, never a traceback
@@ -122,6 +124,7 @@ def main(argv: list[str]) -> int:
     limits = engine.Limits(**json.loads(argv[2]))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     _warm_up()
+    template = engine.open_database(limits)  # never queried here: each child gets its own copy
     signal.signal(signal.SIGCHLD, _reap)
     while True:
         try:
@@ -140,7 +143,7 @@ def main(argv: list[str]) -> int:
             try:
                 control.close()
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                _child(fds[0], limits)
+                _child(fds[0], limits, template)
             except BaseException:  # a child never returns into the loop
                 code = 1
             finally:
