@@ -22,6 +22,7 @@ from test_escapes import ESCAPES
 
 from taskplat.devstack.waiting import wait_for
 from taskplat.query_service import engine
+from taskplat.query_service.guard import InvalidSql, Refused
 from taskplat.query_service.pool import SANDBOX_ENV, Sandbox, SandboxPool
 
 LIMITS = engine.Limits(
@@ -44,7 +45,7 @@ def pool() -> Iterator[SandboxPool]:
     """Sandboxes started while the service's environment holds every kind of secret."""
     saved = {name: os.environ.get(name) for name in SERVICE_SECRETS}
     os.environ.update(SERVICE_SECRETS)
-    sandboxes = SandboxPool(2, LIMITS)
+    sandboxes = SandboxPool(2, LIMITS, guarded=False)
     try:
         sandboxes.start()
         wait_for(lambda: sandboxes.ready() == 2, timeout=60, what="two prepared sandboxes")
@@ -58,9 +59,12 @@ def pool() -> Iterator[SandboxPool]:
     sandboxes.close()
 
 
-def direct(pool: SandboxPool, sql: str) -> engine.Answer:
-    request = {"sql": sql, "params": None, "max_rows": 1000, "format": "json"}
-    return pool.take().run({**request, "views": [["alerts", 0]]}, [ALERTS], LIMITS)
+def direct(pool: SandboxPool, sql: str, limits: engine.Limits = LIMITS) -> engine.Answer:
+    """`sql` straight to a prepared sandbox of the unguarded pool: the lockdown alone."""
+    sandbox = pool.take()
+    assert sandbox.check(sql, ["alerts"], limits) == {"alerts"}
+    request = {"params": None, "max_rows": 1000, "format": "json", "views": [["alerts", 0]]}
+    return sandbox.run(request, [ALERTS], limits)
 
 
 def contained(pool: SandboxPool, sql: str, *markers: str) -> str:
@@ -193,17 +197,9 @@ def test_the_service_process_is_not_dumpable(pool: SandboxPool) -> None:
 
 def test_a_sandbox_serves_one_query_and_the_pool_refills(pool: SandboxPool) -> None:
     sandbox: Sandbox = pool.take()
-    answer = sandbox.run(
-        {
-            "sql": "SELECT sum(block) AS s FROM alerts",
-            "params": None,
-            "max_rows": 10,
-            "format": "json",
-            "views": [["alerts", 0]],
-        },
-        [ALERTS],
-        LIMITS,
-    )
+    sandbox.check("SELECT sum(block) AS s FROM alerts", ["alerts"], LIMITS)
+    request = {"params": None, "max_rows": 10, "format": "json", "views": [["alerts", 0]]}
+    answer = sandbox.run(request, [ALERTS], LIMITS)
     assert b'"rows":[[3]]' in answer.body
     wait_for(
         lambda: not Path(f"/proc/{sandbox.pid}").exists(),
@@ -227,18 +223,10 @@ def test_a_query_past_the_time_limit_kills_its_sandbox(pool: SandboxPool) -> Non
         "range(100000000) c(block)"
     )
     sandbox = pool.take()
+    sandbox.check(slow, ["alerts"], short)
+    request = {"params": None, "max_rows": 10, "format": "json", "views": [["alerts", 0]]}
     with pytest.raises(engine.QueryTimeout):
-        sandbox.run(
-            {
-                "sql": slow,
-                "params": None,
-                "max_rows": 10,
-                "format": "json",
-                "views": [["alerts", 0]],
-            },
-            [ALERTS],
-            short,
-        )
+        sandbox.run(request, [ALERTS], short)
     wait_for(lambda: _zombie(sandbox.pid), timeout=10, what="the sandbox to be gone")
 
 
@@ -251,3 +239,24 @@ def test_no_sandbox_sees_what_another_one_left(pool: SandboxPool) -> None:
     for sql in ("SELECT * FROM left_behind", "SELECT * FROM left_view"):
         assert "does not exist" in contained(pool, sql), sql
     assert b"[[null]]" in direct(pool, "SELECT getvariable('left_var')").body
+
+
+def test_the_guard_decides_inside_a_guarded_sandbox() -> None:
+    """The service's sandboxes run the guard themselves, before they are given any input."""
+    guarded = SandboxPool(0, LIMITS)
+    try:
+        guarded.start()
+        with pytest.raises(Refused, match="read_csv"):
+            guarded.take().check("SELECT * FROM read_csv('/etc/passwd')", ["alerts"], LIMITS)
+        with pytest.raises(Refused, match="payroll"):
+            guarded.take().check("SELECT * FROM payroll", ["alerts"], LIMITS)
+        with pytest.raises(InvalidSql):
+            guarded.take().check("SELEC 1", ["alerts"], LIMITS)
+        sandbox = guarded.take()
+        assert sandbox.check("SELECT 1 FROM alerts, prices", ["alerts", "prices", "x"], LIMITS) == {
+            "alerts",
+            "prices",
+        }
+        sandbox.close()
+    finally:
+        guarded.close()

@@ -3,9 +3,10 @@
 Invariants:
   * `POST /query` runs SQL only for a valid capability token (Authorization: Bearer): signed by a
     known key, unexpired, a capability; anything else is 401 before the body is read.
-  * Order of checks: token (401), body (413/422), admission per token (429), inputs and the
-    statement guard (400/403), then the inputs are read and the query runs in a sandbox. A refused
-    statement takes no sandbox and reads nothing.
+  * Order of checks: token (401), body (413/422), admission per token (429), the token's inputs,
+    the statement guard (400/403, decided inside the query's sandbox: DuckDB's parser never sees
+    untrusted SQL in this process), then the inputs the statement reads are read and handed over
+    and the query runs. A refused statement reads nothing and is given no input.
   * This process reads only the inputs the statement reads (`guard.Checked.views`) and hands them
     to a sandbox process of its own (`pool.py`) as Arrow; the sandbox holds no secret, database
     connection or AWS credential, and serves this one query.
@@ -53,7 +54,7 @@ from taskplat.common.tokens.capability import (
     capability_key_ring,
     verify_capability_token,
 )
-from taskplat.query_service import engine, guard
+from taskplat.query_service import engine
 from taskplat.query_service.contracts import QueryRequest, openapi
 from taskplat.query_service.engine import QueryTimeout
 from taskplat.query_service.inputs import InputView, lookup, view_names
@@ -141,7 +142,7 @@ class QueryService:
         )
         self._engines = telemetry.counter(
             "taskplat_query_engines_opened",
-            description="Sandboxes taken (one per query that passed the guard)",
+            description="Sandboxes given inputs (one per query that passed the guard)",
         )
         self._duration = telemetry.histogram(
             "taskplat_query_duration_seconds", description="Run time of admitted queries"
@@ -209,31 +210,40 @@ class QueryService:
         return Response(answer.body, media_type=answer.media_type, headers=headers)
 
     def _run(self, verified: VerifiedCapability, body: QueryRequest) -> engine.Answer:
-        """In a worker thread: inputs, guard, the inputs read, the query in a sandbox."""
+        """In a worker thread: the token's inputs, a sandbox, its guard's decision, the inputs
+        the statement reads read and handed over, the answer."""
         try:
             views = view_names(lookup(self._pool, verified.capability))
         except (psycopg.Error, TimeoutError) as exc:
             get_logger().warning("catalog_failed", error=type(exc).__name__)
             raise Unavailable("the platform database could not be read") from None
-        checked = guard.check(body.sql, views)
-        used = {name: views[name] for name in checked.views}
+        sandbox = self.sandboxes.take()
+        try:
+            read = sandbox.check(body.sql, views, self._limits)
+        except BaseException:
+            sandbox.close()
+            raise
+        used = {name: views[name] for name in read}
         inputs = list({id(v): v for v in used.values()}.values())
-        credentials = self._s3(verified, inputs)
-        tables = [self._table(view, credentials) for view in inputs]
+        try:
+            credentials = self._s3(verified, inputs)
+            tables = [self._table(view, credentials) for view in inputs]
+        except BaseException:
+            sandbox.close()
+            raise
         position = {id(v): index for index, v in enumerate(inputs)}
         max_rows = min(
             body.max_rows if body.max_rows is not None else self._settings.max_rows,
             self._settings.max_rows,
         )
         request = {
-            "sql": checked.sql,
             "params": body.params,
             "max_rows": max_rows,
             "format": body.format,
             "views": [[name, position[id(view)]] for name, view in used.items()],
         }
         self._engines.add(1)
-        return self.sandboxes.take().run(request, tables, self._limits)
+        return sandbox.run(request, tables, self._limits)
 
     def _table(self, view: InputView, credentials: S3Credentials | None) -> Any:
         cap = self._settings.max_input_bytes

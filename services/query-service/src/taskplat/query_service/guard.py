@@ -16,7 +16,8 @@ Invariants:
   * Every function (scalar, aggregate, window, operator) must be on `functions.ALLOWED_FUNCTIONS`
     and name no catalog or schema.
   * Nothing here runs the statement: the guard parses only, on a DuckDB connection holding no
-    data, before the query's own connection is even opened.
+    data. The service calls it inside the query's sandbox (`sandbox.py`), before any input is
+    read or handed over, so DuckDB's parser never sees untrusted SQL in the service's process.
   * Unparseable SQL is `InvalidSql` (400), never a refusal that names the wrong thing.
 """
 
@@ -114,12 +115,13 @@ def _parse_connection() -> duckdb.DuckDBPyConnection:
 _catalog_names: frozenset[str] | None = None
 
 
-def _system_names() -> frozenset[str]:
-    """The names DuckDB resolves without any data attached (its catalog views and tables)."""
+def system_names(conn: duckdb.DuckDBPyConnection | None = None) -> frozenset[str]:
+    """The names DuckDB resolves without any data attached (its catalog views and tables); read
+    once per process, on `conn` (one holding no data) or this thread's parse connection."""
     global _catalog_names
     if _catalog_names is None:
         rows = (
-            _parse_connection()
+            (conn or _parse_connection())
             .execute(
                 "SELECT lower(view_name) FROM duckdb_views() "
                 "UNION SELECT lower(table_name) FROM duckdb_tables() "
@@ -135,10 +137,12 @@ def _statement_kind(value: object) -> str:
     return str(value).rsplit(".", 1)[-1].upper()
 
 
-def check(sql: str, views: Iterable[str]) -> Checked:
-    """`sql` if it may run against exactly `views`; else `Refused` (403) or `InvalidSql` (400)."""
+def check(sql: str, views: Iterable[str], conn: duckdb.DuckDBPyConnection | None = None) -> Checked:
+    """`sql` if it may run against exactly `views`; else `Refused` (403) or `InvalidSql` (400).
+    `conn` parses (a sandbox's own, locked-down DuckDB, before it holds any data); by default a
+    connection of this thread that holds no data."""
     allowed = frozenset(v.lower() for v in views)
-    conn = _parse_connection()
+    conn = conn or _parse_connection()
     try:
         statements = conn.extract_statements(sql)
     except duckdb.Error as exc:
@@ -180,7 +184,7 @@ def _no_shadowing(tree: Any) -> None:
             pending.extend(item.values())
         elif isinstance(item, list):
             pending.extend(item)
-    shadowing = sorted(names & _system_names())
+    shadowing = sorted(names & system_names())
     if shadowing:
         raise Refused(f"a CTE may not be named like a catalog view: {', '.join(shadowing)}")
 

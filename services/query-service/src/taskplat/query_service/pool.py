@@ -9,6 +9,9 @@ Invariants:
   * A sandbox is prepared ahead (DuckDB open and locked down, `READY` said) by a background
     thread that keeps `size` of them ready; `take` hands out a ready one, or prepares one on the
     spot when none is left. A sandbox serves one query and is closed, never handed out again.
+  * The statement is decided by the guard inside the sandbox (`check`), before any input is read;
+    the views it answers must be among those it was given (a sandbox may name no more than its
+    token's inputs).
   * Reading a sandbox's answer is bounded in time (the run time limit plus a grace) and size
     (the answer byte limit plus room for columns); past the time it is killed (`QueryTimeout`),
     a malformed or oversized answer kills it too (`SandboxFailed`). Its answer is read as JSON
@@ -33,6 +36,7 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import asdict
 from typing import Any, Literal
 
@@ -42,8 +46,8 @@ from pydantic import ValidationError
 from taskplat.common.contracts.base import Contract
 from taskplat.common.errors import TaskplatError
 from taskplat.common.logging import get_logger
-from taskplat.query_service import engine, frames
-from taskplat.query_service.sandbox import READY
+from taskplat.query_service import engine, frames, guard
+from taskplat.query_service.sandbox import READY, UNGUARDED
 
 _PR_SET_DUMPABLE, _PR_GET_DUMPABLE = 4, 3
 SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
@@ -63,6 +67,7 @@ class SandboxFailed(TaskplatError):
 
 class SandboxAnswer(Contract):
     ok: bool
+    views: list[str] | None = None
     media_type: Media | None = None
     row_count: int | None = None
     truncated: bool | None = None
@@ -103,13 +108,39 @@ class Sandbox:
         except (AttributeError, OSError):
             self._pidfd = None
 
+    def check(self, sql: str, views: Iterable[str], limits: engine.Limits) -> frozenset[str]:
+        """The guard's decision, made in the sandbox: the views `sql` reads (a subset of
+        `views`), or `Refused`/`InvalidSql`. A refusal closes the sandbox."""
+        allowed = sorted(views)
+        deadline = time.monotonic() + limits.timeout_seconds + GRACE_SECONDS
+        try:
+            frames.send(self._sock, json.dumps({"sql": sql, "views": allowed}).encode())
+            head = self._answer_header(deadline)
+        except frames.FrameTimeout:
+            self.kill()
+            self.close()
+            raise engine.QueryTimeout(f"the query ran past {limits.timeout_seconds:g} s") from None
+        except (frames.FrameError, OSError):
+            self.kill()
+            self.close()
+            raise SandboxFailed("the query's sandbox failed before answering") from None
+        if not head.ok:
+            self.close()
+            raise _failure(head)
+        read = frozenset(head.views or ())
+        if not read <= set(allowed):
+            self.kill()
+            self.close()
+            raise SandboxFailed("the query's sandbox named views it was not given")
+        return read
+
     def run(
         self,
         request: dict[str, Any],
         tables: list[pa.Table],
         limits: engine.Limits,
     ) -> engine.Answer:
-        """Hand over the statement and its inputs; the sandbox's answer. Closes the sandbox."""
+        """Hand over the checked statement's inputs; the sandbox's answer. Closes the sandbox."""
         deadline = time.monotonic() + limits.timeout_seconds + GRACE_SECONDS
         try:
             header = json.dumps({**request, "inputs": len(tables)}).encode()
@@ -117,6 +148,9 @@ class Sandbox:
             head = self._answer_header(deadline)
             if not head.ok:
                 raise _failure(head)
+            if head.media_type is None:
+                self.kill()
+                raise SandboxFailed("the query's sandbox answered no media type")
             body = frames.receive(self._sock, limits.max_bytes + 4 * HEADER_LIMIT, deadline)
         except frames.FrameTimeout:
             self.kill()
@@ -141,9 +175,6 @@ class Sandbox:
         except ValidationError:
             self.kill()
             raise SandboxFailed("the query's sandbox answered something unreadable") from None
-        if head.ok and head.media_type is None:
-            self.kill()
-            raise SandboxFailed("the query's sandbox answered no media type")
         return head
 
     def kill(self) -> None:
@@ -164,6 +195,10 @@ class Sandbox:
 
 def _failure(head: SandboxAnswer) -> TaskplatError:
     message = head.message or "the query failed"
+    if head.error == guard.Refused.code:
+        return guard.Refused(message)
+    if head.error == guard.InvalidSql.code:
+        return guard.InvalidSql(message)
     if head.error == engine.QueryTimeout.code:
         return engine.QueryTimeout(message)
     if head.error == engine.QueryFailed.code:
@@ -172,9 +207,12 @@ def _failure(head: SandboxAnswer) -> TaskplatError:
 
 
 class SandboxPool:
-    def __init__(self, size: int, limits: engine.Limits) -> None:
+    def __init__(self, size: int, limits: engine.Limits, *, guarded: bool = True) -> None:
+        """`guarded=False` only for tests of the lockdown layer alone (no guard in the
+        sandboxes); the service always runs guarded."""
         self._size = size
         self._limits = limits
+        self._guarded = guarded
         self._ready: deque[Sandbox] = deque()
         self._changed = threading.Condition()
         self._control_lock = threading.Lock()
@@ -269,6 +307,7 @@ class SandboxPool:
             "taskplat.query_service.sandbox",
             str(theirs.fileno()),
             json.dumps(asdict(self._limits)),
+            *([] if self._guarded else [UNGUARDED]),
         ]
         self._server = subprocess.Popen(
             command,
