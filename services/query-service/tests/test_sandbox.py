@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +25,7 @@ from test_escapes import ESCAPES
 from taskplat.devstack.waiting import wait_for
 from taskplat.query_service import engine
 from taskplat.query_service.guard import InvalidSql, Refused
-from taskplat.query_service.pool import SANDBOX_ENV, Sandbox, SandboxPool
+from taskplat.query_service.pool import SANDBOX_ENV, Sandbox, SandboxPool, network_filtered
 
 LIMITS = engine.Limits(
     max_rows=1000, max_bytes=1 << 20, timeout_seconds=20, memory_limit="256MB", threads=1
@@ -260,3 +262,29 @@ def test_the_guard_decides_inside_a_guarded_sandbox() -> None:
         sandbox.close()
     finally:
         guarded.close()
+
+
+def test_a_sandbox_has_no_network(pool: SandboxPool) -> None:
+    """Every sandbox (and its fork server) runs under the filter that allows no socket but
+    AF_UNIX; the filter itself, applied in a fresh process, refuses TCP and UDP sockets."""
+    sandbox = pool.take()
+    try:
+        assert pool.server_pid is not None
+        assert network_filtered(sandbox.pid) and network_filtered(pool.server_pid)
+    finally:
+        sandbox.close()
+    probe = (
+        "import socket, sys\n"
+        "from taskplat.query_service.seccomp import deny_network\n"
+        "assert deny_network()\n"
+        "socket.socketpair()\n"
+        "for family, kind in ((socket.AF_INET, socket.SOCK_STREAM), "
+        "(socket.AF_INET6, socket.SOCK_DGRAM), (socket.AF_NETLINK, socket.SOCK_RAW)):\n"
+        "    try:\n"
+        "        socket.socket(family, kind)\n"
+        "    except PermissionError:\n"
+        "        continue\n"
+        "    sys.exit(f'{family} allowed')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -38,6 +38,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -83,6 +84,17 @@ def make_non_dumpable() -> bool:
     prctl = ctypes.CDLL(None, use_errno=True).prctl
     prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     return bool(prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0) == 0)
+
+
+def network_filtered(pid: int) -> bool:
+    """Whether `pid` runs under a seccomp filter with `no_new_privs` (`/proc/<pid>/status`)."""
+    try:
+        fields = dict(
+            line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        )
+    except (OSError, ValueError):
+        return False
+    return fields.get("Seccomp", "").strip() == "2" and fields.get("NoNewPrivs", "").strip() == "1"
 
 
 def arrow_stream(table: pa.Table) -> memoryview:
@@ -213,6 +225,7 @@ class SandboxPool:
         self._size = size
         self._limits = limits
         self._guarded = guarded
+        self._filter_noted = False
         self._ready: deque[Sandbox] = deque()
         self._changed = threading.Condition()
         self._control_lock = threading.Lock()
@@ -256,11 +269,20 @@ class SandboxPool:
                 sandbox.kill()
                 raise SandboxFailed("a sandbox did not get ready")
             sandbox.hold()
+            self._note_filter(pid)
             return sandbox
         except BaseException:
             ours.close()
             theirs.close()
             raise
+
+    def _note_filter(self, pid: int) -> None:
+        """Log once if a sandbox runs without its network filter (an unknown platform)."""
+        if self._filter_noted:
+            return
+        self._filter_noted = True
+        if not network_filtered(pid):
+            get_logger().warning("sandbox_network_not_filtered", pid=pid)
 
     def close(self) -> None:
         with self._changed:

@@ -18,7 +18,9 @@ Invariants of a child (one sandbox):
     it registers each under its view names, runs the one statement, writes one answer (a JSON
     header, then the body) and exits. It serves one query, never two.
   * It holds no secret, no database connection and no AWS credential: the service reads the
-    inputs and hands them over as Arrow. Whatever runs inside it can reach only those tables.
+    inputs and hands them over as Arrow. Whatever runs inside it can reach only those tables,
+    and no host: the fork server installs `seccomp.deny_network()` first thing, inherited by
+    every sandbox (no socket but `AF_UNIX`).
   * Its answer is data for the service (JSON and bytes, never pickled objects).
 """
 
@@ -36,7 +38,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from taskplat.query_service import engine, frames, guard
+from taskplat.query_service import engine, frames, guard, seccomp
 
 READY = b'{"ready":true}'
 UNGUARDED = "--unguarded"  # tests of the lockdown alone; the service never passes it
@@ -135,6 +137,7 @@ def main(argv: list[str]) -> int:
     limits = engine.Limits(**json.loads(argv[2]))
     guarded = argv[3:] != [UNGUARDED]
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    seccomp.deny_network()  # no socket but AF_UNIX, here and in every sandbox
     _warm_up()
     template = engine.open_database(limits)  # never queried here: each child gets its own copy
     signal.signal(signal.SIGCHLD, _reap)
