@@ -29,6 +29,7 @@ from typing import Any
 
 import boto3
 import psycopg
+import pyarrow as pa
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from psycopg_pool import ConnectionPool
@@ -245,7 +246,7 @@ class QueryService:
         self._engines.add(1)
         return sandbox.run(request, tables, self._limits)
 
-    def _table(self, view: InputView, credentials: S3Credentials | None) -> Any:
+    def _table(self, view: InputView, credentials: S3Credentials | None) -> pa.Table:
         cap = self._settings.max_input_bytes
         if view.table_name:
             try:
