@@ -52,7 +52,7 @@ def _warm_up() -> None:
     try:
         guard.system_names(conn)  # read once here (no view yet), inherited by every sandbox
         conn.register("warm", pa.table({"x": [1]}))
-        conn.sql("SELECT count(*) FROM warm").fetchall()
+        conn.sql("SELECT count(*), now()::TIMESTAMPTZ FROM warm").fetchall()  # and pytz
     finally:
         conn.close()
 
