@@ -3,12 +3,15 @@
 Invariants:
   * `POST /query` runs SQL only for a valid capability token (Authorization: Bearer): signed by a
     known key, unexpired, a capability; anything else is 401 before the body is read.
-  * Order of checks: token (401), body (413/422), admission per token (429), inputs and the
-    statement guard (400/403), then DuckDB. A refused statement opens no DuckDB connection,
-    attaches nothing and reads nothing.
-  * The DuckDB of a query attaches only the inputs the statement reads (`guard.Checked.views`).
-  * Past the time limit the query is interrupted and answers 408; its slot is freed once its
-    thread has returned.
+  * Order of checks: token (401), body (413/422), admission per token (429), the token's inputs,
+    the statement guard (400/403, decided inside the query's sandbox: DuckDB's parser never sees
+    untrusted SQL in this process), then the inputs the statement reads are read and handed over
+    and the query runs. A refused statement reads nothing and is given no input.
+  * This process reads only the inputs the statement reads (`guard.Checked.views`) and hands them
+    to a sandbox process of its own (`pool.py`) as Arrow; the sandbox holds no secret, database
+    connection or AWS credential, and serves this one query.
+  * Past the time limit the query is interrupted (or its sandbox killed) and answers 408; its
+    slot is freed once its thread has returned.
   * Bad input answers 4xx JSON (`{"error", "message", "detail"}`), storage or STS trouble 502,
     never a 500 with a traceback; tokens, credentials and SQL text are never logged.
   * `/healthz`, `/readyz`, `/metrics` and `/openapi.json` are open; every answer of `/query` is
@@ -26,9 +29,9 @@ from typing import Any
 
 import boto3
 import psycopg
+import pyarrow as pa
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
-from psycopg.conninfo import make_conninfo
 from psycopg_pool import ConnectionPool
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -52,13 +55,15 @@ from taskplat.common.tokens.capability import (
     capability_key_ring,
     verify_capability_token,
 )
-from taskplat.query_service import engine, guard
+from taskplat.query_service import engine
 from taskplat.query_service.contracts import QueryRequest, openapi
-from taskplat.query_service.engine import InputUnreadable, QueryTimeout
+from taskplat.query_service.engine import QueryTimeout
 from taskplat.query_service.inputs import InputView, lookup, view_names
 from taskplat.query_service.limits import Admission, TokenKey
-from taskplat.query_service.s3access import CredentialSource
+from taskplat.query_service.pool import SandboxPool
+from taskplat.query_service.s3access import CredentialSource, S3Credentials
 from taskplat.query_service.settings import QuerySettings
+from taskplat.query_service.tables import InputUnreadable, S3Reader, postgres_table
 
 STATUS_BY_ERROR: dict[type[TaskplatError], int] = {
     BadRequest: 400,
@@ -124,11 +129,7 @@ class QueryService:
         self._executor = ThreadPoolExecutor(
             max_workers=settings.workers, thread_name_prefix="query"
         )
-        self._dsn = make_conninfo(
-            settings.database_url.get_secret_value(),
-            connect_timeout=settings.connect_timeout_seconds,
-            application_name="taskplat-query",
-        )
+        self._s3_reader = S3Reader(settings.s3_endpoint_url, settings.aws_region)
         self._limits = engine.Limits(
             max_rows=settings.max_rows,
             max_bytes=settings.max_bytes,
@@ -136,19 +137,24 @@ class QueryService:
             memory_limit=settings.memory_limit,
             threads=settings.threads,
         )
+        self.sandboxes = SandboxPool(settings.sandboxes, self._limits)
         self._answers = telemetry.counter(
             "taskplat_query_requests", description="POST /query answers by outcome"
         )
         self._engines = telemetry.counter(
             "taskplat_query_engines_opened",
-            description="DuckDB connections opened (one per query that passed the guard)",
+            description="Sandboxes given inputs (one per query that passed the guard)",
         )
         self._duration = telemetry.histogram(
             "taskplat_query_duration_seconds", description="Run time of admitted queries"
         )
 
+    def start(self) -> None:
+        self.sandboxes.start()
+
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self.sandboxes.close()
 
     async def query(self, request: Request) -> Response:
         try:
@@ -205,32 +211,66 @@ class QueryService:
         return Response(answer.body, media_type=answer.media_type, headers=headers)
 
     def _run(self, verified: VerifiedCapability, body: QueryRequest) -> engine.Answer:
-        """In a worker thread: inputs, guard, S3 access, DuckDB."""
+        """In a worker thread: the token's inputs, a sandbox, its guard's decision, the inputs
+        the statement reads read and handed over, the answer."""
         try:
             views = view_names(lookup(self._pool, verified.capability))
         except (psycopg.Error, TimeoutError) as exc:
             get_logger().warning("catalog_failed", error=type(exc).__name__)
             raise Unavailable("the platform database could not be read") from None
-        checked = guard.check(body.sql, views)
-        used = {name: views[name] for name in checked.views}
-        sources = engine.Sources(
-            postgres_dsn=self._dsn,
-            s3_endpoint_url=self._settings.s3_endpoint_url,
-            region=self._settings.aws_region,
-            s3=self._s3(verified, list(used.values())),
-        )
+        sandbox = self.sandboxes.take()
+        try:
+            read = sandbox.check(body.sql, views, self._limits)
+        except BaseException:
+            sandbox.close()
+            raise
+        used = {name: views[name] for name in read}
+        inputs = list({id(v): v for v in used.values()}.values())
+        try:
+            credentials = self._s3(verified, inputs)
+            tables = [self._table(view, credentials) for view in inputs]
+        except BaseException:
+            sandbox.close()
+            raise
+        position = {id(v): index for index, v in enumerate(inputs)}
         max_rows = min(
             body.max_rows if body.max_rows is not None else self._settings.max_rows,
             self._settings.max_rows,
         )
+        request = {
+            "params": body.params,
+            "max_rows": max_rows,
+            "format": body.format,
+            "views": [[name, position[id(view)]] for name, view in used.items()],
+        }
         self._engines.add(1)
-        conn = engine.prepare(used, sources, self._limits)
-        try:
-            return engine.run(conn, checked.sql, body.params, self._limits, max_rows, body.format)
-        finally:
-            conn.close()
+        return sandbox.run(request, tables, self._limits)
 
-    def _s3(self, verified: VerifiedCapability, used: list[InputView]) -> Any:
+    def _table(self, view: InputView, credentials: S3Credentials | None) -> pa.Table:
+        cap = self._settings.max_input_bytes
+        if view.table_name:
+            try:
+                return postgres_table(self._pool, view, cap)
+            except (psycopg.Error, TimeoutError) as exc:
+                first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+                raise InputUnreadable(
+                    f"input {view.name} ({view.dataset_uuid}) cannot be read: "
+                    f"{first or type(exc).__name__}"
+                ) from None
+        assert credentials is not None
+        try:
+            return self._s3_reader.table(view, credentials, cap)
+        except (BotoCoreError, ClientError) as exc:
+            get_logger().warning("s3_read_failed", error=type(exc).__name__)
+            raise InputUnreadable(
+                f"input {view.name} ({view.dataset_uuid}) cannot be read from S3"
+            ) from None
+        except (OSError, ValueError) as exc:  # pyarrow: not Parquet, or unlike schemas
+            raise InputUnreadable(
+                f"input {view.name} ({view.dataset_uuid}) cannot be read: {type(exc).__name__}"
+            ) from None
+
+    def _s3(self, verified: VerifiedCapability, used: list[InputView]) -> S3Credentials | None:
         prefixes = sorted({v.s3_prefix for v in used if v.s3_prefix})
         if not prefixes:
             return None
@@ -261,7 +301,7 @@ def catalog_pool(settings: QuerySettings) -> ConnectionPool[Any]:
             "connect_timeout": settings.connect_timeout_seconds,
         },
         min_size=1,
-        max_size=4,
+        max_size=max(4, settings.workers),
         timeout=settings.connect_timeout_seconds,
         open=False,
         name="query-catalog",
@@ -304,6 +344,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        service.start()
         try:
             yield
         finally:

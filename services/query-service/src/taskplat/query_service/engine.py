@@ -1,15 +1,14 @@
-"""One query on its own DuckDB: views of the token's inputs, then locked down, then the statement.
+"""The DuckDB of one query, inside a sandbox process: locked down, then the statement, the answer.
 
 Invariants:
-  * Every query gets a fresh in-memory DuckDB: nothing of one token's query is seen by another's.
-  * Extensions (`parquet`, `httpfs`, `postgres_scanner`) load only from the `duckdb_ext`
-    packages' folder; autoinstall, autoload and community extensions are off, so nothing is ever
-    downloaded.
-  * Postgres is attached `READ_ONLY` with the service's read-only role; S3 is read with credentials
-    limited to the token's input prefixes (a secret scoped to those prefixes).
-  * Only after the views exist: `allowed_directories` is the token's S3 input prefixes,
-    `enable_external_access` is false and the configuration is locked, so even a statement the
-    guard let through could open no other file, URL, database or extension.
+  * Every query gets a fresh in-memory DuckDB (`connect`, or a forked copy of one that no query
+    has used): nothing of one query is seen by another.
+  * It is locked down before any data reaches it: no extension is loaded (parquet, json and icu are
+    built into the pinned DuckDB; autoinstall, autoload, community and unsigned extensions are
+    off and external access is off, so `LOAD` of anything fails), `allowed_directories` is empty,
+    `enable_external_access` is false, Python replacement scans are off and the configuration is
+    locked: no file, URL, database or extension can be opened, and no Python variable read.
+    The inputs arrive later as Arrow tables registered as views (`sandbox.py`).
   * A run past `timeout` is interrupted (`QueryTimeout`); rows are read in chunks and the answer
     stops at `max_rows` rows or `max_bytes` bytes, with `truncated` set.
 """
@@ -18,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import csv
-import importlib.util
 import io
 import json
 import math
@@ -29,20 +27,15 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from datetime import time as dtime
 from decimal import Decimal
-from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 from uuid import UUID
 
 import duckdb
 import pyarrow as pa
 
 from taskplat.common.errors import TaskplatError, ValidationFailed
-from taskplat.query_service.inputs import InputView
-from taskplat.query_service.s3access import S3Credentials
 
 Format = Literal["json", "csv", "arrow"]
-PG_CATALOG = "taskplat_pg"
 CHUNK_ROWS = 1024
 
 
@@ -56,10 +49,6 @@ class QueryFailed(ValidationFailed):
     code = "query_failed"
 
 
-class InputUnreadable(TaskplatError):
-    code = "input_unreadable"
-
-
 @dataclass(frozen=True)
 class Limits:
     max_rows: int
@@ -67,16 +56,6 @@ class Limits:
     timeout_seconds: float
     memory_limit: str
     threads: int
-
-
-@dataclass(frozen=True)
-class Sources:
-    """Where the views read from: the read-only Postgres DSN and the S3 access of this token."""
-
-    postgres_dsn: str
-    s3_endpoint_url: str | None
-    region: str
-    s3: S3Credentials | None
 
 
 @dataclass(frozen=True)
@@ -88,100 +67,41 @@ class Answer:
     elapsed_ms: float
 
 
-def extension_directory() -> str:
-    """The `duckdb_ext` packages' extensions folder (`duckdb_ext/extensions/v<ver>/<platform>`)."""
-    spec = importlib.util.find_spec("duckdb_ext")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the duckdb-ext-* packages are not installed")
-    return str(Path(next(iter(spec.submodule_search_locations))) / "extensions")
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
-def _connect(limits: Limits) -> duckdb.DuckDBPyConnection:
+def open_database(limits: Limits) -> duckdb.DuckDBPyConnection:
+    """A fresh in-memory DuckDB with no extension loading and no replacement scans, on one thread
+    (so a process holding it may fork: the sandboxes are forked copies of one never-used
+    database). Not yet locked down: `lock_down` does that before it holds any data."""
     return duckdb.connect(
         ":memory:",
         config={
-            "extension_directory": extension_directory(),
             "autoinstall_known_extensions": False,
             "autoload_known_extensions": False,
             "allow_community_extensions": False,
+            "allow_unsigned_extensions": False,
+            "python_enable_replacements": False,
             "memory_limit": limits.memory_limit,
-            "threads": limits.threads,
+            "threads": 1,
         },
     )
 
 
-def _s3_secret(conn: duckdb.DuckDBPyConnection, sources: Sources, prefixes: list[str]) -> None:
-    assert sources.s3 is not None
-    options = [
-        "TYPE s3",
-        f"KEY_ID {_literal(sources.s3.access_key_id)}",
-        f"SECRET {_literal(sources.s3.secret_access_key)}",
-        f"SESSION_TOKEN {_literal(sources.s3.session_token)}",
-        f"REGION {_literal(sources.region)}",
-        f"SCOPE ({', '.join(_literal(p) for p in prefixes)})",
-    ]
-    if sources.s3_endpoint_url:
-        endpoint = urlsplit(sources.s3_endpoint_url)
-        options += [
-            f"ENDPOINT {_literal(endpoint.netloc)}",
-            "URL_STYLE 'path'",
-            f"USE_SSL {'true' if endpoint.scheme == 'https' else 'false'}",
-        ]
-    conn.execute(f"CREATE SECRET taskplat_inputs ({', '.join(options)})")
+def lock_down(conn: duckdb.DuckDBPyConnection, limits: Limits) -> None:
+    """Its threads, then no directory, no external access, and the configuration locked."""
+    conn.execute(f"SET threads = {int(limits.threads)}")
+    conn.execute("SET allowed_directories = []")
+    conn.execute("SET enable_external_access = false")
+    conn.execute("SET lock_configuration = true")
 
 
-def prepare(
-    views: dict[str, InputView], sources: Sources, limits: Limits
-) -> duckdb.DuckDBPyConnection:
-    """A DuckDB holding exactly `views` (name -> input), locked down."""
-    conn = _connect(limits)
+def connect(limits: Limits) -> duckdb.DuckDBPyConnection:
+    """A fresh in-memory DuckDB, locked down before any data or statement reaches it."""
+    conn = open_database(limits)
     try:
-        inputs = list({id(v): v for v in views.values()}.values())
-        needs_pg = any(v.table_name for v in inputs)
-        prefixes = sorted({v.s3_prefix for v in inputs if v.s3_prefix})
-        if needs_pg:
-            conn.execute("LOAD postgres_scanner")
-            conn.execute(
-                f"ATTACH {_literal(sources.postgres_dsn)} AS {PG_CATALOG} "
-                "(TYPE postgres, READ_ONLY)"
-            )
-        if prefixes:
-            conn.execute("LOAD parquet")
-            conn.execute("LOAD httpfs")
-            if sources.s3 is not None:
-                _s3_secret(conn, sources, prefixes)
-        for name, view in views.items():
-            _create_view(conn, name, view)
-        conn.execute(f"SET allowed_directories = [{', '.join(map(_literal, prefixes))}]")
-        conn.execute("SET enable_external_access = false")
-        conn.execute("SET lock_configuration = true")
+        lock_down(conn, limits)
     except BaseException:
         conn.close()
         raise
     return conn
-
-
-def _create_view(conn: duckdb.DuckDBPyConnection, name: str, view: InputView) -> None:
-    if view.table_name:
-        source = f"{PG_CATALOG}.public.{_quote(view.table_name)}"
-    else:
-        assert view.s3_prefix is not None
-        source = f"read_parquet({_literal(view.s3_prefix + '**/*.parquet')})"
-    try:
-        conn.execute(f"CREATE VIEW {_quote(name)} AS SELECT * FROM {source}")
-    except duckdb.Error as exc:
-        first = str(exc).strip().splitlines()[0][:300]
-        raise InputUnreadable(
-            f"input {view.name} ({view.dataset_uuid}) cannot be read: {first}"
-        ) from None
 
 
 def run(

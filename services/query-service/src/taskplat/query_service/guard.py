@@ -4,14 +4,20 @@ Invariants:
   * A query is exactly one statement, and that statement is a `SELECT` (DuckDB's
     `extract_statements`); anything else (`COPY`, `ATTACH`, `SET`, `PRAGMA`, `INSTALL`, `LOAD`,
     `CALL`, `EXPORT`, a write, DDL, a second statement) is `Refused`, naming what it is.
-  * The parsed tree (`json_serialize_sql`) is walked whole: every base table must be an attached
-    view (unqualified) or a CTE of the statement; a CTE may not take the name of one of DuckDB's
-    own catalog views (so it cannot stand in for one); table functions (`read_csv`, `glob`,
-    `duckdb_settings`, `postgres_query`, a `PRAGMA`'s rewrite...) and `DESCRIBE`/`SHOW` are
-    refused; scalar functions that read the engine's state (`current_setting`, `getvariable`,
-    `pg_*`, `duckdb_*`, `current_*`, `write_log`...) or name a catalog or schema are refused.
+  * The parsed tree (`json_serialize_sql`) is walked whole, and everything in it is allow-listed:
+    query nodes, table references (joins, subqueries, VALUES, PIVOT and base tables), result
+    modifiers and expression classes of a plain SELECT; anything else (a table function such as
+    `read_csv`, `glob`, `duckdb_settings` or a `PRAGMA`'s rewrite, `DESCRIBE`/`SHOW`, a kind of
+    node a newer DuckDB adds) is refused.
+  * Every base table must be an input view (unqualified) or a CTE in scope where it is named: a
+    query node's CTEs are in scope in its body, in its later CTEs (a recursive one in itself too)
+    and in the subqueries inside them, nowhere else. No CTE may take the name of one of DuckDB's
+    own catalog views (so it cannot stand in for one).
+  * Every function (scalar, aggregate, window, operator) must be on `functions.ALLOWED_FUNCTIONS`
+    and name no catalog or schema.
   * Nothing here runs the statement: the guard parses only, on a DuckDB connection holding no
-    data, before the query's own connection is even opened.
+    data. The service calls it inside the query's sandbox (`sandbox.py`), before any input is
+    read or handed over, so DuckDB's parser never sees untrusted SQL in the service's process.
   * Unparseable SQL is `InvalidSql` (400), never a refusal that names the wrong thing.
 """
 
@@ -26,47 +32,55 @@ from typing import Any
 import duckdb
 
 from taskplat.common.errors import BadRequest, Forbidden
+from taskplat.query_service.functions import ALLOWED_FUNCTIONS
 
 # Query nodes a SELECT may be made of.
 QUERY_NODES = frozenset({"SELECT_NODE", "SET_OPERATION_NODE", "RECURSIVE_CTE_NODE", "CTE_NODE"})
-# Table references that reach no data by themselves (their children are walked).
+# Table references that reach no data by themselves (their children are walked); BASE_TABLE is
+# checked against the views and the CTEs in scope.
 SAFE_TABLE_REFS = frozenset({"JOIN", "SUBQUERY", "EMPTY", "EXPRESSION_LIST", "PIVOT"})
-# Table references refused outright, with what to call them.
+# The other typed parts of a SELECT's tree: result modifiers and ORDER BY directions.
+SAFE_PARTS = frozenset(
+    {
+        "ORDER_MODIFIER",
+        "LIMIT_MODIFIER",
+        "LIMIT_PERCENT_MODIFIER",
+        "DISTINCT_MODIFIER",
+        "ASCENDING",
+        "DESCENDING",
+        "ORDER_DEFAULT",
+    }
+)
+ALLOWED_TYPES = QUERY_NODES | SAFE_TABLE_REFS | SAFE_PARTS | {"BASE_TABLE"}
+# Expression classes; a FUNCTION or WINDOW must also name a function of the allow-list.
+ALLOWED_CLASSES = frozenset(
+    {
+        "BETWEEN",
+        "CASE",
+        "CAST",
+        "COLLATE",
+        "COLUMN_REF",
+        "COMPARISON",
+        "CONJUNCTION",
+        "CONSTANT",
+        "FUNCTION",
+        "LAMBDA",
+        "OPERATOR",
+        "PARAMETER",
+        "POSITIONAL_REFERENCE",
+        "STAR",
+        "SUBQUERY",
+        "WINDOW",
+    }
+)
+# Keys of logical types (a cast's target, a constant's type): descriptions, not walked.
+TYPE_KEYS = frozenset({"type", "type_info", "cast_type"})
+# How refused table references are named.
 REFUSED_TABLE_REFS = {
-    "TABLE_FUNCTION": "table function",
     "SHOW_REF": "DESCRIBE/SHOW/SUMMARIZE",
     "COLUMN_DATA": "materialized data",
     "DELIM_GET": "internal reference",
 }
-# Scalar functions (and macros) that read or change the engine's own state.
-REFUSED_FUNCTION_PREFIXES = ("pg_", "duckdb_", "current_", "has_", "txid_", "json_execute")
-REFUSED_FUNCTIONS = frozenset(
-    {
-        "getvariable",
-        "getenv",
-        "write_log",
-        "parse_duckdb_log_message",
-        "which_secret",
-        "version",
-        "json_serialize_sql",
-        "json_deserialize_sql",
-        "json_serialize_plan",
-        "map_to_pg_oid",
-        "format_pg_type",
-        "current_setting",
-        "set_config",
-    }
-)
-# Harmless names under a refused prefix.
-ALLOWED_FUNCTIONS = frozenset(
-    {
-        "current_date",
-        "current_time",
-        "current_timestamp",
-        "current_localtime",
-        "current_localtimestamp",
-    }
-)
 
 
 class InvalidSql(BadRequest):
@@ -101,12 +115,13 @@ def _parse_connection() -> duckdb.DuckDBPyConnection:
 _catalog_names: frozenset[str] | None = None
 
 
-def _system_names() -> frozenset[str]:
-    """The names DuckDB resolves without any data attached (its catalog views and tables)."""
+def system_names(conn: duckdb.DuckDBPyConnection | None = None) -> frozenset[str]:
+    """The names DuckDB resolves without any data attached (its catalog views and tables); read
+    once per process, on `conn` (one holding no data) or this thread's parse connection."""
     global _catalog_names
     if _catalog_names is None:
         rows = (
-            _parse_connection()
+            (conn or _parse_connection())
             .execute(
                 "SELECT lower(view_name) FROM duckdb_views() "
                 "UNION SELECT lower(table_name) FROM duckdb_tables() "
@@ -122,10 +137,12 @@ def _statement_kind(value: object) -> str:
     return str(value).rsplit(".", 1)[-1].upper()
 
 
-def check(sql: str, views: Iterable[str]) -> Checked:
-    """`sql` if it may run against exactly `views`; else `Refused` (403) or `InvalidSql` (400)."""
+def check(sql: str, views: Iterable[str], conn: duckdb.DuckDBPyConnection | None = None) -> Checked:
+    """`sql` if it may run against exactly `views`; else `Refused` (403) or `InvalidSql` (400).
+    `conn` parses (a sandbox's own, locked-down DuckDB, before it holds any data); by default a
+    connection of this thread that holds no data."""
     allowed = frozenset(v.lower() for v in views)
-    conn = _parse_connection()
+    conn = conn or _parse_connection()
     try:
         statements = conn.extract_statements(sql)
     except duckdb.Error as exc:
@@ -143,8 +160,9 @@ def check(sql: str, views: Iterable[str]) -> Checked:
         raise Refused(f"statement not allowed: {tree.get('error_message', 'not a plain SELECT')}")
     if len(tree["statements"]) != 1:
         raise Refused(f"one statement per query: found {len(tree['statements'])}")
-    walker = _Walker(allowed, _ctes(tree))
-    walker.walk(tree["statements"][0])
+    _no_shadowing(tree)
+    walker = _Walker(allowed)
+    walker.walk(tree["statements"][0], frozenset())
     return Checked(sql, frozenset(walker.read))
 
 
@@ -152,8 +170,8 @@ def _first_line(exc: Exception) -> str:
     return str(exc).strip().splitlines()[0][:300]
 
 
-def _ctes(tree: Any) -> frozenset[str]:
-    """Every CTE name the statement defines; none may shadow one of DuckDB's own names."""
+def _no_shadowing(tree: Any) -> None:
+    """No CTE anywhere in the statement may take the name of one of DuckDB's own catalog names."""
     names: set[str] = set()
     pending = [tree]
     while pending:
@@ -166,68 +184,80 @@ def _ctes(tree: Any) -> frozenset[str]:
             pending.extend(item.values())
         elif isinstance(item, list):
             pending.extend(item)
-    shadowing = sorted(names & _system_names())
+    shadowing = sorted(names & system_names())
     if shadowing:
         raise Refused(f"a CTE may not be named like a catalog view: {', '.join(shadowing)}")
-    return frozenset(names)
 
 
 class _Walker:
-    def __init__(self, views: frozenset[str], ctes: frozenset[str]) -> None:
+    """Walks the tree with the CTE names in scope at each point: a query node's CTEs are in
+    scope in its body and in the CTEs defined after them (a recursive CTE also in itself), and
+    in every subquery inside those, nowhere else."""
+
+    def __init__(self, views: frozenset[str]) -> None:
         self._views = views
-        self._ctes = ctes
         self.read: set[str] = set()
 
-    def walk(self, root: Any) -> None:
-        pending = [root]
-        while pending:
-            item = pending.pop()
-            if isinstance(item, list):
-                pending.extend(item)
-            elif isinstance(item, dict):
-                self._node(item)
-                pending.extend(item.values())
+    def walk(self, item: Any, scope: frozenset[str]) -> None:
+        if isinstance(item, list):
+            for value in item:
+                self.walk(value, scope)
+            return
+        if not isinstance(item, dict):
+            return
+        if "class" in item:
+            self._expression(item)
+        else:
+            self._part(item)
+        entries = (item.get("cte_map") or {}).get("map") or []
+        inner = scope
+        for entry in entries:
+            name = str(entry["key"]).lower()
+            query = (entry.get("value") or {}).get("query") or {}
+            recursive = (query.get("node") or {}).get("type") == "RECURSIVE_CTE_NODE"
+            self.walk(entry.get("value"), inner | {name} if recursive else inner)
+            inner = inner | {name}
+        for key, value in item.items():
+            if key != "cte_map" and not (key in TYPE_KEYS and isinstance(value, dict)):
+                self.walk(value, inner)
+        if item.get("type") == "BASE_TABLE":
+            self._table(item, inner)
 
-    def _node(self, node: dict[str, Any]) -> None:
+    def _part(self, node: dict[str, Any]) -> None:
         kind = node.get("type")
-        if "class" in node:
-            if node["class"] == "FUNCTION":
-                self._function(node)
+        if not isinstance(kind, str) or kind in ALLOWED_TYPES:
             return
-        if not isinstance(kind, str):
-            return
-        if kind.endswith("_NODE") and kind not in QUERY_NODES:
-            raise Refused(f"{kind.removesuffix('_NODE').replace('_', ' ')} is not allowed")
+        if kind == "TABLE_FUNCTION":
+            name = _function_name(node.get("function") or {})
+            raise Refused(f"table function {name} is not allowed: read the input views")
         if kind in REFUSED_TABLE_REFS:
-            what = REFUSED_TABLE_REFS[kind]
-            if kind == "TABLE_FUNCTION":
-                name = _function_name(node.get("function") or {})
-                raise Refused(f"table function {name} is not allowed: read the input views")
-            raise Refused(f"{what} is not allowed")
-        if kind == "BASE_TABLE":
-            self._table(node)
+            raise Refused(f"{REFUSED_TABLE_REFS[kind]} is not allowed")
+        raise Refused(f"{kind.removesuffix('_NODE').replace('_', ' ')} is not allowed")
 
-    def _table(self, node: dict[str, Any]) -> None:
+    def _table(self, node: dict[str, Any], scope: frozenset[str]) -> None:
         name = str(node.get("table_name", ""))
         qualifier = [p for p in (node.get("catalog_name"), node.get("schema_name")) if p]
         full = ".".join([*map(str, qualifier), name])
         if qualifier:
             raise Refused(f"table {full} is not an input of this task: use an input view name")
         lowered = name.lower()
-        if lowered in self._ctes:
+        if lowered in scope:
             return
         if lowered not in self._views:
             raise Refused(f"table {full} is not an input of this task")
         self.read.add(lowered)
 
-    def _function(self, node: dict[str, Any]) -> None:
+    def _expression(self, node: dict[str, Any]) -> None:
+        kind = str(node["class"])
+        if kind not in ALLOWED_CLASSES:
+            raise Refused(f"expression {kind.lower().replace('_', ' ')} is not allowed")
+        if kind not in ("FUNCTION", "WINDOW"):
+            return
         name = str(node.get("function_name", "")).lower()
         catalog, schema = node.get("catalog") or "", node.get("schema") or ""
         if catalog or schema not in ("", "main"):
             raise Refused(f"function {_function_name(node)} is not allowed")
-        if name in ALLOWED_FUNCTIONS:
-            return
-        if name in REFUSED_FUNCTIONS or name.startswith(REFUSED_FUNCTION_PREFIXES):
+        if name not in ALLOWED_FUNCTIONS:
             raise Refused(f"function {name} is not allowed")
 
 

@@ -2,8 +2,9 @@
 
 Invariants: the capability-token keys (`TASKPLAT_CAPABILITY_TOKEN_KEYS`: the public halves of the
 Ed25519 keys the dispatcher signs with; a private key is refused) and the read-only database URL are
-required; the service holds no private key, no attempt-token key, no worker token and no write
-right anywhere; every limit has a production-sensible default.
+required, and stay in the service's process (its sandboxes get none of its environment); the
+service holds no private key, no attempt-token key, no worker token and no write right anywhere;
+every limit has a production-sensible default.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ class QuerySettings(ServiceSettings, CapabilityTokenSettings, TelemetrySettings)
     port: int = Field(8092, ge=1, le=65535, description="Port to listen on.")
     database_url: SecretStr = Field(
         description="libpq URL of a login user that is only a member of `taskplat_query` (it may "
-        "SELECT dataset tables and nothing else); Postgres is attached read-only through it."
+        "SELECT dataset tables and nothing else); the service reads a query's pinned tables "
+        "through it, never its sandboxes."
     )
     role_arn: str = Field(
         pattern=r"^arn:aws[a-z-]*:iam::\d{12}:role/\S+$",
@@ -65,6 +67,18 @@ class QuerySettings(ServiceSettings, CapabilityTokenSettings, TelemetrySettings)
         8, ge=1, le=256, description="Queries run at once by this process (more wait their turn)."
     )
     threads: int = Field(2, ge=1, le=64, description="DuckDB threads per query.")
+    sandboxes: int = Field(
+        4,
+        ge=0,
+        le=64,
+        description="Sandboxes kept prepared ahead (a locked-down DuckDB in its own process, each "
+        "for one query); past them a query prepares its own.",
+    )
+    max_input_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1024,
+        description="Most bytes (as Arrow) of one input a query may read; past it 422.",
+    )
     concurrent_per_token: int = Field(
         2, ge=1, description="Queries one token may run at once (429 past it)."
     )

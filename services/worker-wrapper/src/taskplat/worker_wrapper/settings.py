@@ -196,7 +196,7 @@ class WrapperSettings(
         gt=0,
         le=60,
         description="How long one waiting `task-claim-next` waits (the dispatcher may cut it "
-        "to its `claim_max_wait_seconds`); a stopping wrapper waits for the open one.",
+        "to its `claim_max_wait_seconds`); a stopping wrapper cancels the open one at once.",
     )
     report_in_background: bool = Field(
         True,

@@ -14,6 +14,11 @@ from pathlib import Path
 from taskplat.devstack.cliargs import positive, positive_float, run, seconds_list, usable_dir
 
 
+def _counts(text: str) -> list[int]:
+    """A comma-separated list of positive integers."""
+    return [positive(part) for part in text.split(",") if part.strip()]
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from taskplat.bench.config import make_config
     from taskplat.bench.runner import main as run_bench
@@ -29,6 +34,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         "w5_records": args.w5_records,
         "w6_queries": args.w6_queries,
         "w6_rows": args.w6_rows,
+        "w6_sequential": args.w6_sequential,
+        "w6_clients": tuple(args.w6_clients) if args.w6_clients else None,
     }
     config = make_config(
         run_dir=usable_dir(args.dir),
@@ -95,8 +102,14 @@ def parser() -> argparse.ArgumentParser:
     sizes.add_argument("--w4-rows", type=positive, help="W4 finished tasks prefilled (1000000)")
     sizes.add_argument("--in-flight", type=positive, help="W1/W4 requests in flight (32)")
     sizes.add_argument("--w5-records", type=positive, help="W5 records through the sinks (100000)")
-    sizes.add_argument("--w6-queries", type=positive, help="W6 queries per run (200)")
-    sizes.add_argument("--w6-rows", type=positive, help="W6 rows each query scans (10000)")
+    sizes.add_argument("--w6-queries", type=positive, help="W6 queries per concurrent phase (200)")
+    sizes.add_argument("--w6-rows", type=positive, help="W6 rows each aggregate reads (1000)")
+    sizes.add_argument(
+        "--w6-sequential", type=positive, help="W6 sequential queries, and Postgres's (50)"
+    )
+    sizes.add_argument(
+        "--w6-clients", type=_counts, help="W6 clients of each concurrent phase, e.g. 4,16"
+    )
     bench.set_defaults(func=_cmd_bench)
     return bench
 

@@ -67,9 +67,10 @@ class Sizes:
     w5_records: int = 100_000  # W5: records published to a buffered dataset
     w5_batch: int = 100  # records per SQS message
     w5_duplicates: float = 0.1  # share of records repeating a key sent before
-    w6_rows: int = 10_000  # W6: rows of the buffered dataset each query scans
-    w6_queries: int = 200  # W6: queries per run (each with a token of its own)
-    w6_clients: int = 4  # W6: queries in flight
+    w6_rows: int = 1_000  # W6: rows of the buffered dataset each aggregate reads
+    w6_sequential: int = 50  # W6: sequential queries (one token), and the Postgres floor's
+    w6_queries: int = 200  # W6: queries per concurrent phase (a token per client)
+    w6_clients: tuple[int, ...] = (4, 16)  # W6: clients of each concurrent phase
 
 
 QUICK_SIZES = Sizes(
@@ -80,6 +81,7 @@ QUICK_SIZES = Sizes(
     w4_rows=20_000,
     w5_records=10_000,
     w6_queries=40,
+    w6_sequential=20,
 )
 
 

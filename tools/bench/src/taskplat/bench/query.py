@@ -1,16 +1,23 @@
-"""W6: the query service scanning a buffered dataset. A DAG with a buffered dataset of
-`w6_rows` rows (written straight into its table: the setup is not measured), then `w6_queries`
-`SELECT *` of it through `POST /query`, `w6_clients` at once, each with a capability token of its
-own (a task pinned to the dataset, signed with the stack's capability key), as untrusted
-operators would.
+"""W6: the query service as an untrusted operator meets it. A DAG with a buffered dataset of
+`w6_rows` rows (written straight into its table: the setup is not measured), then one aggregate
+of it (`STATEMENT`: a GROUP BY over every row, a few rows answered) through `POST /query`:
 
-Figures: `queries_per_second` (queries / seconds from the first request to the last answer),
-`p50_ms` and `p99_ms` (request to whole answer, at the client), `rows` (per answer: the scan's
-rows, checked on every answer), `cpu_ms_per_query` (the query service process's CPU time over the
-run, per query).
+- sequential: `w6_sequential` queries one after the other with one capability token (a task
+  pinned to the dataset, signed with the stack's capability key), as one operator would;
+- concurrent: for each count of `w6_clients`, `w6_queries` queries from that many clients at
+  once, each client with a capability token of its own (so the per-token rate limit is not what
+  is measured);
+- the floor: the same statement `w6_sequential` times straight on Postgres with psycopg, in the
+  same run.
+
+Figures: `sequential_p50_ms`/`p90`/`p99` (request to whole answer, at the client),
+`queries_per_second` and `p50_ms`/`p99_ms` at the first client count, `queries_per_second_<n>` at
+each, `cpu_ms_per_query` (the query service's CPU over the first concurrent phase, per query: its
+process, its fork server and the sandboxes, reaped or alive), `cpu_ms_per_query_sequential`, and
+`postgres_p50_ms`/`p90`/`p99` with `p50_over_postgres`.
 
 Invariants: the workload writes the dataset table only before it measures; every answer must be
-a 200 holding all `w6_rows` rows, else the workload fails.
+a 200 with the statement's rows (the same as Postgres answers), else the workload fails.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from psycopg import sql
 
 from taskplat.bench.config import Sizes
 from taskplat.bench.harness import BenchStack
-from taskplat.bench.probes import own_cpu_seconds
+from taskplat.bench.probes import tree_cpu_seconds
 from taskplat.bench.stats import percentile
 from taskplat.devstack.errors import DevstackError
 from taskplat.devstack.stack.data_services import DATA_BUCKET, capability_env
@@ -79,6 +86,18 @@ def _minter(worker_token: str) -> Any:
     return mint
 
 
+GROUPS = 4
+STATEMENT = (
+    "SELECT severity, count(*) AS n, sum(value) AS total, avg(value) AS mean "
+    "FROM {} GROUP BY severity ORDER BY severity"
+)
+
+
+def _figures(latencies: list[float]) -> dict[str, float]:
+    latencies = sorted(latencies)
+    return {f"p{q}_ms": round(percentile(latencies, q) * 1000, 2) for q in (50, 90, 99)}
+
+
 def measure_query(bs: BenchStack, sizes: Sizes, label: str) -> dict[str, Any]:
     stack = bs.running()
     query_url = stack.info.query_url
@@ -96,17 +115,17 @@ def measure_query(bs: BenchStack, sizes: Sizes, label: str) -> dict[str, Any]:
     written = bs.execute(
         sql.SQL(
             "WITH written AS (INSERT INTO {} (org_id, dedupe_key, severity, value) "
-            "SELECT '00000000-0000-4000-8000-0000000000b6', 'k' || n, 'info', n "
+            "SELECT '00000000-0000-4000-8000-0000000000b6', 'k' || n, 's' || (n % {}), n "
             "FROM generate_series(1, {}) AS n RETURNING 1) SELECT count(*) AS n FROM written"
-        ).format(sql.Identifier(table), sql.Literal(sizes.w6_rows))
+        ).format(sql.Identifier(table), sql.Literal(GROUPS), sql.Literal(sizes.w6_rows))
     )
     if written[0]["n"] != sizes.w6_rows:
         raise DevstackError(f"W6 {label}: wrote {written[0]['n']} rows, not {sizes.w6_rows}")
+    floor, expected = _postgres_floor(bs, table, sizes.w6_sequential)
     mint = _minter(stack.info.worker_token)
-    tokens = [mint(view["dataset_uuid"], view["current_version"]) for _ in range(sizes.w6_queries)]
-    statement = {"sql": f"SELECT * FROM {dataset}", "max_rows": sizes.w6_rows}
+    pin = (view["dataset_uuid"], view["current_version"])
+    statement = {"sql": STATEMENT.format(dataset)}
     pid = stack.pids()[SERVICE]
-    latencies: list[float] = []
 
     def one(client: httpx.Client, token: str) -> float:
         sent = time.monotonic()
@@ -114,25 +133,65 @@ def measure_query(bs: BenchStack, sizes: Sizes, label: str) -> dict[str, Any]:
         took = time.monotonic() - sent
         if answer.status_code != 200:
             raise DevstackError(f"W6: {answer.status_code} {answer.text[:300]}")
-        if answer.json()["row_count"] != sizes.w6_rows:
-            raise DevstackError(f"W6: an answer held {answer.json()['row_count']} rows")
+        rows = [[r[0], r[1], r[2]] for r in answer.json()["rows"]]
+        if rows != expected:
+            raise DevstackError(f"W6: an answer held {rows[:4]}, not {expected[:4]}")
         return took
 
+    figures: dict[str, Any] = {"rows": sizes.w6_rows, "queries": sizes.w6_queries}
     with httpx.Client(base_url=query_url, timeout=120) as client:
-        one(client, mint(view["dataset_uuid"], view["current_version"]))  # warm
-        cpu_before = own_cpu_seconds(pid)
-        started = time.monotonic()
-        with ThreadPoolExecutor(max_workers=sizes.w6_clients) as pool:
-            latencies = list(pool.map(lambda token: one(client, token), tokens))
-        elapsed = time.monotonic() - started
-        cpu = own_cpu_seconds(pid) - cpu_before
-    latencies.sort()
-    return {
-        "queries": len(tokens),
-        "rows": sizes.w6_rows,
-        "clients": sizes.w6_clients,
-        "queries_per_second": round(len(tokens) / elapsed, 2),
-        "p50_ms": round(percentile(latencies, 50) * 1000, 1),
-        "p99_ms": round(percentile(latencies, 99) * 1000, 1),
-        "cpu_ms_per_query": round(cpu * 1000 / len(tokens), 1),
-    }
+        token = mint(*pin)
+        for _ in range(3):
+            one(client, token)  # warm: the pool of sandboxes, the connections
+        cpu_before = tree_cpu_seconds(pid)
+        sequential = [one(client, token) for _ in range(sizes.w6_sequential)]
+        cpu = tree_cpu_seconds(pid) - cpu_before
+        figures.update({f"sequential_{k}": v for k, v in _figures(sequential).items()})
+        figures["cpu_ms_per_query_sequential"] = round(cpu * 1000 / len(sequential), 2)
+    for index, clients in enumerate(sizes.w6_clients):
+        tokens = [mint(*pin) for _ in range(clients)]
+        per_client = max(1, sizes.w6_queries // clients)
+        limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+        with httpx.Client(base_url=query_url, timeout=120, limits=limits) as client:
+
+            def serve(token: str, c: httpx.Client = client, n: int = per_client) -> list[float]:
+                return [one(c, token) for _ in range(n)]
+
+            cpu_before = tree_cpu_seconds(pid)
+            started = time.monotonic()
+            with ThreadPoolExecutor(max_workers=clients) as pool:
+                latencies = [t for took in pool.map(serve, tokens) for t in took]
+            elapsed = time.monotonic() - started
+            cpu = tree_cpu_seconds(pid) - cpu_before
+        rate = round(len(latencies) / elapsed, 2)
+        figures[f"queries_per_second_{clients}"] = rate
+        figures[f"p50_ms_{clients}"] = _figures(latencies)["p50_ms"]
+        if index == 0:
+            figures.update(
+                queries_per_second=rate,
+                clients=clients,
+                cpu_ms_per_query=round(cpu * 1000 / len(latencies), 2),
+                **{k: v for k, v in _figures(latencies).items() if k != "p90_ms"},
+            )
+    figures.update({f"postgres_{k}": v for k, v in floor.items()})
+    figures["p50_over_postgres"] = round(
+        figures["sequential_p50_ms"] / max(floor["p50_ms"], 0.001), 1
+    )
+    return figures
+
+
+def _postgres_floor(bs: BenchStack, table: str, n: int) -> tuple[dict[str, float], list[list[Any]]]:
+    """The same statement straight on Postgres with psycopg (one connection, sequential), and
+    its rows."""
+    import psycopg
+
+    statement = sql.SQL(STATEMENT).format(sql.Identifier(table))
+    latencies: list[float] = []
+    rows: list[Any] = []
+    with psycopg.connect(bs.database_url, autocommit=True) as conn:
+        for _ in range(3 + n):
+            sent = time.monotonic()
+            rows = conn.execute(statement).fetchall()
+            latencies.append(time.monotonic() - sent)
+    expected = [[r[0], int(r[1]), int(r[2])] for r in rows]
+    return _figures(latencies[3:]), expected
