@@ -58,6 +58,32 @@ def check_times(request: CreateTaskRequest, loc: list[str | int]) -> None:
         )
 
 
+async def admit_untrusted(
+    conn: Conn,
+    settings: DispatcherSettings,
+    requests: list[CreateTaskRequest],
+    loc: list[str | int],
+    *,
+    may_widen: bool,
+    batch: bool,
+) -> None:
+    """The checks every create makes of untrusted tasks before it writes: capability keys are
+    set (`untrusted.check_new_tasks`), and each task's pins stay inside its job's inputs unless
+    `may_widen` (`pins.confine_untrusted`). `loc`: where the tasks are in the body, a list of
+    them for a `batch`, else the one task."""
+    await untrusted.check_new_tasks(conn, settings, requests, loc)
+    for index, request in enumerate(requests):
+        await pins.confine_untrusted(
+            conn,
+            settings,
+            request.operator,
+            request.job,
+            request.inputs,
+            [*loc, index, "inputs"] if batch else [*loc, "inputs"],
+            may_widen=may_widen,
+        )
+
+
 def task_values(request: CreateTaskRequest, settings: DispatcherSettings) -> dict[str, Any]:
     """The column values of a new task (its id included), defaults applied."""
     defaults = settings.operator_defaults.get(request.operator, OperatorDefaults())
@@ -127,17 +153,9 @@ class BulkCreate:
         }
         wanted: list[UUID] = [each["task_id"] for each in values]
         async with self._pool.connection() as conn:
-            await untrusted.check_new_tasks(conn, self._settings, requests, ["body", "tasks"])
-            for index, request in enumerate(requests):
-                await pins.confine_untrusted(
-                    conn,
-                    self._settings,
-                    request.operator,
-                    request.job,
-                    request.inputs,
-                    ["body", "tasks", index, "inputs"],
-                    may_widen=may_widen,
-                )
+            await admit_untrusted(
+                conn, self._settings, requests, ["body", "tasks"], may_widen=may_widen, batch=True
+            )
             async with conn.transaction():
                 for index, request in enumerate(requests):
                     loc: list[str | int] = ["body", "tasks", index, "inputs"]

@@ -62,12 +62,12 @@ from taskplat.common.contracts import (
 )
 from taskplat.common.errors import Conflict, NotFound, PinnedVersionNotCurrent, ValidationFailed
 from taskplat.common.telemetry import inject
-from taskplat.dispatcher import audit, pins, untrusted
+from taskplat.dispatcher import audit, pins
 from taskplat.dispatcher.audit import AuditCall
 from taskplat.dispatcher.claim_waits import QueuedListener, Waiter
 from taskplat.dispatcher.claims import Claims
 from taskplat.dispatcher.completions import Completions
-from taskplat.dispatcher.creation import BulkCreate, check_times, task_values
+from taskplat.dispatcher.creation import BulkCreate, admit_untrusted, check_times, task_values
 from taskplat.dispatcher.operations import QueueRegistry
 from taskplat.dispatcher.recorder import Recorder
 from taskplat.dispatcher.repository import tasks as repo
@@ -142,15 +142,8 @@ class TaskService:
         }
         try:
             async with self._pool.connection() as conn:
-                await untrusted.check_new_tasks(conn, self._settings, [request], ["body"])
-                await pins.confine_untrusted(
-                    conn,
-                    self._settings,
-                    request.operator,
-                    request.job,
-                    request.inputs,
-                    ["body", "inputs"],
-                    may_widen=may_widen,
+                await admit_untrusted(
+                    conn, self._settings, [request], ["body"], may_widen=may_widen, batch=False
                 )
                 row, claimed = await self._insert(conn, request, params, waiter)
                 if row is None:
