@@ -119,11 +119,11 @@ class Operations:
             rows = await repo.list_queues(conn, self._clock.sql_now())
         return QueueList(queues=[QueueView.model_validate(row) for row in rows])
 
-    async def _view(self, name: str) -> QueueView:
+    async def view(self, name: str) -> QueueView:
         for queue in (await self.queues()).queues:
             if queue.name == name:
                 return queue
-        raise NotFound(f"queue {name!r} is not registered")  # pragma: no cover - raced away
+        raise NotFound(f"queue {name!r} is not registered")
 
     async def pause(self, name: str) -> QueueView:
         async with self._pool.connection() as conn:
@@ -136,7 +136,7 @@ class Operations:
             raise NotFound(f"queue {name!r} is not registered")
         if changed:
             self._recorder.queue_paused(name)
-        return await self._view(name)
+        return await self.view(name)
 
     async def resume(self, name: str) -> QueueView:
         async with self._pool.connection() as conn:
@@ -152,7 +152,7 @@ class Operations:
                 await audit.record(conn, outcome, now=self._clock.sql_now())
         if resumed:
             self._recorder.queue_resumed(name, announced)
-        return await self._view(name)
+        return await self.view(name)
 
     async def replay_many(self, request: BulkRetryRequest) -> BulkRetryResponse:
         filters = request.model_dump(exclude={"ids", "limit"}, exclude_none=True)
