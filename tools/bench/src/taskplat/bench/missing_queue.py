@@ -4,7 +4,7 @@ A private bench stack (`BenchStack`: Postgres, LocalStack, every service, one wo
 a queue is registered (`PUT /queues/{queue}`) and never created in SQS; `--tasks` tasks are
 created on it; once the relay holds it (`GET /queues/{queue}` shows `sqs.state` `missing`) the
 relay's CPU (its process tree, from /proc), LocalStack's and the scheduler's are measured over
-`--seconds`, with the relay's SendMessageBatch calls and the wake-ups written meanwhile. Then a
+`--seconds`, with the relay's SQS calls (its probes) and the wake-ups written meanwhile. Then a
 few tasks on the stack's own queue must complete (the rest of the platform works), and the SQS
 queue is created: the time until every wake-up of the held queue left the outbox is reported.
 
@@ -61,9 +61,14 @@ def _create(stack: BenchStack, queue: str, count: int, operator: str = "noop") -
     return ids
 
 
-def _relay_sends(stack: BenchStack) -> float:
+def _relay_requests(stack: BenchStack) -> dict[str, float]:
+    """The relay's SQS calls so far by operation (`send_message_batch`, `get_queue_url`, ...)."""
     samples = scrape(stack.running().ops_urls["relay"], prefix="taskplat_sqs_requests_total")
-    return sum(value for key, value in samples.items() if "send_message_batch" in key)
+    calls: dict[str, float] = {}
+    for key, value in samples.items():
+        op = key.split('op="', 1)[1].split('"', 1)[0] if 'op="' in key else key
+        calls[op] = calls.get(op, 0.0) + value
+    return calls
 
 
 def _pending_wakeups(stack: BenchStack, queue: str) -> int:
@@ -93,12 +98,14 @@ def run(tasks: int, seconds: float, directory: Path) -> int:
             for name, pids in stack.cpu_groups().items()
             if name in ("relay", "scheduler", "sqs server", "postgres", "dispatcher")
         }
-        sends_before, written_before = _relay_sends(stack), _wakeups_written(stack, QUEUE)
+        calls_before, written_before = _relay_requests(stack), _wakeups_written(stack, QUEUE)
         load_before = os.getloadavg()
         before = cpu_snapshot(groups, time.monotonic())
         time.sleep(seconds)
         after = cpu_snapshot(groups, time.monotonic())
-        sends = _relay_sends(stack) - sends_before
+        calls_after = _relay_requests(stack)
+        calls = {op: n - calls_before.get(op, 0.0) for op, n in calls_after.items()}
+        calls = {op: n for op, n in calls.items() if n}
         written = _wakeups_written(stack, QUEUE) - written_before
         wall = after.wall - before.wall
         used = cpu_split(before, after)
@@ -110,13 +117,15 @@ def run(tasks: int, seconds: float, directory: Path) -> int:
             _say(
                 f"  {name:<12} {used[name]:7.2f} s CPU = {100 * used[name] / wall:5.1f} % of a core"
             )
-        _say(f"  relay SendMessageBatch calls meanwhile: {sends:.0f}; wake-ups written: {written}")
+        _say(f"  relay SQS calls meanwhile: {calls or 'none'}; wake-ups written: {written}")
         held = _api(stack, "GET", f"/queues/{QUEUE}")["sqs"]
         _say(f"  {QUEUE}: {held}; pending wake-ups {_pending_wakeups(stack, QUEUE)}")
         problems = []
-        # The probes cost one GetQueueUrl each; a SendMessageBatch per row would be thousands.
-        if sends > 0:
-            problems.append(f"the relay made {sends:.0f} SendMessageBatch calls to a held queue")
+        # Held, the queue costs its probes only: one GetQueueUrl at most every probe base (5 s);
+        # failing row by row cost a GetQueueUrl or SendMessageBatch per 10 rows and retry.
+        probes = calls.get("get_queue_url", 0.0)
+        if calls.get("send_message_batch", 0.0) > 0 or probes > seconds / 5 + 2:
+            problems.append(f"the relay kept calling SQS for a held queue: {calls}")
         if written > 0:
             problems.append(f"{written} wake-ups were written for the held queue meanwhile")
 
