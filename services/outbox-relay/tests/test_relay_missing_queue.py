@@ -139,3 +139,16 @@ def test_a_wakeup_of_a_held_queue_whose_task_left_queued_is_skipped_not_deferred
     clock.advance(settings.missing_queue_probe_base_seconds)
     batch = relay.run_once()
     assert (batch.skipped, batch.deferred) == (2, 0)
+
+
+def test_a_queue_name_the_registry_cannot_hold_backs_off_row_by_row(
+    relay: Relay, rows: Rows, clock: FakeClock, settings: RelaySettings
+) -> None:
+    # Written without the API (which refuses such a name): 65 characters, beyond the registry's.
+    name = "q" * 65
+    [task_id] = rows.queued_tasks(name, 1)
+    assert relay.run_once().failed == 1
+    assert rows.queue(name) is None
+    row = rows.by_task()[task_id]
+    assert row["send_attempts"] == 1 and row["last_error"]
+    assert row["available_at"] <= clock.now() + timedelta(seconds=settings.retry_base_seconds)

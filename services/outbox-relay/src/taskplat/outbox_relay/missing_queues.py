@@ -70,12 +70,13 @@ class MissingQueues:
 
     def hold(
         self, conn: Conn, queues: Iterable[str], failures: list[Failure], now: datetime | None
-    ) -> list[str]:
+    ) -> tuple[set[str], list[str]]:
         """Hold `queues` (task queue names) and push `failures` (their rows) to the first probe,
-        in the caller's transaction; returns the queues this call began to hold."""
+        in the caller's transaction; returns the queues held (a name the registry cannot hold
+        is not: its rows are the caller's to back off) and those this call began to hold."""
         names = sorted(set(queues))
         if not names:
-            return []
+            return set(), []
         rows = conn.execute(
             Q["hold_missing_queues"],
             {
@@ -92,7 +93,7 @@ class MissingQueues:
                 self._log.warning(
                     "queue_held_sqs_missing", queue=row["queue"], next_probe_at=row["next_probe_at"]
                 )
-        return newly
+        return {row["queue"] for row in rows}, newly
 
     def counted(self, newly: Iterable[str]) -> None:
         """Count holds once their transaction committed."""

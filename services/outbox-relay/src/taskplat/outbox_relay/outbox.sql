@@ -181,6 +181,7 @@ held AS (
     SELECT u.name, n.now, n.now, n.now,
            n.now + make_interval(secs => %(probe_base_seconds)s::double precision), 0
     FROM unnest(%(queues)s::text[]) AS u(name), n
+    WHERE u.name ~ '^[A-Za-z0-9_-]{1,64}$'  -- a name the registry refuses is not held
     ON CONFLICT (name) DO UPDATE
     SET sqs_missing_since = coalesce(q.sqs_missing_since, excluded.sqs_missing_since),
         sqs_next_probe_at = coalesce(q.sqs_next_probe_at, excluded.sqs_next_probe_at),

@@ -185,10 +185,14 @@ class Relay:
                 done += [row.outbox_id for row in route_rows] if not route_failures else []
                 marked = outbox.mark_sent(conn, done, now=now)
                 missing_failures = [f for f in failures if f.outbox_id in missing]
-                newly_held = self._missing.hold(conn, set(missing.values()), missing_failures, now)
+                held_queues, newly_held = self._missing.hold(
+                    conn, set(missing.values()), missing_failures, now
+                )
+                # A row whose queue could not be held backs off on its own, as any failure.
                 outbox.mark_failed(
                     conn,
-                    [f for f in failures if f.outbox_id not in missing] + route_failures,
+                    [f for f in failures if missing.get(f.outbox_id) not in held_queues]
+                    + route_failures,
                     now=now,
                 )
         except BaseException as exc:
