@@ -1,6 +1,7 @@
 """The dashboard at `/ui/` in headless Chromium against a real dispatcher: log in with the key,
 see tasks, open a dead task and replay it, replay all, pause and resume a queue, and the
-DAG and dataset views' clear state when the dispatcher has no such routes; no console errors."""
+DAG and dataset views' clear state when the dispatcher has no such routes; a queue the relay holds
+(its SQS queue missing) shows as such; no console errors."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ui_browser import Console
 
 from taskplat.testkit.dispatcher_calls import claimed, complete, create_task, emit_events
 from taskplat.testkit.dispatcher_harness import API_KEY, Dispatcher
+from taskplat.testkit.loops_rows import LoopRows
 
 ROOT = Path(__file__).resolve().parents[2]
 README_SCREENSHOT = ROOT / "docs" / "images" / "dashboard.png"
@@ -59,7 +61,11 @@ def _log_in(browser: webdriver.Chrome, dispatcher: Dispatcher) -> None:
 
 
 def test_log_in_see_tasks_replay_a_dead_task_and_pause_a_queue(
-    browser: webdriver.Chrome, console: Console, dispatcher: Dispatcher, artifacts: Path
+    browser: webdriver.Chrome,
+    console: Console,
+    dispatcher: Dispatcher,
+    artifacts: Path,
+    db_url: str,
 ) -> None:
     tasks = _seed(dispatcher)
     _log_in(browser, dispatcher)
@@ -88,7 +94,14 @@ def test_log_in_see_tasks_replay_a_dead_task_and_pause_a_queue(
     assert dispatcher.api.get(f"/tasks/{tasks['dead']}").json()["status"] == "Queued"
     browser.save_screenshot(str(artifacts / "replayed-task.png"))
 
+    rows = LoopRows(db_url)  # the relay holds beta: its SQS queue does not exist
+    try:
+        rows.set_queue_sqs_missing("beta", True)
+    finally:
+        rows.close()
     browser.get(f"{dispatcher.base_url}/ui/#/queues")
+    assert "missing" in _wait(browser, ".sqs-missing", "missing").text
+    assert len(browser.find_elements(By.CSS_SELECTOR, ".sqs-missing")) == 1
     pause = _wait(browser, "button[data-queue=alpha][data-action=pause]")
     pause.click()
     _wait(browser, "button[data-queue=alpha][data-action=resume]")

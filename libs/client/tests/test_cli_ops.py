@@ -16,6 +16,7 @@ import structlog
 from taskplat.client.cli import run
 from taskplat.testkit.dispatcher_calls import claimed, emit_events
 from taskplat.testkit.dispatcher_harness import API_KEY, Dispatcher
+from taskplat.testkit.loops_rows import LoopRows
 
 PIPELINE = {"jobs": {"follow": {"operator": "echo",
                                 "outputs": [{"index": 0, "dataset": "blocks"}]}}}  # fmt: skip
@@ -67,8 +68,19 @@ def cli(
     return Cli(dispatcher, capsys)
 
 
-def test_queues_list_pause_resume_register(cli: Cli) -> None:
+def test_queues_list_pause_resume_register(cli: Cli, db_url: str) -> None:
     assert "alpha" in cli.human("queues", "list")
+    assert "missing" not in cli.human("queues", "list")
+    rows = LoopRows(db_url)  # the relay holds alpha: its SQS queue does not exist
+    try:
+        rows.set_queue_sqs_missing("alpha", True)
+    finally:
+        rows.close()
+    [alpha] = [line for line in cli.human("queues", "list").splitlines() if "alpha" in line]
+    assert alpha.split()[:3] == ["alpha", "running", "missing"]
+    assert {q["name"]: q["sqs"]["state"] for q in cli.json("queues", "list")["queues"]}[
+        "alpha"
+    ] == "missing"
     names = [q["name"] for q in cli.json("queues", "list")["queues"]]
     assert "alpha" in names and "brand-new" not in names
     assert cli.json("queues", "pause", "alpha")["paused"] is True

@@ -100,6 +100,7 @@ QUEUE_VIEW = {
     "running": 1,
     "oldest_queued_at": T2,
     "oldest_queued_age_seconds": 12.5,
+    "sqs": {"state": "missing", "since": T1, "next_probe_at": T2, "probes": 2},
 }
 
 # A valid example of every model; each optional UUID or timestamp is set, so each can be broken.
@@ -408,6 +409,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "Producer": {"task_id": U1, "attempt": 1},
     # The operators' routes: queues, bulk replay and the dashboard's figures.
     "QueueView": QUEUE_VIEW,
+    "QueueSqsState": QUEUE_VIEW["sqs"],
     "QueueList": {"queues": [QUEUE_VIEW]},
     "BulkRetryRequest": {"ids": [U1, U2]},
     "BulkRetrySkipped": {"task_id": U1, "reason": "NotReplayable"},

@@ -23,6 +23,7 @@ import uvicorn
 from pydantic import SecretStr
 
 from taskplat.common.clock import Clock
+from taskplat.common.telemetry import Telemetry
 from taskplat.common.tokens.capability import (
     Capability,
     StorageLayout,
@@ -110,10 +111,12 @@ def mint(
 
 
 @contextmanager
-def served(settings: BrokerSettings, sts: Any, clock: Clock) -> Iterator[httpx.Client]:
+def served(
+    settings: BrokerSettings, sts: Any, clock: Clock, telemetry: Telemetry | None = None
+) -> Iterator[httpx.Client]:
     """The broker app on a real uvicorn server in a thread; a client of it."""
     port = free_port()
-    app = create_app(settings, sts=sts, clock=clock)
+    app = create_app(settings, sts=sts, clock=clock, telemetry=telemetry)
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port, log_config=None, access_log=False, lifespan="off"
     )

@@ -325,6 +325,11 @@ def _operator_route_responses(d: Dispatcher, add: Callable[..., None]) -> None:
     for path in ("/queues", "/stats"):
         add("GET", path, 200, d.api.get(path))
         add("GET", path, 401, anonymous.get(path))
+    one = "/queues/{queue}"
+    add("GET", one, 200, d.api.get("/queues/default"))
+    add("GET", one, 401, anonymous.get("/queues/default"))
+    add("GET", one, 404, d.api.get("/queues/ghost"))
+    add("GET", one, 422, d.api.get("/queues/bad%20name"))
     for action in ("pause", "resume"):
         path = f"/queues/{{queue}}/{action}"
         add("PUT", path, 200, d.api.put(f"/queues/default/{action}"))

@@ -11,6 +11,7 @@ from dispatcher_metrics import scrape
 from taskplat.testkit.dispatcher_calls import cancel, claim, claimed, complete, create_task
 from taskplat.testkit.dispatcher_harness import Dispatcher
 from taskplat.testkit.dispatcher_rows import outbox_rows, task_row
+from taskplat.testkit.loops_rows import LoopRows
 
 
 def _dead(dispatcher: Dispatcher, **fields: Any) -> str:
@@ -93,6 +94,48 @@ def test_a_paused_queue_hands_out_nothing_until_it_resumes(
         ("alpha", "pause"): 1,
         ("alpha", "resume"): 1,
     }
+
+
+def test_a_queue_held_for_its_missing_sqs_queue_shows_it_and_stays_claimable(
+    dispatcher: Dispatcher, db_url: str
+) -> None:
+    task = create_task(dispatcher, queue="alpha")
+    queues = _queues(dispatcher)
+    assert queues["alpha"]["sqs"] == {
+        "state": "ok",
+        "since": None,
+        "next_probe_at": None,
+        "probes": 0,
+    }
+    assert scrape(dispatcher).value("taskplat_queues_sqs_missing") == 0
+
+    rows = LoopRows(db_url)
+    try:
+        rows.set_queue_sqs_missing("alpha", True)
+    finally:
+        rows.close()
+    held = _queues(dispatcher)["alpha"]["sqs"]
+    assert held["state"] == "missing" and held["probes"] == 0
+    assert held["since"] is not None and held["next_probe_at"] is not None
+    one = dispatcher.api.get("/queues/alpha")
+    assert one.status_code == 200, one.text
+    assert one.json() == _queues(dispatcher)["alpha"]
+    assert _queues(dispatcher)["default"]["sqs"]["state"] == "ok"
+    assert scrape(dispatcher).value("taskplat_queues_sqs_missing") == 1
+
+    # Its tasks stay Queued and claimable without a wake-up.
+    taken = dispatcher.worker.post(
+        "/internal/task-claim-next", json={"worker_id": "w", "queue": "alpha", "max": 5}
+    ).json()
+    assert [item["task"]["task_id"] for item in taken["claimed"]] == [task["task_id"]]
+
+
+def test_get_queue_of_unknown_or_invalid_queue(dispatcher: Dispatcher) -> None:
+    missing = dispatcher.api.get("/queues/ghost")
+    assert missing.status_code == 404 and missing.json()["error"] == "not_found"
+    bad = dispatcher.api.get("/queues/bad%20name")
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["path", "queue"]
+    assert dispatcher.anonymous.get("/queues/default").status_code == 401
 
 
 def test_pause_of_unknown_or_invalid_queue(dispatcher: Dispatcher) -> None:

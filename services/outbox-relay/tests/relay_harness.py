@@ -131,6 +131,13 @@ class Rows:
     def by_task(self) -> dict[UUID, Row]:
         return {row["task_id"]: row for row in self.outbox()}
 
+    def queue(self, name: str) -> Row | None:
+        found = self._run("queue_row", {"name": name})
+        return found[0] if found else None
+
+    def held_flags(self) -> dict[int, bool]:
+        return {row["outbox_id"]: row["held"] for row in self._run("outbox_held")}
+
     def listeners(self) -> int:
         count: int = self._run("listening_backends")[0]["listeners"]
         return count

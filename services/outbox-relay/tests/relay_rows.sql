@@ -57,3 +57,9 @@ SELECT count(pg_terminate_backend(pid)) AS terminated
 FROM pg_stat_activity
 WHERE datname = current_database() AND application_name = %(application_name)s
   AND pid <> pg_backend_pid()
+
+-- name: queue_row
+SELECT name, sqs_missing_since, sqs_next_probe_at, sqs_probes FROM queues WHERE name = %(name)s
+
+-- name: outbox_held
+SELECT outbox_id, held FROM outbox ORDER BY outbox_id

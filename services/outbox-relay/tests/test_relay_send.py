@@ -73,16 +73,15 @@ def test_rows_of_a_missing_queue_are_retried_later_without_blocking_others(
         assert row["sent_at"] is None
         assert row["send_attempts"] == 1
         assert row["last_error"] == f"SQS queue {queues.name('ghost')} does not exist"
-        assert (
-            clock.now()
-            < row["available_at"]
-            <= clock.now() + timedelta(seconds=settings.retry_base_seconds)
+        # Held with its queue (test_relay_missing_queue): due at the queue's first probe.
+        assert row["available_at"] == clock.now() + timedelta(
+            seconds=settings.missing_queue_probe_base_seconds
         )
     # Not due yet: nothing is claimed, whatever the queue.
     assert relay.run_once().claimed == 0
 
     ghost_url = queues.create("ghost")
-    clock.advance(settings.retry_max_seconds)
+    clock.advance(settings.missing_queue_probe_base_seconds)
     assert relay.run_once() == RelayBatch(
         claimed=2, sent=2, dead_letters_sent=0, failed=0, more=False
     )
@@ -107,7 +106,7 @@ def test_a_queue_deleted_after_its_url_was_cached_is_found_again_once_recreated(
     )
 
     url = queues.create("flaky")
-    clock.advance(settings.retry_max_seconds)
+    clock.advance(settings.missing_queue_probe_base_seconds)
     assert relay.run_once().sent == 1
     assert task_ids_of(queues.receive(url, 1)) == [task_id]
 

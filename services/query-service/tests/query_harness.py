@@ -35,6 +35,7 @@ from pydantic import SecretStr
 
 from taskplat.common.buffered import full_schema, schema_hash
 from taskplat.common.clock import Clock
+from taskplat.common.telemetry import Telemetry
 from taskplat.common.tokens.capability import (
     StorageLayout,
     build_capability,
@@ -203,10 +204,14 @@ def settings(database_url: str, endpoint: str, **overrides: Any) -> QuerySetting
 
 
 @contextmanager
-def served(config: QuerySettings, clock: Clock | None = None) -> Iterator[httpx.Client]:
+def served(
+    config: QuerySettings, clock: Clock | None = None, telemetry: Telemetry | None = None
+) -> Iterator[httpx.Client]:
     """The query service app on a real uvicorn server in a thread; a client of it."""
     port = free_port()
-    app = create_app(config, sts=aws("sts", config.sts_endpoint_url or ""), clock=clock)
+    app = create_app(
+        config, sts=aws("sts", config.sts_endpoint_url or ""), clock=clock, telemetry=telemetry
+    )
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False)
     )

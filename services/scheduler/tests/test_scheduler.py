@@ -160,6 +160,24 @@ def test_tasks_of_a_paused_queue_are_not_republished_until_it_resumes(
     assert len(rows.outbox(paused)) == 1
 
 
+def test_tasks_of_a_queue_held_for_its_missing_sqs_queue_are_not_republished(
+    make_scheduler: MakeScheduler, rows: LoopRows, clock: FakeClock
+) -> None:
+    scheduler = make_scheduler(requeue_after_seconds=60)
+    held = rows.insert_task(clock.now(), "Queued", queue="ghost")
+    other = rows.insert_task(clock.now(), "Queued")
+    rows.set_queue_sqs_missing("ghost", True)
+    clock.advance(600)
+    assert scheduler.run_once().republished == 1
+    assert rows.outbox(held) == [] and len(rows.outbox(other)) == 1
+    clock.advance(600)
+    assert scheduler.run_once().republished == 1
+    assert rows.outbox(held) == []
+    rows.set_queue_sqs_missing("ghost", False)
+    assert scheduler.run_once().republished == 1
+    assert len(rows.outbox(held)) == 1
+
+
 def test_batches_are_bounded_and_report_more(
     make_scheduler: MakeScheduler, rows: LoopRows, clock: FakeClock
 ) -> None:

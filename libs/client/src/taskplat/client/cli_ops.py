@@ -50,17 +50,19 @@ def _queue_line(queue: QueueView, verb: str) -> None:
 @queues.command(name="list")
 @common
 def queues_list() -> None:
-    """List the registered queues: depth, running, oldest Queued age, paused."""
+    """List the registered queues: depth, running, oldest Queued age, paused, and SQS (missing:
+    the relay holds the queue, its SQS queue does not exist)."""
     with open_client() as client:
         answer = client.queues()
 
     def human() -> None:
         table = Table(box=None, header_style="bold")
-        for column in ("QUEUE", "STATE", "DEPTH", "RUNNING", "OLDEST QUEUED"):
+        for column in ("QUEUE", "STATE", "SQS", "DEPTH", "RUNNING", "OLDEST QUEUED"):
             table.add_column(column)
         for q in answer.queues:
-            table.add_row(q.name, "paused" if q.paused else "running", str(q.depth),
-                          str(q.running), _age(q.oldest_queued_age_seconds))  # fmt: skip
+            table.add_row(q.name, "paused" if q.paused else "running", q.sqs.state,
+                          str(q.depth), str(q.running),
+                          _age(q.oldest_queued_age_seconds))  # fmt: skip
         OUT.print(table)
 
     emit(answer, human)

@@ -102,6 +102,13 @@ class CreateTasksResponse(Model):
     results: list[CreatedTask]
 
 
+class QueueSqsState(Model):
+    state: Literal["ok", "missing"]
+    since: datetime | None = None
+    next_probe_at: datetime | None = None
+    probes: int
+
+
 class QueueView(Model):
     name: str
     paused: bool
@@ -111,6 +118,7 @@ class QueueView(Model):
     running: int
     oldest_queued_at: datetime | None = None
     oldest_queued_age_seconds: float | None = None
+    sqs: QueueSqsState
 
 
 class QueueList(Model):

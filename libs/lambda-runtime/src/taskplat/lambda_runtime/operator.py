@@ -212,6 +212,15 @@ def current_channel() -> Channel | None:
     return _emitter.get()
 
 
+def current_traceparent() -> str | None:
+    """The W3C trace context of the task being served (its `traceparent`), else
+    `TRACEPARENT`; None when untraced."""
+    task = _current_task.get()
+    if task is not None:
+        return task.traceparent
+    return os.environ.get("TRACEPARENT") or None
+
+
 def _channel(what: str) -> Channel:
     channel = _emitter.get()
     if channel is None:

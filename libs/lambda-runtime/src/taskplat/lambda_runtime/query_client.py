@@ -18,6 +18,8 @@ Invariants:
     not touch); a 429 is retried after its `Retry-After`, at most `retries` times, then raised.
     The message reads `query refused (403): <error>: <message>` (`failed` for a 5xx or no answer),
     as in the TypeScript and Rust runtimes (tests/runtimes/contract).
+  * The call carries the task's W3C `traceparent` when it has one (`current_traceparent`), so
+    the query service's spans are part of the attempt's trace.
 """
 
 from __future__ import annotations
@@ -32,7 +34,11 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from taskplat.lambda_runtime.operator import OperatorFailure, current_channel
+from taskplat.lambda_runtime.operator import (
+    OperatorFailure,
+    current_channel,
+    current_traceparent,
+)
 
 URL_ENV = "TASKPLAT_QUERY_URL"
 TOKEN_ENV = "TASKPLAT_CAPABILITY_TOKEN"
@@ -120,6 +126,9 @@ def query_bytes(
         body["max_rows"] = max_rows
     data = json.dumps(body).encode()
     headers = {"Authorization": f"Bearer {_token(token)}", "Content-Type": "application/json"}
+    traceparent = current_traceparent()
+    if traceparent:  # the service's spans join the attempt's trace
+        headers["traceparent"] = traceparent
     target = _url(url)
     for attempt in range(retries + 1):
         request = urllib.request.Request(target, data=data, headers=headers, method="POST")

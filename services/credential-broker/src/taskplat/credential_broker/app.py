@@ -12,7 +12,11 @@ Invariants:
   * Bad input answers 4xx JSON (`{"error", "message", "detail"}`), STS trouble 502, never a 500
     with a traceback; tokens and credentials are never logged.
   * `/healthz`, `/readyz` and `/metrics` are open; every answer of `/credentials` is counted by
-    outcome.
+    outcome (`taskplat.broker.requests{outcome}`).
+  * Every request is timed and, with tracing on, served in a SERVER span child of its
+    `traceparent` (`taskplat.common.http_telemetry`, as the dispatcher's), so an operator's call
+    joins its attempt's trace; the AssumeRole call is a CLIENT span `sts.assume_role` inside it,
+    and both name the capability's task and attempt once the token is verified.
 """
 
 from __future__ import annotations
@@ -26,7 +30,11 @@ from typing import Any
 import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
+from opentelemetry.util.types import AttributeValue
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -41,6 +49,7 @@ from taskplat.common.errors import (
     Unauthorized,
     ValidationFailed,
 )
+from taskplat.common.http_telemetry import HttpTelemetryMiddleware
 from taskplat.common.logging import get_logger
 from taskplat.common.telemetry import PROMETHEUS_CONTENT_TYPE, Telemetry
 from taskplat.common.tokens.capability import capability_key_ring, verify_capability_token
@@ -93,8 +102,9 @@ class Broker:
         self._limiter = RateLimiter(
             settings.rate_limit_per_task, settings.rate_limit_window_seconds
         )
+        self._tracer = telemetry.tracer
         self._answers = telemetry.counter(
-            "taskplat_broker_requests", description="POST /credentials answers by outcome"
+            "taskplat.broker.requests", description="POST /credentials answers by outcome"
         )
 
     async def credentials(self, request: Request) -> Response:
@@ -113,6 +123,11 @@ class Broker:
         now = self._clock.now()
         verified = verify_capability_token(self._ring, token, now=now)
         capability = verified.capability
+        attributes: dict[str, AttributeValue] = {
+            "taskplat.task_id": str(capability.task_id),
+            "taskplat.attempt": capability.attempt,
+        }
+        trace.get_current_span().set_attributes(attributes)
         await _check_body(request, self._settings)
         wait = self._limiter.allow(capability.task_id, time.monotonic())
         if wait is not None:
@@ -126,17 +141,20 @@ class Broker:
             )
         policy = session_policy(capability, verified.expires_at)
         duration = session_seconds(verified.expires_at, now, self._settings.max_session_seconds)
-        try:
-            answer = await asyncio.to_thread(
-                self._sts.assume_role,
-                RoleArn=self._settings.role_arn,
-                RoleSessionName=f"t-{capability.task_id.hex}-{capability.attempt}"[:64],
-                Policy=packed(policy),
-                DurationSeconds=duration,
-            )
-        except (BotoCoreError, ClientError) as exc:
-            get_logger().warning("assume_role_failed", error=type(exc).__name__)
-            raise StsUnavailable("STS refused or failed the AssumeRole call") from None
+        with self._tracer.start_as_current_span(
+            "sts.assume_role", kind=SpanKind.CLIENT, attributes=attributes
+        ):
+            try:
+                answer = await asyncio.to_thread(
+                    self._sts.assume_role,
+                    RoleArn=self._settings.role_arn,
+                    RoleSessionName=f"t-{capability.task_id.hex}-{capability.attempt}"[:64],
+                    Policy=packed(policy),
+                    DurationSeconds=duration,
+                )
+            except (BotoCoreError, ClientError) as exc:
+                get_logger().warning("assume_role_failed", error=type(exc).__name__)
+                raise StsUnavailable("STS refused or failed the AssumeRole call") from None
         credentials = answer["Credentials"]
         self._answers.add(1, {"outcome": "issued"})
         get_logger().info(
@@ -193,13 +211,15 @@ def create_app(
     async def not_allowed(request: Request, exc: Exception) -> Response:
         return _error(405, "method_not_allowed", "method not allowed")
 
+    routes = [
+        Route("/credentials", broker.credentials, methods=["POST"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", healthz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
     app = Starlette(
-        routes=[
-            Route("/credentials", broker.credentials, methods=["POST"]),
-            Route("/healthz", healthz, methods=["GET"]),
-            Route("/readyz", healthz, methods=["GET"]),
-            Route("/metrics", metrics, methods=["GET"]),
-        ],
+        routes=routes,
+        middleware=[Middleware(HttpTelemetryMiddleware, telemetry=telemetry, routes=routes)],
         exception_handlers={404: not_found, 405: not_allowed},
     )
     app.state.settings = settings

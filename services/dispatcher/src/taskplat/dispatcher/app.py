@@ -28,6 +28,7 @@ from starlette.staticfiles import StaticFiles
 
 from taskplat.common.clock import Clock, SystemClock
 from taskplat.common.db.pools import make_async_pool
+from taskplat.common.http_telemetry import HttpTelemetryMiddleware
 from taskplat.common.telemetry import Telemetry
 from taskplat.dispatcher import operational
 from taskplat.dispatcher.access import KeyStore
@@ -36,7 +37,6 @@ from taskplat.dispatcher.claim_waits import QueuedListener
 from taskplat.dispatcher.dags import DagService
 from taskplat.dispatcher.datasets import DatasetService
 from taskplat.dispatcher.errors import EXCEPTION_HANDLERS
-from taskplat.dispatcher.http_telemetry import HttpTelemetryMiddleware
 from taskplat.dispatcher.openapi import build_openapi
 from taskplat.dispatcher.operations import Operations, QueueRegistry
 from taskplat.dispatcher.recorder import Recorder

@@ -120,11 +120,11 @@ class Operations:
             rows = await repo.list_queues(conn, self._clock.sql_now())
         return QueueList(queues=[QueueView.model_validate(row) for row in rows])
 
-    async def _view(self, name: str) -> QueueView:
+    async def view(self, name: str) -> QueueView:
         for queue in (await self.queues()).queues:
             if queue.name == name:
                 return queue
-        raise NotFound(f"queue {name!r} is not registered")  # pragma: no cover - raced away
+        raise NotFound(f"queue {name!r} is not registered")
 
     async def pause(self, name: str, call: AuditCall) -> QueueView:
         async with self._pool.connection() as conn:
@@ -137,7 +137,7 @@ class Operations:
             raise NotFound(f"queue {name!r} is not registered")
         if changed:
             self._recorder.queue_paused(name)
-        return await self._view(name)
+        return await self.view(name)
 
     async def resume(self, name: str, call: AuditCall) -> QueueView:
         async with self._pool.connection() as conn:
@@ -153,7 +153,7 @@ class Operations:
                 await audit.record(conn, call, outcome, now=self._clock.sql_now())
         if resumed:
             self._recorder.queue_resumed(name, announced)
-        return await self._view(name)
+        return await self.view(name)
 
     async def replay_many(self, request: BulkRetryRequest, call: AuditCall) -> BulkRetryResponse:
         filters = request.model_dump(exclude={"ids", "limit"}, exclude_none=True)

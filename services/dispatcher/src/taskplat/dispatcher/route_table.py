@@ -29,6 +29,7 @@ SCOPES: dict[str, Scope] = {
     "retry_tasks": "operate",
     # queues and figures
     "list_queues": "read",
+    "get_queue": "read",
     "pause_queue": "operate",
     "resume_queue": "operate",
     "register_queue": "admin",

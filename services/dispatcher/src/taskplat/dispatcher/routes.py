@@ -161,6 +161,11 @@ async def list_queues(request: Request) -> Response:
     return json_response(await _operations(request).queues())
 
 
+async def get_queue(request: Request) -> Response:
+    queue = parse_queue_name(request.path_params["queue"])
+    return json_response(await _operations(request).view(queue))
+
+
 async def pause_queue(request: Request) -> Response:
     queue = parse_queue_name(request.path_params["queue"])
     return json_response(await _operations(request).pause(queue, audit_call(request)))
@@ -307,8 +312,14 @@ ROUTES: tuple[RouteSpec, ...] = (
               responses={200: ("the tasks replayed and the ids skipped", BulkRetryResponse),
                          **_BODY_ERRORS}),
     RouteSpec("GET", "/queues", "list_queues",
-              "The registered queues: depth, running tasks, oldest Queued age, paused", "api_key",
+              "The registered queues: depth, running tasks, oldest Queued age, paused, SQS state",
+              "api_key",
               list_queues, responses={200: ("every registered queue", QueueList), **_AUTH}),
+    RouteSpec("GET", "/queues/{queue}", "get_queue",
+              "One registered queue: depth, running tasks, oldest Queued age, paused, and "
+              "whether the relay holds it because its SQS queue does not exist", "api_key",
+              get_queue, path_params=("queue",),
+              responses={200: ("the queue", QueueView), **_QUEUE_ERRORS}),
     RouteSpec("PUT", "/queues/{queue}/pause", "pause_queue",
               "Pause a queue: claims of its tasks answer NotClaimed Paused", "api_key",
               pause_queue, path_params=("queue",),

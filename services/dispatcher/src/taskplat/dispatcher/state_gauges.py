@@ -29,6 +29,7 @@ from taskplat.common.logging import get_logger
 from taskplat.common.telemetry import Telemetry
 from taskplat.dispatcher.repository.access import workers_per_queue
 from taskplat.dispatcher.repository.metrics import GaugeRows, read_gauges
+from taskplat.dispatcher.repository.queues import sqs_missing_queues
 
 REFRESH_TIMEOUT_SECONDS = 5.0
 OUTBOX_KINDS = ("enqueue_task", "dead_letter", "route_event", "invoke_lambda")
@@ -82,6 +83,7 @@ class StateGauges:
         self.outbox_oldest_age = _Series(())
         self.dead_last_hour = _Series(("queue", "reason"))
         self.workers_seen = _Series(("queue",))
+        self.sqs_missing = _Series(())
         gauge = telemetry.observable_gauge
         gauge(
             "taskplat.tasks.current",
@@ -111,6 +113,12 @@ class StateGauges:
             description="Tasks that became Dead in the last hour, by reason.",
         )
         gauge(
+            "taskplat.queues.sqs_missing",
+            [self.sqs_missing.observe],
+            description="Queues the relay holds because their SQS queue does not exist: none of "
+            "their wake-ups is sent until a probe finds it (docs/operations.md).",
+        )
+        gauge(
             "taskplat.workers.seen",
             [self.workers_seen.observe],
             description="Workers of the queue that reported within `worker_lost_seconds`.",
@@ -137,6 +145,7 @@ class StateGauges:
                             seen_within_seconds=self._worker_lost_seconds,
                             now=self._clock.sql_now(),
                         )
+                        sqs_missing = await sqs_missing_queues(conn)
             except Exception as exc:  # Postgres down or slow: serve the process metrics only
                 get_logger().warning("metrics_refresh_failed", error=type(exc).__name__)
                 for series in self._all():
@@ -145,6 +154,7 @@ class StateGauges:
                 return
             self._apply(rows)
             self.workers_seen.replace({(row["queue"],): float(row["workers"]) for row in workers})
+            self.sqs_missing.replace({(): float(sqs_missing)})
             self._read_at = time.monotonic()
 
     def _all(self) -> tuple[_Series, ...]:
@@ -155,6 +165,7 @@ class StateGauges:
             self.outbox_oldest_age,
             self.dead_last_hour,
             self.workers_seen,
+            self.sqs_missing,
         )
 
     def _apply(self, rows: GaugeRows) -> None:

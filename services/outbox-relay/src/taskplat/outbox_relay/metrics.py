@@ -14,7 +14,9 @@ Invariants:
     row), `taskplat.outbox.relayed{kind}` rows that left the outbox (sent, or skipped because the
     task was no longer Queued), `taskplat.outbox.skipped{kind}` the skipped ones,
     `taskplat.outbox.held{kind}` wake-ups held back (still pending: one row counts each time it is
-    held); all counted only once the batch committed. A skipped row's span carries
+    held), `taskplat.outbox.deferred{queue}` wake-ups deferred because their queue is held for
+    its missing SQS queue (`missing_queues`; a deferred row gets no span); all counted only once
+    the batch committed. A skipped row's span carries
     `taskplat.outbox.skipped = true`; a held row gets no span (it is not sent now);
   * routing (`route_event` rows, counted once their batch committed):
     `taskplat.events.routed{outcome}` events decided (`routed`, `NotCurrentVersion`,
@@ -56,6 +58,7 @@ class RelayMetrics:
         self._relayed: Any = None
         self._skipped: Any = None
         self._held: Any = None
+        self._deferred: Any = None
         self._requests: Any = None
         self._routed: Any = None
         self._routed_tasks: Any = None
@@ -91,6 +94,11 @@ class RelayMetrics:
                 "taskplat.outbox.held",
                 description="Wake-ups held back (left pending, due again later): their task is "
                 "deep in a backlog its queue's workers claim ahead, by kind.",
+            )
+            self._deferred = telemetry.counter(
+                "taskplat.outbox.deferred",
+                description="Wake-ups deferred to the next probe of their queue, held because its "
+                "SQS queue does not exist (still pending), by queue.",
             )
             self._requests = telemetry.counter(
                 "taskplat.sqs.requests", description="SQS API calls, by operation."
@@ -152,6 +160,9 @@ class RelayMetrics:
 
     def held(self, rows: Iterable[OutboxRow]) -> None:
         _add(self._held, Counter((row.kind,) for row in rows), ("kind",))
+
+    def deferred(self, rows: Iterable[OutboxRow]) -> None:
+        _add(self._deferred, Counter((row.queue,) for row in rows), ("queue",))
 
     def routed(self, events: Iterable[RoutedEvent], committed_at: datetime) -> None:
         if self._routed is None:

@@ -10,6 +10,8 @@ Queued writes its own `enqueue_task` row, so a task Queued when its row is claim
 or held: with a `Hold` depth, the wake-up of a task deep in a backlog that its queue's workers drain
 by claiming ahead stays pending (flagged `held`, due again within `Hold.max_seconds`) instead of
 being sent; each time it comes due it is skipped, held again or sent: delayed, never lost.
+Likewise a wake-up of a queue held because its SQS queue does not exist (`missing_queues`) comes
+back flagged `deferred`, pushed to that queue's next probe, never sent to the missing queue.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ class OutboxRow:
     skipped: bool = False
     # Held back, still pending: its task is deep in a backlog its workers claim ahead.
     held: bool = False
+    # Deferred to its queue's next probe, still pending: its SQS queue does not exist.
+    deferred: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +81,8 @@ def claim_pending(
     """Lock and return up to `limit` due, unsent rows, oldest due first (`available_at`, then
     `outbox_id`); with `skip_not_queued`, wake-ups of tasks no longer Queued come back already
     marked sent and flagged `skipped`, and (with a `hold` depth) wake-ups deep in a backlog that
-    is claimed ahead come back still pending, due later, and flagged `held`."""
+    is claimed ahead come back still pending, due later, and flagged `held`; wake-ups of a queue
+    held for its missing SQS queue come back pending, due at its next probe, flagged `deferred`."""
     hold = hold or Hold()
     params = {
         "limit": limit,
@@ -99,6 +104,7 @@ def claim_pending(
             send_attempts=row["send_attempts"],
             skipped=row["skipped"],
             held=row["held"],
+            deferred=row["deferred"],
         )
         for row in rows
     ]

@@ -34,6 +34,11 @@ Invariants:
     dispatcher, which take the oldest Queued task; migration 0016), and sent once it has
     passed. A held wake-up is delayed, never lost, and counts in `taskplat.outbox.held{kind}`,
     not in `relayed`;
+  * a task queue whose SQS queue does not exist is held as one (`missing_queues`): the first
+    SendMessageBatch answered QueueDoesNotExist holds it, and the rows of that send, like every
+    wake-up of it the claim meets afterwards, wait for its next probe (GetQueueUrl, at most once
+    a second per relay, backing off per queue) instead of failing and backing off row by row;
+    a probe that finds the SQS queue resumes it. Its tasks stay Queued and claimable;
   * skipped rows count in `taskplat.outbox.skipped{kind}` and, like sent rows, in
     `taskplat.outbox.relayed{kind}` (rows that left the outbox); every SQS API call of the relay's
     client counts once in `taskplat.sqs.requests{op}` (`op` = botocore's snake_case operation
@@ -56,7 +61,7 @@ from __future__ import annotations
 import random
 import threading
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -69,6 +74,7 @@ from taskplat.common.backoff import full_jitter_delay
 from taskplat.common.clock import Clock, SystemClock
 from taskplat.common.db.notify import OUTBOX_CHANNEL, SharedNotifyWaker
 from taskplat.common.loops import LoopHealth, Waker, run_loop
+from taskplat.common.sqs import sqs_queue_name
 from taskplat.common.telemetry import Telemetry
 from taskplat.outbox_relay import outbox, routing
 from taskplat.outbox_relay.messages import (
@@ -78,6 +84,7 @@ from taskplat.outbox_relay.messages import (
     trace_attributes,
 )
 from taskplat.outbox_relay.metrics import RelayMetrics
+from taskplat.outbox_relay.missing_queues import MissingQueues
 from taskplat.outbox_relay.outbox import Failure, OutboxRow
 from taskplat.outbox_relay.routing import RoutedEvent
 from taskplat.outbox_relay.sender import Sender
@@ -89,6 +96,8 @@ else:
     SQSClient = Any
 
 LOOP_NAME = "outbox_relay"
+# How often a relay looks for held queues whose probe is due (one small indexed statement).
+PROBE_LOOK_INTERVAL = timedelta(seconds=1)
 MAX_ERROR_CHARS = 2000
 
 
@@ -102,6 +111,8 @@ class RelayBatch:
     skipped: int = field(default=0, kw_only=True)
     # Wake-ups held back, still pending (their task deep in a backlog claimed ahead).
     held: int = field(default=0, kw_only=True)
+    # Wake-ups of queues held because their SQS queue does not exist, deferred to its probe.
+    deferred: int = field(default=0, kw_only=True)
     # Events routed to downstream jobs (`route_event` rows), and the tasks that created.
     routed: int = field(default=0, kw_only=True)
     tasks_created: int = field(default=0, kw_only=True)
@@ -128,6 +139,14 @@ class Relay:
         self._telemetry = telemetry
         self._metrics = RelayMetrics(telemetry)
         self._metrics.watch_sqs(sqs)
+        self._missing = MissingQueues(
+            settings,
+            self._sender,
+            lambda queue: sqs_queue_name(settings, queue),
+            telemetry,
+        )
+        self._probe_lock = threading.Lock()
+        self._next_probe_look: datetime | None = None
         self._hold = outbox.Hold(
             depth=settings.hold_depth if settings.skip_not_queued else 0,
             max_seconds=settings.hold_max_seconds,
@@ -135,9 +154,11 @@ class Relay:
         )
 
     def run_once(self) -> RelayBatch:
-        """Claim, send and mark one batch in one transaction."""
+        """Probe held queues when due; claim, send and mark one batch in one transaction."""
+        self._probe_held_queues()
         now = self._clock.sql_now()
         spans: dict[int, Span] = {}
+        newly_held: list[str] = []
         try:
             with self._pool.connection() as conn, conn.transaction():
                 rows = outbox.claim_pending(
@@ -150,18 +171,35 @@ class Relay:
                 if not rows:
                     return RelayBatch(0, 0, 0, 0, more=False)
                 route_rows = [row for row in rows if row.kind == "route_event"]
-                messages = [row for row in rows if row.kind != "route_event" and not row.held]
+                messages = [
+                    row
+                    for row in rows
+                    if row.kind != "route_event" and not row.held and not row.deferred
+                ]
                 spans = {row.outbox_id: self._metrics.start_span(row) for row in messages}
                 routed, route_failures = self._route(conn, route_rows, now)
-                accepted, failures = self._send([row for row in messages if not row.skipped], spans)
+                accepted, failures, missing = self._send(
+                    [row for row in messages if not row.skipped], spans
+                )
                 done = [row.outbox_id for row in accepted]
                 done += [row.outbox_id for row in route_rows] if not route_failures else []
                 marked = outbox.mark_sent(conn, done, now=now)
-                outbox.mark_failed(conn, failures + route_failures, now=now)
+                missing_failures = [f for f in failures if f.outbox_id in missing]
+                held_queues, newly_held = self._missing.hold(
+                    conn, set(missing.values()), missing_failures, now
+                )
+                # A row whose queue could not be held backs off on its own, as any failure.
+                outbox.mark_failed(
+                    conn,
+                    [f for f in failures if missing.get(f.outbox_id) not in held_queues]
+                    + route_failures,
+                    now=now,
+                )
         except BaseException as exc:
             for span in spans.values():
                 self._metrics.end_span(span, f"batch failed: {type(exc).__name__}: {exc}")
             raise
+        self._missing.counted(newly_held)
         self._metrics.routed(routed, self._clock.now())
         errors = {failure.outbox_id: failure.error for failure in failures}
         for outbox_id, span in spans.items():
@@ -170,6 +208,8 @@ class Relay:
         skipped = [row for row in rows if row.skipped]
         self._metrics.skipped(skipped)
         held = [row for row in rows if row.held]
+        deferred = [row for row in rows if row.deferred]
+        self._metrics.deferred(deferred)
         self._metrics.held(held)
         self._metrics.relayed(row for row in rows if row.outbox_id in marked_ids or row.skipped)
         dead_letters = sum(1 for row in accepted if row.kind == "dead_letter")
@@ -180,6 +220,7 @@ class Relay:
             failed=len(failures) + len(route_failures),
             skipped=len(skipped),
             held=len(held),
+            deferred=len(deferred),
             routed=len(routed),
             tasks_created=sum(len(event.tasks) for event in routed),
             more=len(rows) >= self._settings.batch_size or any(event.tasks for event in routed),
@@ -209,12 +250,15 @@ class Relay:
 
     def _send(
         self, rows: list[OutboxRow], spans: dict[int, Span]
-    ) -> tuple[list[OutboxRow], list[Failure]]:
-        """Send the rows' messages; the rows SQS accepted, and a failure for each other row."""
+    ) -> tuple[list[OutboxRow], list[Failure], dict[int, str]]:
+        """Send the rows' messages; the rows SQS accepted, a failure for each other row, and the
+        wake-ups whose SQS queue does not exist (outbox id -> task queue)."""
         if not rows:
-            return [], []
+            return [], [], {}
         messages, failures = self._build(rows, spans)
-        outcome = self._sender.send(messages)
+        result = self._sender.send(messages)
+        outcome = result.outcome
+        by_message = {message.outbox_id: message.queue_name for message in messages}
         by_id = {row.outbox_id: row for row in rows}
         accepted = [by_id[outbox_id] for outbox_id, error in outcome.items() if error is None]
         failures += [
@@ -222,9 +266,30 @@ class Relay:
             for outbox_id, error in outcome.items()
             if error is not None
         ]
+        # Only a task queue is held (a missing dead-letter record queue is not one).
+        missing = {
+            failure.outbox_id: by_id[failure.outbox_id].queue
+            for failure in failures
+            if by_id[failure.outbox_id].kind == "enqueue_task"
+            and by_message.get(failure.outbox_id) in result.missing
+        }
         self._metrics.sent(accepted)
         self._metrics.failed(by_id[failure.outbox_id] for failure in failures)
-        return accepted, failures
+        return accepted, failures, missing
+
+    def _probe_held_queues(self) -> None:
+        """At most once a second per relay (whichever loop comes first), probe the held queues
+        whose probe is due (`missing_queues`)."""
+        now = self._clock.now()
+        if not self._probe_lock.acquire(blocking=False):
+            return
+        try:
+            if self._next_probe_look is not None and now < self._next_probe_look:
+                return
+            self._next_probe_look = now + PROBE_LOOK_INTERVAL
+            self._missing.probe_due(self._pool, self._clock.sql_now())
+        finally:
+            self._probe_lock.release()
 
     def run(self, stop: threading.Event) -> None:
         """Repeat `run_once` until `stop`, waking on the dispatcher's NOTIFY or the interval, in

@@ -6,7 +6,10 @@ Invariants:
     each with a one-line reason;
   * `send()` never raises for an SQS or network problem: each chunk's failure stays with its own
     rows, so a missing queue or a broken call never blocks the rows of other queues;
-  * a missing SQS queue forgets its cached URL, so a queue created later is found on the next try;
+  * a missing SQS queue forgets its cached URL, so a queue created later is found on the next try,
+    and is named in the result's `missing`, so the relay can hold its task queue as one;
+  * `probe()` tells whether an SQS queue exists (GetQueueUrl): True, False (SQS answered that it
+    does not), or None when the call failed otherwise (nothing can be told).
   * calls of one batch run in parallel on a small thread pool (boto3 clients are thread-safe).
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -35,6 +39,17 @@ _MISSING_QUEUE_CODES = frozenset({"AWS.SimpleQueueService.NonExistentQueue", "Qu
 SendOutcome = dict[int, str | None]
 
 
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    outcome: SendOutcome
+    # SQS queue names that SQS answered do not exist.
+    missing: frozenset[str] = frozenset()
+
+
+def is_missing_queue(exc: ClientError) -> bool:
+    return exc.response.get("Error", {}).get("Code", "") in _MISSING_QUEUE_CODES
+
+
 class Sender:
     def __init__(self, client: SQSClient, *, concurrency: int) -> None:
         self._client = client
@@ -44,29 +59,51 @@ class Sender:
         )
         self._log = get_logger()
 
-    def send(self, messages: Sequence[OutgoingMessage]) -> SendOutcome:
+    def send(self, messages: Sequence[OutgoingMessage]) -> SendResult:
         """Send every message; the outcome names each message's outbox id exactly once."""
         chunks = list(chunk_messages(messages))
         outcome: SendOutcome = {}
-        if len(chunks) == 1:
-            outcome.update(self._send_chunk(chunks[0]))
-            return outcome
-        for result in self._executor.map(self._send_chunk, chunks):
+        missing: set[str] = set()
+        results = (
+            [self._send_chunk(chunks[0])]
+            if len(chunks) == 1
+            else self._executor.map(self._send_chunk, chunks)
+        )
+        for result, missing_name in results:
             outcome.update(result)
-        return outcome
+            if missing_name is not None:
+                missing.add(missing_name)
+        return SendResult(outcome, frozenset(missing))
+
+    def probe(self, queue_name: str) -> bool | None:
+        """Whether SQS queue `queue_name` exists (its URL is cached if so); None: unknown."""
+        self._urls.forget(queue_name)
+        try:
+            self._urls.url(queue_name)
+        except ClientError as exc:
+            if is_missing_queue(exc):
+                return False
+            self._log.warning("relay_probe_failed", sqs_queue=queue_name, error=str(exc))
+            return None
+        except BotoCoreError as exc:
+            self._log.warning("relay_probe_failed", sqs_queue=queue_name, error=str(exc))
+            return None
+        return True
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
 
-    def _send_chunk(self, chunk: list[OutgoingMessage]) -> SendOutcome:
+    def _send_chunk(self, chunk: list[OutgoingMessage]) -> tuple[SendOutcome, str | None]:
         queue_name = chunk[0].queue_name
+        missing: str | None = None
         try:
-            return self._send_batch(queue_name, chunk)
+            return self._send_batch(queue_name, chunk), None
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")
-            if code in _MISSING_QUEUE_CODES:
+            if is_missing_queue(exc):
                 self._urls.forget(queue_name)
                 reason = f"SQS queue {queue_name} does not exist"
+                missing = queue_name
             else:
                 message = exc.response.get("Error", {}).get("Message", "")
                 reason = f"sending to SQS queue {queue_name} failed: {code}: {message}"
@@ -78,7 +115,7 @@ class Sender:
         self._log.warning(
             "relay_send_failed", sqs_queue=queue_name, messages=len(chunk), error=reason
         )
-        return {message.outbox_id: reason for message in chunk}
+        return {message.outbox_id: reason for message in chunk}, missing
 
     def _send_batch(self, queue_name: str, chunk: list[OutgoingMessage]) -> SendOutcome:
         url = self._urls.url(queue_name)

@@ -117,6 +117,33 @@ class RelaySettings(
     retry_max_seconds: float = Field(
         300.0, ge=0, description="Cap of the backoff before re-sending a failed row."
     )
+    missing_queue_probe_base_seconds: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        description=(
+            "A task queue whose SQS queue does not exist is held (none of its wake-ups is sent) "
+            "and probed with GetQueueUrl this long after the failed send, then after twice the "
+            "last wait each time it is still missing (docs/operations.md)."
+        ),
+    )
+    missing_queue_probe_max_seconds: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description=(
+            "Longest wait between two probes of a held queue: the longest its wake-ups wait "
+            "once its SQS queue exists (plus `missing_queue_probe_lease_seconds` for the few "
+            "met while the probe was out)."
+        ),
+    )
+    missing_queue_probe_lease_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="A relay that takes a due probe has this long to report it before another "
+        "relay may probe the same queue.",
+    )
 
     # The relay signs the attempt tokens of Lambda attempts with the dispatcher's keys.
     attempt_token_keys: dict[str, SecretStr] | None = Field(
@@ -187,6 +214,10 @@ class RelaySettings(
     def _cap_not_below_base(self) -> RelaySettings:
         if self.retry_max_seconds < self.retry_base_seconds:
             raise ValueError("retry_max_seconds must be >= retry_base_seconds")
+        if self.missing_queue_probe_max_seconds < self.missing_queue_probe_base_seconds:
+            raise ValueError(
+                "missing_queue_probe_max_seconds must be >= missing_queue_probe_base_seconds"
+            )
         self.attempt_token_key_settings()
         self.capability_token_key_settings()
         return self

@@ -15,7 +15,11 @@ Invariants:
   * Bad input answers 4xx JSON (`{"error", "message", "detail"}`), storage or STS trouble 502,
     never a 500 with a traceback; tokens, credentials and SQL text are never logged.
   * `/healthz`, `/readyz`, `/metrics` and `/openapi.json` are open; every answer of `/query` is
-    counted by outcome and its duration recorded.
+    counted by outcome (`taskplat.query.requests{outcome}`) and its duration recorded.
+  * Every request is timed and, with tracing on, served in a SERVER span child of its
+    `traceparent` (`taskplat.common.http_telemetry`, as the dispatcher's), so an operator's query
+    joins its attempt's trace; an admitted query runs inside an INTERNAL span `query.execute`;
+    both name the capability's task and attempt once the token is verified (never the SQL).
 """
 
 from __future__ import annotations
@@ -32,8 +36,11 @@ import psycopg
 import pyarrow as pa
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
+from opentelemetry import trace
+from opentelemetry.util.types import AttributeValue
 from psycopg_pool import ConnectionPool
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -48,6 +55,7 @@ from taskplat.common.errors import (
     Unauthorized,
     ValidationFailed,
 )
+from taskplat.common.http_telemetry import HttpTelemetryMiddleware
 from taskplat.common.logging import get_logger
 from taskplat.common.telemetry import PROMETHEUS_CONTENT_TYPE, Telemetry
 from taskplat.common.tokens.capability import (
@@ -138,15 +146,16 @@ class QueryService:
             threads=settings.threads,
         )
         self.sandboxes = SandboxPool(settings.sandboxes, self._limits)
+        self._tracer = telemetry.tracer
         self._answers = telemetry.counter(
-            "taskplat_query_requests", description="POST /query answers by outcome"
+            "taskplat.query.requests", description="POST /query answers by outcome"
         )
         self._engines = telemetry.counter(
-            "taskplat_query_engines_opened",
+            "taskplat.query.engines_opened",
             description="Sandboxes given inputs (one per query that passed the guard)",
         )
         self._duration = telemetry.histogram(
-            "taskplat_query_duration_seconds", description="Run time of admitted queries"
+            "taskplat.query.duration", unit="s", description="Run time of admitted queries"
         )
 
     def start(self) -> None:
@@ -171,6 +180,11 @@ class QueryService:
         verified = verify_capability_token(self._ring, _bearer(request), now=self._clock.now())
         body = await _body(request, self._settings.max_body_bytes)
         key: TokenKey = (verified.capability.task_id, verified.capability.attempt)
+        attributes: dict[str, AttributeValue] = {
+            "taskplat.task_id": str(key[0]),
+            "taskplat.attempt": key[1],
+        }
+        trace.get_current_span().set_attributes(attributes)
         refused = self._admission.admit(key, time.monotonic())
         if refused is not None:
             reason, wait = refused
@@ -188,12 +202,15 @@ class QueryService:
                 {"Retry-After": str(seconds)},
             )
         started = time.monotonic()
-        try:
-            loop = asyncio.get_running_loop()
-            answer = await loop.run_in_executor(self._executor, self._run, verified, body)
-        finally:
-            self._admission.release(key)
-            self._duration.record(time.monotonic() - started)
+        with self._tracer.start_as_current_span("query.execute", attributes=attributes) as span:
+            try:
+                loop = asyncio.get_running_loop()
+                answer = await loop.run_in_executor(self._executor, self._run, verified, body)
+            finally:
+                self._admission.release(key)
+                self._duration.record(time.monotonic() - started)
+            span.set_attribute("taskplat.query.rows", answer.row_count)
+            span.set_attribute("taskplat.query.truncated", answer.truncated)
         self._answers.add(1, {"outcome": "answered"})
         get_logger().info(
             "query_answered",
@@ -352,14 +369,16 @@ def create_app(
             if owned:
                 pool.close()
 
+    routes = [
+        Route("/query", service.query, methods=["POST"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", healthz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/openapi.json", openapi_json, methods=["GET"]),
+    ]
     app = Starlette(
-        routes=[
-            Route("/query", service.query, methods=["POST"]),
-            Route("/healthz", healthz, methods=["GET"]),
-            Route("/readyz", healthz, methods=["GET"]),
-            Route("/metrics", metrics, methods=["GET"]),
-            Route("/openapi.json", openapi_json, methods=["GET"]),
-        ],
+        routes=routes,
+        middleware=[Middleware(HttpTelemetryMiddleware, telemetry=telemetry, routes=routes)],
         exception_handlers={404: not_found, 405: not_allowed},
         lifespan=lifespan,
     )

@@ -41,7 +41,12 @@ due AS (
     FROM tasks AS t, n
     WHERE t.status = 'Queued'
       -- A paused queue's tasks wait: they are re-announced when it resumes, not meanwhile.
-      AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.name = t.queue AND q.paused)
+      -- So do those of a queue the relay holds because its SQS queue does not exist (migration
+      -- 0025): their pending wake-ups go out once it resumes, and a fresh one would only be
+      -- deferred with them.
+      AND NOT EXISTS (SELECT 1 FROM queues AS q
+                      WHERE q.name = t.queue
+                        AND (q.paused OR q.sqs_missing_since IS NOT NULL))
       AND NOT (t.queue = ANY(%(closed)s::text[])
                AND EXISTS (SELECT 1 FROM busy AS b WHERE b.queue = t.queue))
       AND (greatest(t.queued_at, t.last_wakeup_at) IS NULL

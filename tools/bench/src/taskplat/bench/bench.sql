@@ -132,3 +132,11 @@ JOIN event_routes AS r ON r.event_id = e.event_id
 WHERE e.dataset_uuid = %(dataset_uuid)s
 GROUP BY e."cursor"
 ORDER BY e."cursor"
+
+-- name: queue_pending_wakeups
+-- Wake-ups of a queue not yet sent (missing_queue: a held queue's wait in the outbox).
+SELECT count(*) AS n FROM outbox WHERE sent_at IS NULL AND queue = %(queue)s
+
+-- name: queue_wakeups_written
+-- Wake-ups ever written for a queue (missing_queue: none may be added while it is held).
+SELECT count(*) AS n FROM outbox WHERE kind = 'enqueue_task' AND queue = %(queue)s

@@ -13,9 +13,11 @@ The run:
 4. Every `sample_every` seconds, a sample (`sampler.Sampler`): each service process's RSS, open
    fds and threads, Postgres connections per application_name, each table's dead tuples and size,
    the backlog of Queued tasks.
-5. The verdict (`series.judge`, the rule in docs/operations.md "Soak"): FAIL when a judged series
-   grows without bound over the second half, a service exited (crash or restart), or a call of
-   the load failed. The report goes to `report_dir` (soak.md, soak.json, plots/*.png).
+5. The verdict (`verdict.decide`, the rule in docs/operations.md "Soak"): FAIL when the stack
+   lagged (the Queued backlog grew: completed against offered rate), when a series leaked (grew
+   without bound over the second half; a table only while the backlog was flat), when a service
+   exited (crash or restart), or when a call of the load failed; each problem line says which.
+   The report goes to `report_dir` (soak.md, soak.json, plots/*.png).
 
 Invariants:
 - Processes are started and stopped from the calling thread only; the load thread only speaks
@@ -43,7 +45,8 @@ from taskplat.devstack.waiting import wait_for
 from taskplat.soak import report
 from taskplat.soak.load import SteadyLoad
 from taskplat.soak.sampler import Sampler
-from taskplat.soak.series import TOLERANCES, Judgement, Tolerance, behind_the_backlog, judge
+from taskplat.soak.series import Judgement
+from taskplat.soak.verdict import Rates, decide
 
 Say = Callable[[str], None]
 DAG = "soak"
@@ -243,23 +246,16 @@ class SoakRun:
     ) -> SoakResult:
         config = self.config
         half = config.duration / 2
-        judgements = []
-        for series in sampler.series.values():
-            tolerance = TOLERANCES[series.kind]
-            if series.kind == "backlog":
-                tolerance = Tolerance(tolerance.relative, config.rate * 10)
-            judgements.append(judge(series, half, tolerance))
-        problems: list[str] = []
         offered = load.sent["tasks"] / config.duration
         done_rate = completed / config.duration if completed is not None else None
-        if not all(j.ok for j in judgements if j.kind == "backlog"):
-            # The stack did not keep up: the task tables grow with the backlog, not by a leak.
-            judgements = [behind_the_backlog(j) for j in judgements]
-            problems.append(
-                "the stack did not keep up with the offered load: the Queued backlog grew ("
-                + (f"{done_rate:.0f}" if done_rate is not None else "?")
-                + f" tasks/s completed, {offered:.0f}/s offered); table sizes are not judged"
-            )
+        decided = decide(
+            sampler.series.values(),
+            half=half,
+            rate=config.rate,
+            rates=Rates(offered=offered, completed=done_rate),
+        )
+        judgements = decided.judgements
+        problems: list[str] = list(decided.problems)
         if load.error is not None:
             problems.append(f"the load stopped: {load.error!r}")
         if load.failures:
@@ -270,10 +266,8 @@ class SoakRun:
         for name, codes in sorted(exits.items()):
             if codes:
                 problems.append(f"{name} exited {len(codes)} time(s) during the soak: {codes}")
-        growing = [j.name for j in judgements if not j.ok]
-        if growing:
-            problems.append(f"grows without bound: {', '.join(sorted(growing))}")
         totals: dict[str, Any] = {
+            "verdict": decided.kind,
             "tasks sent": load.sent["tasks"],
             "job runs started": load.sent["job_runs_created"],
             "records published": load.sent["records"],

@@ -12,14 +12,13 @@ Invariants:
 - A series' samples are (seconds since the load started, value), in time order.
 - `judged=False` series (data that grows by design, such as a dataset's table) are sampled, drawn
   and reported, never failed.
-- When the Queued backlog grew (the stack did not keep up with the offered load), the tables'
-  sizes and dead tuples follow the backlog: `behind_the_backlog` leaves them unjudged, and the
-  run fails on the backlog alone, naming the completion rate against the offered rate.
+- Which series are judged over which samples, and what a failure means (a lagging stack or a
+  leak), is `verdict.decide`'s: tables' sizes and dead tuples follow the Queued backlog.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from statistics import fmean
 
 MIN_SAMPLES = 5
@@ -123,17 +122,5 @@ def judge(series: Series, half: float, tolerance: Tolerance) -> Judgement:
     )
 
 
-# Series that follow the backlog of Queued tasks: the tables grow while it does.
+# Series that follow the backlog of Queued tasks: the tables grow while it does (`verdict`).
 FOLLOW_THE_BACKLOG = ("relation_bytes", "dead_tuples")
-
-
-def behind_the_backlog(judgement: Judgement) -> Judgement:
-    """A table series of a run whose backlog grew: reported, not judged."""
-    if judgement.kind not in FOLLOW_THE_BACKLOG or not judgement.judged:
-        return judgement
-    return replace(
-        judgement,
-        judged=False,
-        ok=True,
-        reason="not judged: the Queued backlog grew, and the tables with it",
-    )

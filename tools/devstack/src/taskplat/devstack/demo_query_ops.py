@@ -36,14 +36,17 @@ def _alerts(task: Task) -> dict[str, Any]:
     return {"published": publish_records(0, records)}
 
 
-def _credentials() -> dict[str, Any]:
+def _credentials(task: Task) -> dict[str, Any]:
+    headers = {
+        "Authorization": f"Bearer {os.environ['TASKPLAT_CAPABILITY_TOKEN']}",
+        "Content-Type": "application/json",
+    }
+    if task.traceparent:  # the broker's spans join the attempt's trace
+        headers["traceparent"] = task.traceparent
     request = urllib.request.Request(
         os.environ["TASKPLAT_CREDENTIALS_URL"].rstrip("/") + "/credentials",
         data=b"{}",
-        headers={
-            "Authorization": f"Bearer {os.environ['TASKPLAT_CAPABILITY_TOKEN']}",
-            "Content-Type": "application/json",
-        },
+        headers=headers,
         method="POST",
     )
     with urllib.request.urlopen(request, timeout=30) as answer:
@@ -56,7 +59,7 @@ def _prices(task: Task) -> dict[str, Any]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    granted = _credentials()
+    granted = _credentials(task)
     output = task.outputs[0]
     mine = f"dataset/{output['dataset_uuid']}/version/{output['dataset_version']}/"
     (prefix,) = [p for p in granted["write_prefixes"] if p.endswith(mine)]

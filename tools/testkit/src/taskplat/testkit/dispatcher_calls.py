@@ -150,6 +150,7 @@ PUBLIC_ROUTES = (
     ("GET", "/tasks/{task_id}/events"),
     ("POST", "/tasks/retry"),
     ("GET", "/queues"),
+    ("GET", "/queues/{queue}"),
     ("PUT", "/queues/{queue}/pause"),
     ("PUT", "/queues/{queue}/resume"),
     ("GET", "/stats"),

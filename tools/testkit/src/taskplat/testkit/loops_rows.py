@@ -190,6 +190,9 @@ class LoopRows:
     def set_queue_paused(self, queue: str, paused: bool) -> None:
         self._rows("set_queue_paused", {"queue": queue, "paused": paused})
 
+    def set_queue_sqs_missing(self, queue: str, missing: bool) -> None:
+        self._rows("set_queue_sqs_missing", {"queue": queue, "missing": missing})
+
     def task(self, task_id: UUID) -> Row:
         rows = self._rows("task_row", {"task_id": task_id})
         assert rows, f"task {task_id} not found"

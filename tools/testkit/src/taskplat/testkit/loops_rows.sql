@@ -121,3 +121,11 @@ SELECT (SELECT count(*) FROM tasks) AS tasks,
 INSERT INTO queues (name, paused, paused_at)
 VALUES (%(queue)s, %(paused)s, CASE WHEN %(paused)s THEN now() END)
 ON CONFLICT (name) DO UPDATE SET paused = EXCLUDED.paused, paused_at = EXCLUDED.paused_at
+
+-- name: set_queue_sqs_missing
+-- The registry row of a queue, held by the relay because its SQS queue does not exist, or not
+-- (the state the relay's hold_missing_queues and found_again write, migration 0025).
+INSERT INTO queues (name, sqs_missing_since, sqs_next_probe_at)
+SELECT %(queue)s, CASE WHEN %(missing)s THEN now() END, CASE WHEN %(missing)s THEN now() END
+ON CONFLICT (name) DO UPDATE
+SET sqs_missing_since = EXCLUDED.sqs_missing_since, sqs_next_probe_at = EXCLUDED.sqs_next_probe_at

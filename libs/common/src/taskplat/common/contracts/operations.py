@@ -20,6 +20,19 @@ from taskplat.common.contracts.public import TaskStatus
 MAX_REPLAY = 1000
 
 
+class QueueSqsState(Contract):
+    """Whether the relay sends the queue's wake-ups (`ok`) or holds them because its SQS queue
+    does not exist (`missing`): none is sent, its tasks stay Queued and claimable, and the relay
+    probes the SQS queue at `next_probe_at` (docs/operations.md)."""
+
+    state: Literal["ok", "missing"]
+    since: AwareDatetime | None = Field(description="When the relay found the SQS queue missing.")
+    next_probe_at: AwareDatetime | None = Field(
+        description="When the relay looks for the SQS queue again (GetQueueUrl)."
+    )
+    probes: int = Field(ge=0, description="Probes that found it still missing since `since`.")
+
+
 class QueueView(Contract):
     name: QueueName
     paused: bool
@@ -31,6 +44,7 @@ class QueueView(Contract):
     oldest_queued_age_seconds: float | None = Field(
         description="Seconds since the oldest Queued task became Queued; null when none is."
     )
+    sqs: QueueSqsState = Field(description="The state of the queue's SQS queue for the relay.")
 
 
 class QueueList(Contract):

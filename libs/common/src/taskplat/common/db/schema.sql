@@ -1838,7 +1838,11 @@ CREATE TABLE public.queues (
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     claimed_ahead_at timestamp with time zone,
     polled_until timestamp with time zone,
-    CONSTRAINT queues_name_check CHECK ((name ~ '^[A-Za-z0-9_-]{1,64}$'::text))
+    sqs_missing_since timestamp with time zone,
+    sqs_next_probe_at timestamp with time zone,
+    sqs_probes integer DEFAULT 0 NOT NULL,
+    CONSTRAINT queues_name_check CHECK ((name ~ '^[A-Za-z0-9_-]{1,64}$'::text)),
+    CONSTRAINT queues_sqs_missing_check CHECK (((sqs_missing_since IS NULL) = (sqs_next_probe_at IS NULL)))
 );
 
 --
@@ -2268,6 +2272,12 @@ CREATE INDEX outbox_pending_idx ON public.outbox USING btree (available_at, outb
 --
 
 CREATE INDEX outbox_sent_idx ON public.outbox USING btree (sent_at) WHERE (sent_at IS NOT NULL);
+
+--
+-- Name: queues_sqs_probe_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX queues_sqs_probe_idx ON public.queues USING btree (sqs_next_probe_at) WHERE (sqs_missing_since IS NOT NULL);
 
 --
 -- Name: task_events_dataset_idx; Type: INDEX; Schema: public; Owner: -

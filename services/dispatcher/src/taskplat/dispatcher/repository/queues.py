@@ -49,6 +49,12 @@ async def list_queues(conn: Conn, now: datetime | None) -> list[Row]:
     return await _all(conn, "list_queues", {"now": now})
 
 
+async def sqs_missing_queues(conn: Conn) -> int:
+    """How many queues the relay holds because their SQS queue does not exist."""
+    rows = await _all(conn, "sqs_missing_queues", {})
+    return int(rows[0]["queues"])
+
+
 async def set_paused(conn: Conn, name: str, now: datetime | None) -> bool | None:
     """Pause a queue: whether it was running before, None when it is not registered."""
     rows = await _all(conn, "pause_queue", {"name": name, "now": now})

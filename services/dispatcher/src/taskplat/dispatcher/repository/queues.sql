@@ -18,8 +18,14 @@ SELECT name FROM queues ORDER BY name
 
 -- name: list_queues
 -- Depth and the oldest Queued task of each queue come from tasks_queued_idx (queue, queued_at).
+-- `sqs`: whether the relay holds the queue because its SQS queue does not exist (migration 0025).
 WITH n AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
 SELECT q.name, q.paused, q.paused_at, q.created_at,
+       jsonb_build_object(
+           'state', CASE WHEN q.sqs_missing_since IS NULL THEN 'ok' ELSE 'missing' END,
+           'since', q.sqs_missing_since,
+           'next_probe_at', q.sqs_next_probe_at,
+           'probes', q.sqs_probes) AS sqs,
        (SELECT count(*) FROM tasks AS t WHERE t.status = 'Queued' AND t.queue = q.name) AS depth,
        (SELECT count(*) FROM tasks AS t WHERE t.status = 'Running' AND t.queue = q.name)
            AS running,
@@ -86,6 +92,11 @@ UPDATE queues
 SET polled_until = greatest(polled_until, coalesce(%(now)s::timestamptz, now())
                                           + make_interval(secs => %(seconds)s))
 WHERE name = %(name)s
+
+-- name: sqs_missing_queues
+-- Queues the relay holds because their SQS queue does not exist (migration 0025; the partial
+-- index queues_sqs_probe_idx holds exactly those): the dispatcher's gauge.
+SELECT count(*) AS queues FROM queues WHERE sqs_missing_since IS NOT NULL
 
 -- name: queue_exists
 SELECT name, paused FROM queues WHERE name = %(name)s

@@ -448,11 +448,17 @@ async function queuesView() {
       route();
     }) }, h("label", {}, "Register a queue", name), h("button", { type: "submit" }, "Register"))
     : null;
+  // A queue held by the relay: its SQS queue does not exist, so no wake-up is sent until a
+  // probe finds it (docs/operations.md).
+  const sqs = (q) => q.sqs.state === "missing"
+    ? h("span", { class: "sqs-missing", title: `since ${when(q.sqs.since)}` },
+        status("missing"), " next probe ", ago(q.sqs.next_probe_at))
+    : "ok";
   render(h("h1", {}, "Queues"), register, table(
-    ["Queue", "State", "Depth", "Running", "Oldest queued", "Paused since",
+    ["Queue", "State", "SQS queue", "Depth", "Running", "Oldest queued", "Paused since",
      ...(operate ? [""] : [])],
-    queues.map((q) => [q.name, q.paused ? status("paused") : "running", q.depth, q.running,
-      age(q.oldest_queued_age_seconds), q.paused_at ? ago(q.paused_at) : "",
+    queues.map((q) => [q.name, q.paused ? status("paused") : "running", sqs(q), q.depth,
+      q.running, age(q.oldest_queued_age_seconds), q.paused_at ? ago(q.paused_at) : "",
       ...(operate ? [toggle(q)] : [])]), "No queues."));
 }
 

@@ -1,4 +1,5 @@
-"""Pure ASGI middleware: a server span and a duration sample for every HTTP request.
+"""Pure ASGI middleware of every Starlette service (the dispatcher, the credential broker, the
+query service): a server span and a duration sample for every HTTP request.
 
 Invariants:
   * The `route` label and the span name use the matched route's template (`/tasks/{task_id}`),
