@@ -234,6 +234,11 @@ export function currentChannel(): Channel | undefined {
   return running.getStore()?.channel;
 }
 
+/** The running task's W3C trace context (for `query`), if it has one. */
+export function currentTraceparent(): string | undefined {
+  return running.getStore()?.task.document.traceparent ?? undefined;
+}
+
 function isObject(value: unknown): value is JsonObject {
   return typeof value === "object" && value !== null && !Array.isArray(value);
 }

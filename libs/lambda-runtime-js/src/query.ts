@@ -6,9 +6,10 @@
  * else `TASKPLAT_CAPABILITY_TOKEN` (the wrapper sets it for untrusted tasks); the body is
  * `{sql, params?, max_rows?, format: "json"}`; any answer but 200 throws `QueryError` (an
  * `OperatorFailure`: an uncaught one fails the task with its message), naming the service's
- * `error` and `message`.
+ * `error` and `message`; the running task's `traceparent` (else `TRACEPARENT`) goes with the
+ * request, so the query joins the attempt's trace.
  */
-import { currentChannel, OperatorFailure, type Json, type JsonObject } from "./operator.js";
+import { currentChannel, currentTraceparent, OperatorFailure, type Json, type JsonObject } from "./operator.js";
 import { readJson, USER_AGENT } from "./dispatcher.js";
 
 export const QUERY_URL_ENV = "TASKPLAT_QUERY_URL";
@@ -60,17 +61,20 @@ export async function query(sql: string, params?: Json[] | null, options: QueryO
   if (params !== undefined && params !== null) body.params = params;
   if (options.maxRows !== undefined) body.max_rows = options.maxRows;
   body.format = "json";
+  const headers: Record<string, string> = {
+    Authorization: `Bearer ${token}`,
+    "Content-Type": "application/json",
+    Accept: "application/json",
+    "User-Agent": USER_AGENT,
+  };
+  const traceparent = currentTraceparent() || process.env.TRACEPARENT;
+  if (traceparent) headers.traceparent = traceparent;
   let response: Response;
   try {
     response = await fetch(`${url.replace(/\/+$/, "")}/query`, {
       method: "POST",
       body: JSON.stringify(body),
-      headers: {
-        Authorization: `Bearer ${token}`,
-        "Content-Type": "application/json",
-        Accept: "application/json",
-        "User-Agent": USER_AGENT,
-      },
+      headers,
       signal: AbortSignal.timeout((options.timeoutSeconds ?? 300) * 1000),
     });
   } catch (error) {

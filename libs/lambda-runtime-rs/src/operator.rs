@@ -207,7 +207,13 @@ impl Context {
     /// Run one read-only SQL statement over the datasets of the task's capability token, through
     /// the Query Service (`crate::query`).
     pub fn query(&self, sql: &str, params: Option<Vec<Value>>, max_rows: Option<u64>) -> Result<QueryResult, Error> {
-        query_with(self.running.channel.capability_token(), sql, params, max_rows)
+        query_with(
+            self.running.channel.capability_token(),
+            self.running.task.traceparent.clone(),
+            sql,
+            params,
+            max_rows,
+        )
     }
 }
 

@@ -38,6 +38,7 @@ pub struct QueryResult {
 /// attempt's (`channel_token`), else `TASKPLAT_CAPABILITY_TOKEN`.
 pub(crate) fn query_with(
     channel_token: Option<String>,
+    traceparent: Option<String>,
     sql: &str,
     params: Option<Vec<Value>>,
     max_rows: Option<u64>,
@@ -59,13 +60,18 @@ pub(crate) fn query_with(
         body["max_rows"] = json!(max_rows);
     }
     body["format"] = json!("json");
-    let answer = agent()
+    let mut request = agent()
         .post(&format!("{}/query", url.trim_end_matches('/')))
         .set("Authorization", &format!("Bearer {}", token))
         .set("Content-Type", "application/json")
         .set("Accept", "application/json")
-        .timeout(Duration::from_secs(300))
-        .send_string(&body.to_string());
+        .timeout(Duration::from_secs(300));
+    // The query joins the attempt's trace: the task's context, else the process's.
+    let traceparent = traceparent.filter(|t| !t.is_empty()).or_else(|| std::env::var("TRACEPARENT").ok());
+    if let Some(traceparent) = traceparent.filter(|t| !t.is_empty()) {
+        request = request.set("traceparent", &traceparent);
+    }
+    let answer = request.send_string(&body.to_string());
     match answer {
         Ok(response) if response.status() == 200 => {
             let text = response.into_string()?;
