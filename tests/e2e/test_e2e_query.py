@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from e2e_stack import e2e_stack
 
-from taskplat.devstack.demo_query import operators_file, run_query_demo
+from taskplat.devstack.demo.query import operators_file, run_query_demo
 
 pytestmark = pytest.mark.e2e
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from taskplat.devstack.demo_polyglot import (
+from taskplat.devstack.demo.polyglot import (
     PolyglotOperators,
     find_operators,
     pipeline,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from taskplat.devstack.demo import percentile, summarize
+from taskplat.devstack.demo.run import percentile, summarize
 from taskplat.devstack.errors import DevstackError
 from taskplat.devstack.stack import ServiceSpec, Stack, StackConfig, Supervisor, from_environment
 from taskplat.devstack.stack.echo import LogEcho

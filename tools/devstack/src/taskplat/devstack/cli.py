@@ -3,7 +3,7 @@
 Subcommands: ``install-localstack`` (build the cached LocalStack venv), ``postgres --dir D``
 and ``sqs --dir D`` (start, print ``DATABASE_URL=...`` / ``SQS_ENDPOINT_URL=...`` on stdout, stay
 in the foreground until SIGINT/SIGTERM, then stop); ``up`` (the whole platform, see
-``taskplat.devstack.stack``), ``demo`` (see ``taskplat.devstack.demo``) and ``schema``. The
+``taskplat.devstack.stack``), ``demo`` (see ``taskplat.devstack.demo.run``) and ``schema``. The
 benchmark, the chaos run and the soak have their own commands (``python -m taskplat.bench``,
 ``taskplat.chaos``, ``taskplat.soak``).
 
@@ -191,7 +191,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from taskplat.devstack.demo import run_demo
+    from taskplat.devstack.demo.run import run_demo
 
     return run_demo(
         usable_dir(args.dir), tasks=args.tasks, workers=args.workers, timeout=args.timeout

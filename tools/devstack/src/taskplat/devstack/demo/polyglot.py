@@ -27,7 +27,7 @@ import yaml
 
 from taskplat.devstack.lambda_endpoint import LocalLambda, node_runtime_command
 
-REPO = Path(__file__).resolve().parents[5]
+REPO = Path(__file__).resolve().parents[6]
 CURSORS = (7, 8, 9)
 JOBS = ("emit", "transform", "report")
 POLL_SECONDS = 0.25

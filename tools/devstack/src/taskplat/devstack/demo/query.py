@@ -74,7 +74,7 @@ def operators_file(directory: Path) -> Path:
     document = yaml.safe_load(text)
     for name, spec in OPERATORS.items():
         document["operators"][name] = {
-            "command": ["{python}", "-m", "taskplat.devstack.demo_query_ops"],
+            "command": ["{python}", "-m", "taskplat.devstack.demo.query_ops"],
             **spec,
         }
     path = directory / "operators.yaml"

@@ -1,7 +1,7 @@
 """`make demo`: start a private stack, submit echo tasks over HTTP, wait, summarize; then apply a
-three-job DAG, trigger it and show its routing (`demo_pipeline`); then, when the TypeScript and
+three-job DAG, trigger it and show its routing (`pipeline`); then, when the TypeScript and
 Rust runtimes are built, the same kind of DAG with one operator per language, on the wrapper and
-as Lambda functions (`demo_polyglot`); stop.
+as Lambda functions (`polyglot`); stop.
 
 Invariants:
 - The demo runs its own stack in its own directory on free ports, with a fresh database, so it
@@ -35,15 +35,15 @@ import psycopg
 from tqdm import tqdm
 
 from taskplat.common.db.queries import load_queries
-from taskplat.devstack.demo_pipeline import run_pipeline_demo
-from taskplat.devstack.demo_polyglot import (
+from taskplat.devstack.demo.pipeline import run_pipeline_demo
+from taskplat.devstack.demo.polyglot import (
     PolyglotOperators,
     add_functions,
     find_operators,
     run_polyglot_demo,
     write_operators_file,
 )
-from taskplat.devstack.demo_query import operators_file, run_query_demo
+from taskplat.devstack.demo.query import operators_file, run_query_demo
 from taskplat.devstack.errors import DevstackError
 from taskplat.devstack.lambda_endpoint import LocalLambda
 from taskplat.devstack.stack import Stack, StackConfig
@@ -53,7 +53,7 @@ SUBMIT_THREADS = 8
 SUBMIT_RETRIES = 3
 POLL_SECONDS = 0.25
 PAGE = 500
-QUERIES = load_queries("taskplat.devstack", "demo.sql")
+QUERIES = load_queries("taskplat.devstack.demo", "demo.sql")
 
 
 @dataclass(frozen=True)
