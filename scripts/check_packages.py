@@ -34,8 +34,8 @@ PACKAGES = {
     "taskplat-devstack": ("tools/devstack/src", "taskplat.devstack", ()),
     "taskplat-testkit": ("tools/testkit/src", "taskplat.testkit", ()),
     "taskplat-bench": ("tools/bench/src", "taskplat.bench", ()),
-    # One distribution, two commands: the chaos run and the soak.
-    "taskplat-chaos": ("tools/chaos/src", "taskplat.chaos,taskplat.soak", ()),
+    "taskplat-chaos": ("tools/chaos/src", "taskplat.chaos", ()),
+    "taskplat-soak": ("tools/soak/src", "taskplat.soak", ()),
 }
 # Modules of a package that need one of its optional extras.
 EXTRA_MODULES = {
@@ -43,6 +43,7 @@ EXTRA_MODULES = {
     "taskplat.common.sqs": "sqs",
     "taskplat.common.cron": "cron",
     "taskplat.common.tokens": "tokens",
+    "taskplat.common.http_telemetry": "http",
 }
 
 IMPORT_ALL = """

@@ -1,4 +1,4 @@
-"""``python -m taskplat.chaos`` and ``python -m taskplat.soak``: bad settings are refused with one
+"""``python -m taskplat.chaos``: bad settings are refused with one
 line, before anything starts.
 
 Invariants: every command ends before its settings would start a stack; each has a deadline.
@@ -18,10 +18,6 @@ def _command(module: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 def _chaos(*args: str) -> subprocess.CompletedProcess[str]:
     return _command("taskplat.chaos", *args)
-
-
-def _soak(*args: str) -> subprocess.CompletedProcess[str]:
-    return _command("taskplat.soak", *args)
 
 
 def test_chaos_refuses_bad_fault_rates_before_starting_anything(tmp_path: Path) -> None:
@@ -46,16 +42,3 @@ def test_chaos_refuses_bad_replicas_and_variants(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "not allowed with argument" in result.stderr
     assert not (tmp_path / "run").exists()
-
-
-def test_soak_refuses_bad_settings_with_one_line(tmp_path: Path) -> None:
-    result = _soak("--dir", str(tmp_path / "run"), "--rate", "0")
-    assert result.returncode == 2
-    assert "must be positive" in result.stderr
-    result = _soak("--dir", str(tmp_path / "run"), "--duration", "5", "--sample-every", "10")
-    assert result.returncode == 1
-    assert result.stderr.startswith("soak: error: the soak must last at least two sampling")
-    result = _soak("--dir", str(tmp_path / "run"), "--records-per-second", "-1")
-    assert result.returncode == 1
-    assert "records per second and the job interval must be 0 or more" in result.stderr
-    assert "Traceback" not in result.stderr
