@@ -56,16 +56,13 @@ COLLECTOR = "collector"  # the telemetry sidecar: a public image, not built here
 MIGRATE = "migrate"
 DATA_BUCKET = "taskplat-images-data"  # not the services' default: a missing setting shows
 _SECRET_ARN = "arn:aws:secretsmanager:us-east-1:000000000000:secret:taskplat-{}"
-_PLACEHOLDER_IMPORTS = tuple(
-    f"{STACK_NAME}-{name}"
-    for name in (
-        "ClusterName",
-        "CollectorConfigParameterArn",
-        "MetricsLogGroupArn",
-        "PrivateSubnetIds",
-        "WorkerSecurityGroupId",
-    )
-) + (f"{QUEUE_STACK}-QueueArn", f"{QUEUE_STACK}-QueueName")
+_PLACEHOLDER_IMPORTS = (
+    *(f"{STACK_NAME}-{name}" for name in ("ClusterName", "CollectorConfigParameterArn")),
+    *(f"{STACK_NAME}-{name}" for name in ("MetricsLogGroupArn", "PrivateSubnetIds")),
+    f"{STACK_NAME}-WorkerSecurityGroupId",
+    f"{QUEUE_STACK}-QueueArn",
+    f"{QUEUE_STACK}-QueueName",
+)
 _LOCAL_AWS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
 
 
@@ -265,6 +262,7 @@ class ImageStack:
             "WorkerImage": image,
             "WorkerRepositoryName": "taskplat-worker",
             "WorkerDrainTimeoutSeconds": "30",
+            "PlatformDataServices": "true",
         }
         values.update(self.config.worker_parameters)
         return values
