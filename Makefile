@@ -6,6 +6,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 UV_VERSION ?= 0.13.9
+UP_IMAGES_ARGS ?=
 PYTHON ?= python3
 TOOLS := .tools
 UV := $(TOOLS)/bin/uv
@@ -152,8 +153,23 @@ IMAGE_ARGS_sink := SERVICE=sink LISTEN_PREFIX=TASKPLAT_SINK_OPS PORT=9464
 IMAGE_ARGS_credential-broker := SERVICE=credential-broker LISTEN_PREFIX=TASKPLAT_BROKER PORT=8090
 IMAGE_ARGS_query-service := SERVICE=query-service LISTEN_PREFIX=TASKPLAT_QUERY PORT=8092
 
+.PHONY: images-deps
+images-deps: ## Install buildah, podman, runc and mmdebstrap for images without Docker (root)
+	@scripts/install_image_deps.sh || [ "$$CI" != "true" ]
+
+# make images IMAGES_ARGS=...: options of `python -m taskplat.devstack.images build` (--bases
+# debian|public|auto, --refresh-base, --example, --no-sbom, --only <image>).
+IMAGES_ARGS ?=
 .PHONY: images
-images: ## Build every service image with Docker (needs a Docker engine; worker -> taskplat-worker-base)
+images: venv ## Build every service image and the worker base: Docker where an engine answers, else buildah (SBOMs and sizes in .artifacts/images)
+	@if command -v docker >/dev/null && docker info >/dev/null 2>&1; then \
+	  $(MAKE) --no-print-directory docker-images; \
+	else \
+	  $(RUN) python -m taskplat.devstack.images build --tag $(IMAGE_TAG) --uv-version $(UV_VERSION) $(IMAGES_ARGS); \
+	fi
+
+.PHONY: docker-images
+docker-images: ## Build every service image with Docker (worker -> taskplat-worker-base)
 	@command -v docker >/dev/null || { echo "images: the docker client is not installed" >&2; exit 1; }
 	@docker info >/dev/null 2>&1 || { echo "images: no Docker engine answers; start one first" >&2; exit 1; }
 	@echo "building taskplat-worker-base:$(IMAGE_TAG)"
@@ -162,6 +178,10 @@ images: ## Build every service image with Docker (needs a Docker engine; worker 
 	  echo "building taskplat-$(svc):$(IMAGE_TAG)" && \
 	  docker build -f $(PYTHON_SERVICE_DOCKERFILE) $(addprefix --build-arg ,$(IMAGE_ARGS_$(svc))) \
 	    -t taskplat-$(svc):$(IMAGE_TAG) . &&) true
+
+.PHONY: up-images
+up-images: venv sqs-deps ## The platform from the images with podman (Postgres and SQS on the host, each container as its ECS task definition says); Ctrl-C stops it
+	@$(RUN) python -m taskplat.devstack.images up --tag $(IMAGE_TAG) $(UP_IMAGES_ARGS)
 
 .PHONY: clean
 clean: ## Remove the virtualenvs, caches and local stack state

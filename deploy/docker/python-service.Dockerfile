@@ -24,11 +24,15 @@
 # Makefile's (tests/deploy checks both). docs/deploy.md, "Refreshing the pinned base images".
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 ARG UV_VERSION=0.13.9
+# Where uv comes from: the pinned public image, or (`make images` where it cannot be pulled) an
+# image holding PyPI's uv of the same version at /uv. PYTHON_IMAGE likewise may name a Debian
+# bookworm base with Debian's python3 at /usr/local/bin/python3 (docs/deploy.md, "Building images").
+ARG UV_IMAGE=ghcr.io/astral-sh/uv:${UV_VERSION}
 ARG SERVICE
 ARG LISTEN_PREFIX
 ARG PORT=9464
 
-FROM ghcr.io/astral-sh/uv:${UV_VERSION} AS uv
+FROM ${UV_IMAGE} AS uv
 
 # ---- builder: resolve from uv.lock only, no dev dependencies, non-editable install into /app/.venv
 FROM ${PYTHON_IMAGE} AS builder
@@ -41,16 +45,20 @@ ENV UV_COMPILE_BYTECODE=1 \
     UV_PROJECT_ENVIRONMENT=/app/.venv
 WORKDIR /src
 # Dependencies first (a layer that survives source edits): the lock and the manifests only.
+# The optional build secret `build_ca` is a CA bundle the downloads trust (a building host behind
+# a TLS-inspecting proxy passes its own); it is mounted for the RUN only, never in a layer.
 COPY uv.lock pyproject.toml ./
 COPY libs/common/pyproject.toml libs/common/
 COPY services/${SERVICE}/pyproject.toml services/${SERVICE}/
-RUN --mount=type=cache,target=/root/.cache/uv \
-    uv sync --frozen --no-dev --no-install-workspace --package taskplat-${SERVICE}
+RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=build_ca \
+    if [ -s /run/secrets/build_ca ]; then export SSL_CERT_FILE=/run/secrets/build_ca; fi \
+    && uv sync --frozen --no-dev --no-install-workspace --package taskplat-${SERVICE}
 # Then the code of this service and of the library, installed as wheels (no source needed later).
 COPY libs/common/ libs/common/
 COPY services/${SERVICE}/ services/${SERVICE}/
-RUN --mount=type=cache,target=/root/.cache/uv \
-    uv sync --frozen --no-dev --no-editable --package taskplat-${SERVICE}
+RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=build_ca \
+    if [ -s /run/secrets/build_ca ]; then export SSL_CERT_FILE=/run/secrets/build_ca; fi \
+    && uv sync --frozen --no-dev --no-editable --package taskplat-${SERVICE}
 
 # ---- runtime: the interpreter and the virtualenv, a non-root user, nothing else
 FROM ${PYTHON_IMAGE} AS runtime
@@ -62,7 +70,9 @@ RUN test -n "${SERVICE}" && test -n "${LISTEN_PREFIX}" \
     && groupadd --system --gid 10001 taskplat \
     && useradd --system --uid 10001 --gid taskplat --no-create-home \
        --home-dir /nonexistent --shell /usr/sbin/nologin taskplat \
-    && ln -s /app/.venv/bin/taskplat-${SERVICE} /usr/local/bin/taskplat-service
+    && ln -s /app/.venv/bin/taskplat-${SERVICE} /usr/local/bin/taskplat-service \
+    && rm -rf /usr/local/lib/python3*/site-packages/pip* /usr/local/lib/python3*/site-packages/setuptools* \
+       /usr/local/lib/python3*/site-packages/wheel* /usr/local/bin/pip*
 COPY --from=builder /app/.venv /app/.venv
 ENV PATH=/app/.venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
@@ -78,4 +88,10 @@ EXPOSE ${PORT}
 # stall_seconds (60 s by default). No curl in slim images: the standard library probes.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(os.environ['TASKPLAT_HEALTHCHECK_URL'], timeout=3)"]
+# Last, so a new revision changes no layer above: the source revision and version (OCI labels).
+ARG REVISION=unknown
+ARG VERSION=dev
+LABEL org.opencontainers.image.title="taskplat-${SERVICE}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.version="${VERSION}"
 CMD ["taskplat-service"]

@@ -114,6 +114,9 @@ class ServiceSpec:
 
 
 SHARED_DOCKERFILE = "deploy/docker/python-service.Dockerfile"
+# Read by no settings class of the worker wrapper: it passes them on to every operator
+# (taskplat.worker_wrapper.operators.PLATFORM_URL_VARS).
+OPERATOR_PASSTHROUGH_ENV = frozenset({"TASKPLAT_QUERY_URL", "TASKPLAT_CREDENTIALS_URL"})
 # Variables an image sets for itself, read by no settings class (the HEALTHCHECK's probe).
 IMAGE_ONLY_ENV = frozenset({"TASKPLAT_HEALTHCHECK_URL"})
 

@@ -80,7 +80,10 @@ def test_bases_are_pinned(service_dir: str) -> None:
     assert re.fullmatch(r"python:3\.11\.\d+-slim-[a-z]+(@sha256:[0-9a-f]{64})?", python), python
     assert dockerfile.args.get("UV_VERSION") == _makefile_uv_version()
     assert [stage.name for stage in dockerfile.stages] == ["uv", "builder", "runtime"]
-    assert dockerfile.stage("uv").base == "ghcr.io/astral-sh/uv:${UV_VERSION}"
+    # uv comes from its pinned image unless a build names another (`make images` without the
+    # public registries: PyPI's uv of the same version, taskplat.devstack.images.build).
+    assert dockerfile.stage("uv").base == "${UV_IMAGE}"
+    assert dockerfile.args.get("UV_IMAGE") == "ghcr.io/astral-sh/uv:${UV_VERSION}"
     # Same interpreter in both stages: the virtualenv's python links to it.
     assert dockerfile.stage("builder").base == dockerfile.final.base == "${PYTHON_IMAGE}"
 

@@ -40,6 +40,8 @@ SAMPLE_SECRETS_BY_ARN = {
     "CapabilityTokenPublicKeysSecretArn": json.dumps({"k1": PUBLIC_KEY.get_secret_value()})
 }
 SAMPLE_PSEUDO = {"AWS::Region": "eu-west-1"}
+# Parameters whose default is empty, for the settings an `Fn::If` gives only when they are set.
+SAMPLE_PARAMETERS = {"DataBucketName": "taskplat-data-example"}
 EXPORTING_TEMPLATE = {"PlatformStackName": "platform.yaml", "QueueStackName": "task-queue.yaml"}
 
 
@@ -99,6 +101,8 @@ def test_every_variable_is_one_the_service_reads(
     accepted = spec.accepted_env()
     if "DATABASE_URL" in spec.secrets:
         accepted |= deploy_model.LIBPQ_CREDENTIALS
+    if name == "worker":
+        accepted |= deploy_model.OPERATOR_PASSTHROUGH_ENV
     names = [*container.environment, *container.secrets]
     assert len(names) == len(set(names)), f"{name}: a variable is set twice: {names}"
     unknown = {n for n in names if n.upper() not in accepted}
@@ -127,6 +131,8 @@ def _resolve(value: Any, template: Mapping[str, Any], all_templates: Mapping[str
         ref = value["Ref"]
         if ref in SAMPLE_PSEUDO:
             return SAMPLE_PSEUDO[ref]
+        if ref in SAMPLE_PARAMETERS:
+            return SAMPLE_PARAMETERS[ref]
         return str(template["Parameters"][ref]["Default"])
     if "Fn::GetAtt" in value and value["Fn::GetAtt"][1] == "Arn":  # a role of the template
         return f"arn:aws:iam::123456789012:role/{value['Fn::GetAtt'][0]}"
