@@ -106,6 +106,7 @@ VALUES: dict[str, Value] = {
     "expires_at": _const(None),
     "idempotency_key": _const("key-1"),
     "idempotency_keys": _const(["key-1"]),
+    "priorities": _const([5]),
     "keys": _const(["key-1", "key-2"]),
     "trace_context": _const(None),
     "lease_seconds": _const(30.0),

@@ -71,6 +71,11 @@ def test_submit_get_list_cancel_retry(dispatcher: Dispatcher) -> None:
     task = as_json(taskplat(url, "submit", "echo", "--config", '{"n": 2}', "-q", "alpha",
                             "--max-attempts", "1", "--json"))  # fmt: skip
     assert task["status"] == "Queued" and task["config"] == {"n": 2}
+    assert task["priority"] == 5
+    urgent = as_json(taskplat(url, "submit", "echo", "--priority", "0", "--json"))
+    assert urgent["priority"] == 0
+    assert "priority" in taskplat(url, "get", urgent["task_id"]).stdout
+    assert taskplat(url, "submit", "echo", "--priority", "10").returncode == 2
     task_id = task["task_id"]
     human = taskplat(url, "get", task_id)
     assert human.returncode == 0 and "Queued" in human.stdout and "alpha" in human.stdout

@@ -56,6 +56,7 @@ def test_models_name_the_fields_of_the_servers_schemas(dispatcher: Dispatcher) -
 def test_tasks_round_trip_with_typed_answers(client: Client, dispatcher: Dispatcher) -> None:
     task = client.submit("echo", config={"n": 1}, queue="alpha", max_attempts=1)
     assert task.status == "Queued" and task.config == {"n": 1} and task.queue == "alpha"
+    assert task.priority == 5 and client.submit("echo", priority=2).priority == 2
     again = client.submit("echo", idempotency_key="k1")
     assert client.submit("echo", idempotency_key="k1").task_id == again.task_id
     assert client.get(task.task_id) == client.get(str(task.task_id))

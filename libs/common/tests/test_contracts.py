@@ -69,6 +69,7 @@ TASK_VIEW = {
     "on_exhausted": "dead_letter",
     "operator": "echo",
     "queue": "default",
+    "priority": 5,
     "job": JOB,
     "config": {},
     "inputs": [],
@@ -280,6 +281,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "expires_at": T2,
         "idempotency_key": "k",
         "job": JOB,
+        "priority": 0,
     },
     "DeadLetterRecord": {
         "record": "resolved",

@@ -62,6 +62,7 @@ def main() -> None:
 @click.option("--max-attempts", type=click.IntRange(1, 100), help="Attempt budget (1-100).")
 @click.option("--timeout-seconds", type=click.IntRange(1), help="Hard deadline of an attempt.")
 @click.option("--idempotency-key", help="Submitting the same key again returns the same task.")
+@click.option("--priority", type=click.IntRange(0, 9), help="0-9, lower first (default 5).")
 @click.option("--scheduled-for", type=click.DateTime(TIMES), help="Run no earlier than this "
               "time (ISO 8601; local time unless it names a zone).")  # fmt: skip
 @click.option(
@@ -81,6 +82,7 @@ def submit(
     max_attempts: int | None,
     timeout_seconds: int | None,
     idempotency_key: str | None,
+    priority: int | None,
     scheduled_for: datetime | None,
     expires_at: datetime | None,
     wait_: bool,
@@ -94,6 +96,7 @@ def submit(
         "max_attempts": max_attempts,
         "timeout_seconds": timeout_seconds,
         "idempotency_key": idempotency_key,
+        "priority": priority,
         "scheduled_for": aware(scheduled_for),
         "expires_at": aware(expires_at),
     }

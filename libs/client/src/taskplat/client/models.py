@@ -62,6 +62,8 @@ class TaskView(Model):
     on_exhausted: str
     operator: str
     queue: str
+    # 0-9, lower first: claim-next takes a queue's tasks by priority, then oldest first.
+    priority: int
     job: JobRef | None = None
     config: JsonObject
     inputs: list[Any]

@@ -117,6 +117,7 @@ def task_values(request: CreateTaskRequest, settings: DispatcherSettings) -> dic
         "scheduled_for": request.scheduled_for,
         "expires_at": request.expires_at,
         "idempotency_key": request.idempotency_key,
+        "priority": request.priority,
     }
 
 

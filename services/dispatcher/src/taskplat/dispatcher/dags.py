@@ -226,6 +226,7 @@ class DagService:
             "queue": job.queue,
             "config": job.config,
             "trust": job.trust,
+            "priority": job.priority,
             "on_exhausted": job.on_exhausted or defaults.on_exhausted or "dead_letter",
             "schedule": job.schedule,
             "schedule_next_at": next_tick(job.schedule, now) if job.schedule else None,

@@ -24,7 +24,12 @@ from taskplat.common.contracts.base import (
     QueueName,
 )
 from taskplat.common.contracts.internal import PartitionKey
-from taskplat.common.contracts.public import IdempotencyKey, OnExhausted
+from taskplat.common.contracts.public import (
+    DEFAULT_PRIORITY,
+    IdempotencyKey,
+    OnExhausted,
+    Priority,
+)
 
 NAME_PATTERN = r"^[A-Za-z0-9_-]+$"
 Name = Annotated[str, Field(min_length=1, max_length=100, pattern=NAME_PATTERN)]
@@ -93,6 +98,7 @@ class JobSpec(Contract):
     )
     inputs: Annotated[list[InputSpec], Field(max_length=100)] = Field(default_factory=list)
     outputs: Annotated[list[OutputSpec], Field(max_length=100)] = Field(default_factory=list)
+    priority: Priority = DEFAULT_PRIORITY
     max_attempts: Annotated[int, Field(ge=1, le=100)] | None = None
     timeout_seconds: Annotated[int, Field(ge=1, le=7 * 24 * 3600)] | None = None
     backoff_base_seconds: Annotated[float, Field(ge=0, le=86_400)] | None = None

@@ -29,6 +29,16 @@ AttemptOutcome = Literal[
     "Completed", "Failed", "LeaseExpired", "DeadlineExceeded", "Canceled", "Drained"
 ]
 IdempotencyKey = Annotated[str, Field(min_length=1, max_length=200, pattern=NO_NUL)]
+Priority = Annotated[
+    int,
+    Field(
+        ge=0,
+        le=9,
+        description="0-9, lower first: claim-next takes the tasks of a queue by priority, "
+        "then oldest first.",
+    ),
+]
+DEFAULT_PRIORITY = 5
 TERMINAL_STATUSES: frozenset[str] = frozenset({"Completed", "Dead", "Canceled"})
 
 
@@ -69,6 +79,7 @@ class CreateTaskRequest(Contract):
     expires_at: AwareDatetime | None = None
     idempotency_key: IdempotencyKey | None = None
     job: JobRef | None = None
+    priority: Priority = DEFAULT_PRIORITY
 
     @field_validator("queue")
     @classmethod
@@ -119,6 +130,7 @@ class TaskView(Contract):
     on_exhausted: OnExhausted
     operator: str
     queue: str
+    priority: int
     job: JobRef | None
     config: JsonObject
     inputs: JsonArray

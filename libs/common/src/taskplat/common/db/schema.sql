@@ -57,7 +57,8 @@ CREATE TYPE public.taskplat_new_task AS (
 	timeout_seconds integer,
 	scheduled_for timestamp with time zone,
 	expires_at timestamp with time zone,
-	idempotency_key text
+	idempotency_key text,
+	priority integer
 );
 
 --
@@ -234,6 +235,7 @@ BEGIN
     -- Guard: claimable (Queued, unexpired, queue not paused, trusted unless the claimer holds
     -- capability keys) and not a `runtime: lambda` job's
     -- task (the relay claims those for their function); rows others are claiming are skipped.
+    -- Order: priority (lower first), then queued_at: tasks_queued_priority_idx's order.
     v_picked := ARRAY(
         SELECT t.task_id
         FROM tasks AS t
@@ -247,7 +249,7 @@ BEGIN
                                 AND j.name = t.job ->> 'name'
                                 AND j.runtime = 'lambda'))
           AND (p_capability_keys OR NOT taskplat_untrusted(t.job, t.operator, p_untrusted_operators))
-        ORDER BY t.queued_at
+        ORDER BY t.queue, t.priority, t.queued_at
         LIMIT p_max
         FOR UPDATE OF t SKIP LOCKED);
     IF cardinality(v_picked) = 0 THEN
@@ -257,7 +259,7 @@ BEGIN
     SELECT s.* FROM taskplat_start_attempts(v_picked, v_now, p_worker_id, p_lease_seconds,
                                             p_default_timeout_seconds, NULL, NULL, 0,
                                             p_capability_keys, p_untrusted_operators) AS s
-    ORDER BY s.queued_at, s.task_id;
+    ORDER BY array_position(v_picked, s.task_id);
 END
 $$;
 
@@ -265,7 +267,7 @@ $$;
 -- Name: FUNCTION taskplat_claim_next(p_queue text, p_max integer, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone, p_capability_keys boolean, p_untrusted_operators text[]); Type: COMMENT; Schema: public; Owner: -
 --
 
-COMMENT ON FUNCTION public.taskplat_claim_next(p_queue text, p_max integer, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone, p_capability_keys boolean, p_untrusted_operators text[]) IS 'Claims up to p_max claimable tasks of a queue, oldest first, skipping locked rows and the tasks of runtime: lambda jobs.';
+COMMENT ON FUNCTION public.taskplat_claim_next(p_queue text, p_max integer, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone, p_capability_keys boolean, p_untrusted_operators text[]) IS 'Claims up to p_max claimable tasks of a queue, by priority then oldest first, skipping locked rows and the tasks of runtime: lambda jobs.';
 
 --
 -- Name: taskplat_complete_late(uuid, integer, uuid, jsonb, jsonb, timestamp with time zone, text, jsonb, jsonb); Type: FUNCTION; Schema: public; Owner: -
@@ -461,6 +463,7 @@ CREATE TABLE public.tasks (
     max_processing_attempts integer DEFAULT 10 NOT NULL,
     on_exhausted text DEFAULT 'dead_letter'::text NOT NULL,
     trace_context jsonb,
+    priority smallint DEFAULT 5 NOT NULL,
     CONSTRAINT tasks_attempt_check CHECK ((attempt >= 1)),
     CONSTRAINT tasks_attempt_outcome_check CHECK ((attempt_outcome = ANY (ARRAY['Completed'::text, 'Failed'::text, 'LeaseExpired'::text, 'DeadlineExceeded'::text, 'Canceled'::text, 'Drained'::text]))),
     CONSTRAINT tasks_backoff_base_seconds_check CHECK ((backoff_base_seconds >= (0)::double precision)),
@@ -472,6 +475,7 @@ CREATE TABLE public.tasks (
     CONSTRAINT tasks_dead_reason_check CHECK ((dead_reason = ANY (ARRAY['AttemptsExhausted'::text, 'Expired'::text, 'ProcessingAttemptsExceeded'::text, 'PermanentFailure'::text]))),
     CONSTRAINT tasks_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 100))),
     CONSTRAINT tasks_on_exhausted_check CHECK ((on_exhausted = ANY (ARRAY['dead_letter'::text, 'discard'::text]))),
+    CONSTRAINT tasks_priority_range CHECK (((priority >= 0) AND (priority <= 9))),
     CONSTRAINT tasks_processing_attempts_check CHECK (((processing_attempts >= 0) AND ((max_processing_attempts >= 1) AND (max_processing_attempts <= 100)))),
     CONSTRAINT tasks_replay_offset_check CHECK ((replay_offset >= 0)),
     CONSTRAINT tasks_status_check CHECK ((status = ANY (ARRAY['Scheduled'::text, 'Queued'::text, 'Running'::text, 'Completed'::text, 'Failed'::text, 'Dead'::text, 'Canceled'::text]))),
@@ -500,7 +504,7 @@ BEGIN
             task_id, status, queue, operator, job, config, inputs, max_attempts,
             max_processing_attempts, on_exhausted, backoff_base_seconds, backoff_max_seconds,
             timeout_seconds, scheduled_for, expires_at, idempotency_key, queued_at, created_at,
-            updated_at, trace_context)
+            updated_at, trace_context, priority)
         SELECT n.task_id,
                CASE WHEN n.scheduled_for > v_now THEN 'Scheduled' ELSE 'Queued' END,
                n.queue, n.operator, n.job, coalesce(n.config, '{}'::jsonb),
@@ -509,7 +513,7 @@ BEGIN
                n.backoff_base_seconds, n.backoff_max_seconds, n.timeout_seconds,
                n.scheduled_for, n.expires_at, n.idempotency_key,
                CASE WHEN n.scheduled_for > v_now THEN NULL ELSE v_now END,
-               v_now, v_now, p_trace_context
+               v_now, v_now, p_trace_context, coalesce(n.priority, 5)
         FROM unnest(p_tasks) WITH ORDINALITY AS n
         ORDER BY n.ordinality
         ON CONFLICT (idempotency_key) DO NOTHING
@@ -1507,7 +1511,7 @@ CREATE FUNCTION public.taskplat_start_job_run(p_dag_name text, p_job_name text, 
                        j.config || coalesce(p_extra_config, '{}'::jsonb),
                        coalesce(p_inputs, '[]'::jsonb), j.max_attempts, NULL, j.on_exhausted,
                        j.backoff_base_seconds, j.backoff_max_seconds, j.timeout_seconds, NULL,
-                       NULL, p_idempotency_key)::taskplat_new_task],
+                       NULL, p_idempotency_key, j.priority)::taskplat_new_task],
              p_now, p_trace_context, p_hold_seconds) AS c
     WHERE j.dag_name = p_dag_name AND j.name = p_job_name
 $$;
@@ -1781,11 +1785,13 @@ CREATE TABLE public.jobs (
     backoff_max_seconds double precision NOT NULL,
     timeout_seconds integer,
     on_exhausted text DEFAULT 'dead_letter'::text NOT NULL,
+    priority smallint DEFAULT 5 NOT NULL,
     CONSTRAINT jobs_backoff_base_seconds_check CHECK ((backoff_base_seconds >= (0)::double precision)),
     CONSTRAINT jobs_backoff_max_seconds_check CHECK ((backoff_max_seconds >= (0)::double precision)),
     CONSTRAINT jobs_check CHECK (((schedule IS NULL) = (schedule_next_at IS NULL))),
     CONSTRAINT jobs_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 100))),
     CONSTRAINT jobs_on_exhausted_check CHECK ((on_exhausted = ANY (ARRAY['dead_letter'::text, 'discard'::text]))),
+    CONSTRAINT jobs_priority_range CHECK (((priority >= 0) AND (priority <= 9))),
     CONSTRAINT jobs_runtime_check CHECK ((runtime = ANY (ARRAY['ecs'::text, 'lambda'::text]))),
     CONSTRAINT jobs_timeout_seconds_check CHECK ((timeout_seconds > 0)),
     CONSTRAINT jobs_trust_check CHECK ((trust = ANY (ARRAY['trusted'::text, 'untrusted'::text])))
@@ -1931,6 +1937,8 @@ CREATE VIEW public.task_details AS
     t.processing_attempts,
     t.max_processing_attempts,
     t.on_exhausted,
+    t.trace_context,
+    t.priority,
     ((t.attempt - t.replay_offset) - t.processing_attempts) AS counted_attempts,
     COALESCE(( SELECT json_agg(json_build_object('attempt', a.attempt, 'worker_id', a.worker_id, 'started_at', a.started_at, 'finished_at', a.finished_at, 'outcome', a.outcome, 'error', a.error) ORDER BY a.attempt) AS json_agg
            FROM public.task_attempts a
@@ -2338,6 +2346,12 @@ CREATE INDEX tasks_job_created_idx ON public.tasks USING btree (((job ->> 'dag_n
 --
 
 CREATE INDEX tasks_queued_idx ON public.tasks USING btree (queue, queued_at) WHERE (status = 'Queued'::text);
+
+--
+-- Name: tasks_queued_priority_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX tasks_queued_priority_idx ON public.tasks USING btree (queue, priority, queued_at) WHERE (status = 'Queued'::text);
 
 --
 -- Name: tasks_queued_wakeup_idx; Type: INDEX; Schema: public; Owner: -

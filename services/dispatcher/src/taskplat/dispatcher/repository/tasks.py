@@ -54,6 +54,7 @@ NEW_TASK_ARRAYS = {
     "scheduled_for": "scheduled_for",
     "expires_at": "expires_at",
     "idempotency_key": "idempotency_keys",
+    "priority": "priorities",
 }
 
 
