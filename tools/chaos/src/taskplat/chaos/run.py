@@ -340,9 +340,7 @@ class ChaosRun:
         settings["TASKPLAT_WORKER_POLL_DISPATCHER"] = (
             "true" if self.config.waiting_claims else "false"
         )
-        settings["TASKPLAT_WORKER_CLAIM_AHEAD"] = (
-            "unset (the waiting claim fills free slots)" if self.config.waiting_claims else "false"
-        )
+        settings["TASKPLAT_WORKER_CLAIM_AHEAD"] = "unset" if self.config.waiting_claims else "false"
         return settings
 
     def _missing(self, task_ids: set[str]) -> set[str]:
