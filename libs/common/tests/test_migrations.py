@@ -58,7 +58,7 @@ def test_all_migrations_on_an_empty_database_give_the_committed_schema(
         "tasks", "task_attempts", "task_outputs", "task_events", "outbox", "schema_migrations",
         "datasets", "dataset_versions", "dags", "jobs", "job_inputs", "job_outputs",
         "event_routes", "task_pins", "event_positions",
-        "queues",
+        "queues", "queue_keys",
         "dataset_buffers", "dataset_tables", "task_steps",
         "api_keys", "audit_log", "workers",
     }  # fmt: skip

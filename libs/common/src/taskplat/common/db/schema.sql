@@ -464,6 +464,7 @@ CREATE TABLE public.tasks (
     on_exhausted text DEFAULT 'dead_letter'::text NOT NULL,
     trace_context jsonb,
     priority smallint DEFAULT 5 NOT NULL,
+    concurrency_key text,
     CONSTRAINT tasks_attempt_check CHECK ((attempt >= 1)),
     CONSTRAINT tasks_attempt_outcome_check CHECK ((attempt_outcome = ANY (ARRAY['Completed'::text, 'Failed'::text, 'LeaseExpired'::text, 'DeadlineExceeded'::text, 'Canceled'::text, 'Drained'::text]))),
     CONSTRAINT tasks_backoff_base_seconds_check CHECK ((backoff_base_seconds >= (0)::double precision)),
@@ -472,6 +473,7 @@ CREATE TABLE public.tasks (
     CONSTRAINT tasks_check CHECK (((status <> 'Running'::text) OR ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
     CONSTRAINT tasks_check1 CHECK (((status <> 'Failed'::text) OR (next_retry_at IS NOT NULL))),
     CONSTRAINT tasks_check2 CHECK (((status <> 'Scheduled'::text) OR (scheduled_for IS NOT NULL))),
+    CONSTRAINT tasks_concurrency_key_check CHECK ((concurrency_key ~ '^[[:print:]]{1,200}$'::text)),
     CONSTRAINT tasks_dead_reason_check CHECK ((dead_reason = ANY (ARRAY['AttemptsExhausted'::text, 'Expired'::text, 'ProcessingAttemptsExceeded'::text, 'PermanentFailure'::text]))),
     CONSTRAINT tasks_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 100))),
     CONSTRAINT tasks_on_exhausted_check CHECK ((on_exhausted = ANY (ARRAY['dead_letter'::text, 'discard'::text]))),
@@ -1133,6 +1135,41 @@ $$;
 COMMENT ON FUNCTION public.taskplat_queue_due(p_now timestamp with time zone, p_promote_limit integer, p_retry_limit integer) IS 'Scheduled tasks whose time came and Failed tasks whose retry is due become Queued.';
 
 --
+-- Name: taskplat_queue_limits_use(text[], timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_queue_limits_use(p_queues text[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(queue text, concurrency_limit integer, key_concurrency_limit integer, rate_per_second double precision, rate_burst integer, running integer, keys_at_limit integer, tokens_left integer)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT q.name, q.concurrency_limit, q.key_concurrency_limit, q.rate_per_second, q.rate_burst,
+           q.running,
+           CASE WHEN q.key_concurrency_limit IS NULL THEN 0 ELSE (
+               SELECT count(*)::integer FROM queue_keys AS k
+               WHERE k.queue = q.name AND k.running > 0
+                 AND k.running >= q.key_concurrency_limit) END,
+           taskplat_rate_tokens_left(q.rate_tat, q.rate_per_second, q.rate_burst,
+                                     coalesce(p_now, clock_timestamp()))
+    FROM queues AS q
+    WHERE q.name = ANY (p_queues)
+$$;
+
+--
+-- Name: taskplat_rate_tokens_left(timestamp with time zone, double precision, integer, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_rate_tokens_left(p_tat timestamp with time zone, p_per_second double precision, p_burst integer, p_now timestamp with time zone) RETURNS integer
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT CASE
+        WHEN p_per_second IS NULL THEN NULL
+        ELSE greatest(0, least(p_burst, floor(
+            (p_burst::double precision / p_per_second
+             - extract(epoch FROM greatest(coalesce(p_tat, p_now), p_now) - p_now))
+            * p_per_second + 1e-9)::integer))
+    END
+$$;
+
+--
 -- Name: taskplat_reap_timeouts(timestamp with time zone, double precision, integer, double precision[]); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -1376,6 +1413,82 @@ BEGIN
             NEW.created_at, NEW.created_at);
     PERFORM pg_notify('taskplat_outbox', '');
     RETURN NULL;
+END
+$$;
+
+--
+-- Name: queues; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.queues (
+    name text NOT NULL,
+    paused boolean DEFAULT false NOT NULL,
+    paused_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    claimed_ahead_at timestamp with time zone,
+    polled_until timestamp with time zone,
+    sqs_missing_since timestamp with time zone,
+    sqs_next_probe_at timestamp with time zone,
+    sqs_probes integer DEFAULT 0 NOT NULL,
+    concurrency_limit integer,
+    key_concurrency_limit integer,
+    rate_per_second double precision,
+    rate_burst integer,
+    rate_tat timestamp with time zone,
+    running integer DEFAULT 0 NOT NULL,
+    limits_updated_at timestamp with time zone,
+    CONSTRAINT queues_concurrency_limit_check CHECK ((concurrency_limit > 0)),
+    CONSTRAINT queues_key_concurrency_limit_check CHECK ((key_concurrency_limit > 0)),
+    CONSTRAINT queues_name_check CHECK ((name ~ '^[A-Za-z0-9_-]{1,64}$'::text)),
+    CONSTRAINT queues_rate_burst_check CHECK ((rate_burst > 0)),
+    CONSTRAINT queues_rate_limit_check CHECK (((rate_per_second IS NULL) = (rate_burst IS NULL))),
+    CONSTRAINT queues_rate_per_second_check CHECK (((rate_per_second > (0)::double precision) AND (rate_per_second <= (1000000)::double precision))),
+    CONSTRAINT queues_running_check CHECK ((running >= 0)),
+    CONSTRAINT queues_sqs_missing_check CHECK (((sqs_missing_since IS NULL) = (sqs_next_probe_at IS NULL)))
+);
+
+--
+-- Name: taskplat_set_queue_limits(text, integer, integer, double precision, integer, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_set_queue_limits(p_queue text, p_concurrency_limit integer, p_key_concurrency_limit integer, p_rate_per_second double precision, p_rate_burst integer, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS SETOF public.queues
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_now timestamptz := coalesce(p_now, clock_timestamp());
+    v_counted boolean := p_concurrency_limit IS NOT NULL OR p_key_concurrency_limit IS NOT NULL;
+BEGIN
+    INSERT INTO queues AS q (name, created_at, updated_at)
+    VALUES (p_queue, v_now, v_now)
+    ON CONFLICT (name) DO NOTHING;
+    PERFORM 1 FROM queues WHERE name = p_queue FOR UPDATE;
+
+    UPDATE queues SET
+        concurrency_limit = p_concurrency_limit,
+        key_concurrency_limit = p_key_concurrency_limit,
+        rate_per_second = p_rate_per_second,
+        rate_burst = p_rate_burst,
+        rate_tat = CASE WHEN p_rate_per_second IS NULL THEN NULL ELSE rate_tat END,
+        running = CASE WHEN v_counted THEN (
+            SELECT count(*) FROM tasks AS t WHERE t.queue = p_queue AND t.status = 'Running')
+            ELSE 0 END,
+        limits_updated_at = v_now,
+        updated_at = v_now
+    WHERE name = p_queue;
+
+    UPDATE queue_keys AS k SET running = 0
+    WHERE k.queue = p_queue AND k.running <> 0;
+    IF v_counted THEN
+        INSERT INTO queue_keys AS k (queue, concurrency_key, running)
+        SELECT p_queue, coalesce(t.concurrency_key, ''), count(*)
+        FROM tasks AS t
+        WHERE t.queue = p_queue AND t.status = 'Running'
+        GROUP BY coalesce(t.concurrency_key, '')
+        ON CONFLICT (queue, concurrency_key) DO UPDATE SET running = excluded.running;
+    END IF;
+
+    RETURN QUERY SELECT * FROM queues WHERE name = p_queue;
 END
 $$;
 
@@ -1786,9 +1899,11 @@ CREATE TABLE public.jobs (
     timeout_seconds integer,
     on_exhausted text DEFAULT 'dead_letter'::text NOT NULL,
     priority smallint DEFAULT 5 NOT NULL,
+    concurrency_key text,
     CONSTRAINT jobs_backoff_base_seconds_check CHECK ((backoff_base_seconds >= (0)::double precision)),
     CONSTRAINT jobs_backoff_max_seconds_check CHECK ((backoff_max_seconds >= (0)::double precision)),
     CONSTRAINT jobs_check CHECK (((schedule IS NULL) = (schedule_next_at IS NULL))),
+    CONSTRAINT jobs_concurrency_key_check CHECK ((concurrency_key ~ '^[[:print:]]{1,200}$'::text)),
     CONSTRAINT jobs_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 100))),
     CONSTRAINT jobs_on_exhausted_check CHECK ((on_exhausted = ANY (ARRAY['dead_letter'::text, 'discard'::text]))),
     CONSTRAINT jobs_priority_range CHECK (((priority >= 0) AND (priority <= 9))),
@@ -1833,22 +1948,16 @@ ALTER TABLE public.outbox ALTER COLUMN outbox_id ADD GENERATED ALWAYS AS IDENTIT
 );
 
 --
--- Name: queues; Type: TABLE; Schema: public; Owner: -
+-- Name: queue_keys; Type: TABLE; Schema: public; Owner: -
 --
 
-CREATE TABLE public.queues (
-    name text NOT NULL,
-    paused boolean DEFAULT false NOT NULL,
-    paused_at timestamp with time zone,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    claimed_ahead_at timestamp with time zone,
-    polled_until timestamp with time zone,
-    sqs_missing_since timestamp with time zone,
-    sqs_next_probe_at timestamp with time zone,
-    sqs_probes integer DEFAULT 0 NOT NULL,
-    CONSTRAINT queues_name_check CHECK ((name ~ '^[A-Za-z0-9_-]{1,64}$'::text)),
-    CONSTRAINT queues_sqs_missing_check CHECK (((sqs_missing_since IS NULL) = (sqs_next_probe_at IS NULL)))
+CREATE TABLE public.queue_keys (
+    queue text NOT NULL,
+    concurrency_key text NOT NULL,
+    running integer DEFAULT 0 NOT NULL,
+    last_pass bigint DEFAULT 0 NOT NULL,
+    last_started_at timestamp with time zone,
+    CONSTRAINT queue_keys_running_check CHECK ((running >= 0))
 );
 
 --
@@ -2145,6 +2254,13 @@ ALTER TABLE ONLY public.outbox
     ADD CONSTRAINT outbox_pkey PRIMARY KEY (outbox_id);
 
 --
+-- Name: queue_keys queue_keys_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.queue_keys
+    ADD CONSTRAINT queue_keys_pkey PRIMARY KEY (queue, concurrency_key);
+
+--
 -- Name: queues queues_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -2280,6 +2396,12 @@ CREATE INDEX outbox_pending_idx ON public.outbox USING btree (available_at, outb
 --
 
 CREATE INDEX outbox_sent_idx ON public.outbox USING btree (sent_at) WHERE (sent_at IS NOT NULL);
+
+--
+-- Name: queue_keys_running_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX queue_keys_running_idx ON public.queue_keys USING btree (queue, running) WHERE (running > 0);
 
 --
 -- Name: queues_sqs_probe_idx; Type: INDEX; Schema: public; Owner: -
@@ -2463,6 +2585,13 @@ ALTER TABLE ONLY public.job_outputs
 
 ALTER TABLE ONLY public.jobs
     ADD CONSTRAINT jobs_dag_name_fkey FOREIGN KEY (dag_name) REFERENCES public.dags(dag_name) ON DELETE CASCADE;
+
+--
+-- Name: queue_keys queue_keys_queue_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.queue_keys
+    ADD CONSTRAINT queue_keys_queue_fkey FOREIGN KEY (queue) REFERENCES public.queues(name) ON DELETE CASCADE;
 
 --
 -- Name: task_attempts task_attempts_task_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
