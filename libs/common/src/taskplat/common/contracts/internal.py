@@ -43,7 +43,7 @@ CompletionStatus = Literal["Completed", "Failed", "Canceled"]
 FailureReason = Literal["Drained"]
 NotClaimedReason = Literal[
     "AlreadyRunning", "Completed", "Canceled", "NotFound", "NotQueued", "Paused",
-    "MissingCapabilityKeys",
+    "MissingCapabilityKeys", "ConcurrencyLimited", "KeyConcurrencyLimited", "RateLimited",
 ]  # fmt: skip
 NOT_CLAIMED_DETAIL = Field(
     None,
@@ -51,6 +51,15 @@ NOT_CLAIMED_DETAIL = Field(
     description="Only for reason `MissingCapabilityKeys`: what is missing, naming the setting "
     "(the task runs untrusted and the dispatcher cannot sign its capability token; it stays "
     "Queued).",
+)
+RETRY_AFTER_MS = Field(
+    None,
+    ge=0,
+    exclude_if=lambda value: value is None,  # absent unless a queue limit refused the claim
+    description="Only for reasons `ConcurrencyLimited`, `KeyConcurrencyLimited` and `RateLimited`: "
+    "how long until the claim may succeed, in milliseconds (a slot frees sooner when a task of "
+    "the queue or key ends). The task stays Queued with its place and spent no attempt; a wrapper "
+    "keeps its SQS message hidden this long (docs/flow-control.md).",
 )
 Trust = Literal["trusted", "untrusted"]
 RejectReason = Literal[
@@ -146,6 +155,7 @@ class NotClaimedResponse(Contract):
     status: Literal["NotClaimed"] = "NotClaimed"
     reason: NotClaimedReason
     detail: str | None = NOT_CLAIMED_DETAIL
+    retry_after_ms: int | None = RETRY_AFTER_MS
 
 
 class FetchResponse(Contract):
@@ -328,6 +338,7 @@ class NotClaimedItem(Contract):
     task_id: UUID
     reason: NotClaimedReason
     detail: str | None = NOT_CLAIMED_DETAIL
+    retry_after_ms: int | None = RETRY_AFTER_MS
 
 
 class ClaimBatchResponse(Contract):
