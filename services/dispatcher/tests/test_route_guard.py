@@ -134,3 +134,31 @@ def test_a_large_body_of_an_attempt_token_call_is_checked_too(dispatcher: Dispat
         assert refused.status_code == 403, refused.text
         own = attempt.post("/internal/steps", json={"task_id": mine, **fence, **step})
         assert own.status_code == 200, own.text
+
+
+def test_a_flood_of_refused_calls_writes_a_bounded_number_of_rows(
+    dispatcher: Dispatcher, db_url: str
+) -> None:
+    per_minute = dispatcher.app.state.refusal_throttle.per_minute
+    before = len(audit_rows(db_url))
+    with client(dispatcher, "tpk_a-flood-of-wrong-keys") as nobody:
+        for _ in range(per_minute + 25):
+            assert nobody.put("/queues/default/resume").status_code == 401
+    rows = [row for row in audit_rows(db_url)[before:] if row["action"] == "resume_queue"]
+    assert len(rows) == per_minute
+    assert {row["outcome"] for row in rows} == {"refused 401"}
+
+
+def test_the_refusal_throttle_names_what_it_left_out_on_its_next_row() -> None:
+    clock = [0.0]
+    throttle = audit.RefusalThrottle(2, max_tracked=3, monotonic=lambda: clock[0])
+    call = audit.AuditCall("k", "cancel_task", "t")
+    assert [throttle.admit(call, 403) for _ in range(5)] == [0, 0, None, None, None]
+    assert throttle.admit(call, 401) == 0  # another status: its own window
+    clock[0] = 60.0
+    assert throttle.admit(call, 403) == 3  # the first row of the next minute names the 3
+    assert throttle.admit(call, 403) == 0
+    assert throttle.admit(call, 403) is None
+    for name in ("a", "b", "c"):  # more triples than tracked: the table is emptied, not grown
+        throttle.admit(audit.AuditCall(name, "x", None), 403)
+    assert len(throttle._windows) <= 3

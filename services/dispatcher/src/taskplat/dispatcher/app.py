@@ -30,7 +30,7 @@ from taskplat.common.clock import Clock, SystemClock
 from taskplat.common.db.pools import make_async_pool
 from taskplat.common.http_telemetry import HttpTelemetryMiddleware
 from taskplat.common.telemetry import Telemetry
-from taskplat.dispatcher import operational
+from taskplat.dispatcher import audit, operational
 from taskplat.dispatcher.access import KeyStore
 from taskplat.dispatcher.access_service import AccessService
 from taskplat.dispatcher.claim_waits import QueuedListener
@@ -120,6 +120,7 @@ def create_app(
         pool, clock, settings, recorder, registry=registry, listener=listener
     )
     app.state.operations = operations = Operations(pool, clock, recorder, registry)
+    app.state.refusal_throttle = audit.RefusalThrottle(settings.audit_refusals_per_minute)
     app.state.keys = keys = KeyStore(pool, settings.api_keys, settings.key_cache_seconds)
     app.state.access = AccessService(pool, clock, settings, keys, registry, operations)
     app.state.dags = DagService(pool, clock, settings, recorder, registry)

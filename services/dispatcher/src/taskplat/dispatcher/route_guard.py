@@ -185,6 +185,7 @@ async def _record_refusal(
         status,
         detail={"message": str(exc), **(detail or {})},
         now=clock.sql_now(),
+        throttle=request.app.state.refusal_throttle,
     )
 
 

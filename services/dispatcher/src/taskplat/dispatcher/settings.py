@@ -124,6 +124,15 @@ class DispatcherSettings(
         description="How long `/metrics` reuses its Postgres-derived gauges before querying again.",
     )
 
+    audit_refusals_per_minute: int = Field(
+        60,
+        ge=1,
+        le=100_000,
+        description="Refused calls (401/403) of audited routes written to the audit log per "
+        "minute for one key name, route and status, per replica; the rest are counted and named "
+        "on the next row written (`detail.suppressed`), so a flood of refused calls cannot flood "
+        "the table.",
+    )
     key_cache_seconds: float = Field(
         5.0,
         ge=0,
