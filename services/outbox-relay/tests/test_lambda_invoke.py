@@ -448,3 +448,25 @@ def test_without_capability_keys_an_untrusted_job_is_not_invoked(
         metric_lines(telemetry)
     )
     telemetry.shutdown()
+
+
+def test_an_operator_listed_untrusted_is_not_invoked_without_capability_keys(
+    d: Dispatcher, lam: LocalLambda, db_url: str, sqs_endpoint_url: str,
+    pool: ConnectionPool[Connection[DictRow]], monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The relay reads the dispatcher's list of untrusted operators: a job that does not say
+    `trust` itself runs its listed operator untrusted on Lambda too (never without its token)."""
+    monkeypatch.setenv("TASKPLAT_DISPATCHER_UNTRUSTED_OPERATORS", "slow, probe")
+    settings = make_settings(
+        db_url, sqs_endpoint_url, lambda_endpoint_url=lam.url,
+        attempt_token_keys=KEYS, attempt_token_active_kid="k1",
+    )  # fmt: skip
+    assert settings.untrusted_operators == ["slow", "probe"]
+    task_id = run(d, "once")
+    written = task_xmin(db_url, task_id)
+    invoker = make_invoker(settings, pool, d)
+    assert invoker.run_once().failed == 1
+    [row] = outbox(db_url, task_id)
+    assert row["sent_at"] is None and NO_CAPABILITY_KEYS in row["last_error"]
+    assert task(d, task_id)["status"] == "Queued" and lam.invocations() == []
+    assert task_xmin(db_url, task_id) == written

@@ -14,8 +14,10 @@ without them such a job is never invoked either.
 
 from __future__ import annotations
 
-from pydantic import AliasChoices, Field, SecretStr, model_validator
-from pydantic_settings import SettingsConfigDict
+from typing import Annotated
+
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from taskplat.common.ops_server import OpsSettings
 from taskplat.common.settings import (
@@ -194,6 +196,23 @@ class RelaySettings(
         description="Longest wait for Lambda to accept one invocation; longer counts as failed "
         "(retried with backoff; the unanswered invocation can change nothing).",
     )
+
+    untrusted_operators: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        validation_alias=AliasChoices(
+            "TASKPLAT_RELAY_UNTRUSTED_OPERATORS", "TASKPLAT_DISPATCHER_UNTRUSTED_OPERATORS"
+        ),
+        description="Comma-separated operators whose tasks run as untrusted until their job says "
+        "`trust` itself: the same list as the dispatcher's (its variable is read too), so a "
+        "Lambda invocation of such an operator carries its capability token.",
+    )
+
+    @field_validator("untrusted_operators", mode="before")
+    @classmethod
+    def _split_operators(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
     def capability_token_key_settings(self) -> TokenKeySettings | None:
         """The keys that sign untrusted Lambda attempts' capability tokens (the dispatcher's);

@@ -18,17 +18,18 @@ FOR UPDATE OF o SKIP LOCKED
 -- attempt's deadline is the function's timeout (the task's `timeout_seconds`, else
 -- %(default_timeout_seconds)s), its first lease that timeout plus %(grace_seconds)s, and the worker
 -- `lambda:<function>`, the function being %(function_prefix)s || operator.
--- Without capability keys (%(capability_keys)s false) an untrusted task is not claimable.
+-- Without capability keys (%(capability_keys)s false) an untrusted task is not claimable; the
+-- operators of %(untrusted_operators)s run untrusted unless their job says `trust`.
 SELECT * FROM taskplat_claim(ARRAY[%(task_id)s::uuid], NULL, NULL,
                              %(default_timeout_seconds)s::integer, %(now)s::timestamptz,
                              %(lease_token)s::uuid, %(function_prefix)s::text,
                              %(grace_seconds)s::double precision,
-                             %(capability_keys)s::boolean)
+                             %(capability_keys)s::boolean, %(untrusted_operators)s::text[])
 
 -- name: queued_untrusted
 -- Whether a task the claim did not take is Queued and runs untrusted (taskplat_untrusted,
 -- migration 0024): a relay without capability keys left it for that.
-SELECT taskplat_untrusted(t.job, t.operator, '{}') AS untrusted
+SELECT taskplat_untrusted(t.job, t.operator, %(untrusted_operators)s::text[]) AS untrusted
 FROM tasks AS t
 WHERE t.task_id = %(task_id)s
   AND t.status = 'Queued'

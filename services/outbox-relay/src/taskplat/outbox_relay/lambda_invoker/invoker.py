@@ -259,7 +259,8 @@ class Invoker:
         relay has no capability keys (the task is then still Queued: the row is kept)."""
         if self._capability_ring is not None:
             return False
-        found = conn.execute(Q["queued_untrusted"], {"task_id": row.task_id}).fetchone()
+        params = {"task_id": row.task_id, "untrusted_operators": self._settings.untrusted_operators}
+        found = conn.execute(Q["queued_untrusted"], params).fetchone()
         return found is not None and bool(found["untrusted"])
 
     def _claim(
@@ -273,6 +274,7 @@ class Invoker:
             "grace_seconds": self._settings.lambda_grace_seconds,
             "now": now,
             "capability_keys": self._capability_ring is not None,
+            "untrusted_operators": self._settings.untrusted_operators,
         }
         return conn.execute(Q["claim_for_function"], params).fetchone()
 
