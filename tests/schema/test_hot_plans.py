@@ -107,6 +107,7 @@ VALUES: dict[str, Value] = {
     "idempotency_key": _const("key-1"),
     "idempotency_keys": _const(["key-1"]),
     "priorities": _const([5]),
+    "concurrency_keys": _const(["customer-1"]),
     "keys": _const(["key-1", "key-2"]),
     "trace_context": _const(None),
     "lease_seconds": _const(30.0),

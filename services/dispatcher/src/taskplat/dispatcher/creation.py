@@ -118,6 +118,7 @@ def task_values(request: CreateTaskRequest, settings: DispatcherSettings) -> dic
         "expires_at": request.expires_at,
         "idempotency_key": request.idempotency_key,
         "priority": request.priority,
+        "concurrency_key": request.concurrency_key,
     }
 
 

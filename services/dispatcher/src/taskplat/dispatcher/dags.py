@@ -227,6 +227,7 @@ class DagService:
             "config": job.config,
             "trust": job.trust,
             "priority": job.priority,
+            "concurrency_key": job.concurrency_key,
             "on_exhausted": job.on_exhausted or defaults.on_exhausted or "dead_letter",
             "schedule": job.schedule,
             "schedule_next_at": next_tick(job.schedule, now) if job.schedule else None,

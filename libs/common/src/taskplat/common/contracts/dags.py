@@ -26,6 +26,7 @@ from taskplat.common.contracts.base import (
 from taskplat.common.contracts.internal import PartitionKey
 from taskplat.common.contracts.public import (
     DEFAULT_PRIORITY,
+    ConcurrencyKey,
     IdempotencyKey,
     OnExhausted,
     Priority,
@@ -99,6 +100,9 @@ class JobSpec(Contract):
     inputs: Annotated[list[InputSpec], Field(max_length=100)] = Field(default_factory=list)
     outputs: Annotated[list[OutputSpec], Field(max_length=100)] = Field(default_factory=list)
     priority: Priority = DEFAULT_PRIORITY
+    concurrency_key: ConcurrencyKey | None = Field(
+        None, description="The concurrency key of the job's tasks (docs/flow-control.md)."
+    )
     max_attempts: Annotated[int, Field(ge=1, le=100)] | None = None
     timeout_seconds: Annotated[int, Field(ge=1, le=7 * 24 * 3600)] | None = None
     backoff_base_seconds: Annotated[float, Field(ge=0, le=86_400)] | None = None

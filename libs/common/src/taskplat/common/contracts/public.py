@@ -39,6 +39,17 @@ Priority = Annotated[
     ),
 ]
 DEFAULT_PRIORITY = 5
+ConcurrencyKey = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=200,
+        pattern=r"^[\x20-\x7e]+$",
+        description="1-200 printable characters (a customer, a store, an account): within a "
+        "priority, claim-next serves keys in turn, and a queue's `key_concurrency_limit` bounds "
+        "the Running tasks of each key. Tasks without one share one key of their own.",
+    ),
+]
 TERMINAL_STATUSES: frozenset[str] = frozenset({"Completed", "Dead", "Canceled"})
 
 
@@ -80,6 +91,7 @@ class CreateTaskRequest(Contract):
     idempotency_key: IdempotencyKey | None = None
     job: JobRef | None = None
     priority: Priority = DEFAULT_PRIORITY
+    concurrency_key: ConcurrencyKey | None = None
 
     @field_validator("queue")
     @classmethod
@@ -131,6 +143,7 @@ class TaskView(Contract):
     operator: str
     queue: str
     priority: int
+    concurrency_key: str | None = None
     job: JobRef | None
     config: JsonObject
     inputs: JsonArray

@@ -58,7 +58,8 @@ CREATE TYPE public.taskplat_new_task AS (
 	scheduled_for timestamp with time zone,
 	expires_at timestamp with time zone,
 	idempotency_key text,
-	priority integer
+	priority integer,
+	concurrency_key text
 );
 
 --
@@ -119,6 +120,60 @@ $$;
 --
 
 COMMENT ON FUNCTION public.taskplat_add_dataset_table(p_dataset_uuid uuid, p_dataset_version uuid, p_columns jsonb, p_schema_hash text, p_now timestamp with time zone) IS 'Creates and records the table of a buffered dataset''s version; the dataset''s location names it.';
+
+--
+-- Name: taskplat_admit_start(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_admit_start() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    q queues;
+    v_key constant text := coalesce(NEW.concurrency_key, '');
+    v_at timestamptz;
+    v_step interval;
+BEGIN
+    PERFORM taskplat_limits_lock(NEW.queue);
+    SELECT * INTO q FROM queues WHERE name = NEW.queue;
+    IF NOT FOUND OR (q.concurrency_limit IS NULL AND q.key_concurrency_limit IS NULL
+                     AND q.rate_per_second IS NULL) THEN
+        RETURN NEW;
+    END IF;
+    -- A limited start is stamped when it is admitted (never before the claim's now): a slot
+    -- freed by an end that committed just before is then never seen overlapping this start in
+    -- the attempts' own times, and the rate counts starts at those times.
+    v_at := greatest(NEW.started_at, clock_timestamp());
+    NEW.started_at := v_at;
+    IF q.concurrency_limit IS NOT NULL OR q.key_concurrency_limit IS NOT NULL THEN
+        INSERT INTO queue_keys AS k (queue, concurrency_key, running)
+        VALUES (NEW.queue, v_key, 1)
+        ON CONFLICT (queue, concurrency_key) DO UPDATE SET running = k.running + 1
+            WHERE q.key_concurrency_limit IS NULL OR k.running < q.key_concurrency_limit;
+        IF NOT FOUND THEN
+            RETURN NULL;  -- KeyConcurrencyLimited: the row is left as it was
+        END IF;
+    END IF;
+    v_step := make_interval(secs => 1.0 / coalesce(q.rate_per_second, 1.0));
+    UPDATE queues AS u
+    SET running = u.running + CASE WHEN q.concurrency_limit IS NOT NULL
+                                     OR q.key_concurrency_limit IS NOT NULL THEN 1 ELSE 0 END,
+        rate_tat = CASE WHEN u.rate_per_second IS NULL THEN NULL
+                        ELSE greatest(coalesce(u.rate_tat, v_at), v_at) + v_step END
+    WHERE u.name = NEW.queue
+      AND (u.concurrency_limit IS NULL OR u.running < u.concurrency_limit)
+      AND (u.rate_per_second IS NULL
+           OR greatest(coalesce(u.rate_tat, v_at), v_at) + v_step - v_at
+              <= v_step * u.rate_burst);
+    IF NOT FOUND THEN  -- ConcurrencyLimited or RateLimited: give the key's slot back
+        UPDATE queue_keys AS k SET running = k.running - 1
+        WHERE (q.concurrency_limit IS NOT NULL OR q.key_concurrency_limit IS NOT NULL)
+          AND k.queue = NEW.queue AND k.concurrency_key = v_key;
+        RETURN NULL;
+    END IF;
+    RETURN NEW;
+END
+$$;
 
 --
 -- Name: taskplat_cancel_tasks(uuid[], text, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
@@ -230,12 +285,30 @@ CREATE FUNCTION public.taskplat_claim_next(p_queue text, p_max integer, p_worker
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := coalesce(p_now, now());
+    v_max integer := p_max;
+    v_key_limit integer;
     v_picked uuid[];
+    v_queue queues;
 BEGIN
     -- Guard: claimable (Queued, unexpired, queue not paused, trusted unless the claimer holds
-    -- capability keys) and not a `runtime: lambda` job's
-    -- task (the relay claims those for their function); rows others are claiming are skipped.
-    -- Order: priority (lower first), then queued_at: tasks_queued_priority_idx's order.
+    -- capability keys) and not a `runtime: lambda` job's task (the relay claims those for their
+    -- function); rows others are claiming are skipped. The limits themselves are decided by the
+    -- start (taskplat_admit_start): what is read here only spares locking tasks that could not
+    -- start.
+    SELECT * INTO v_queue FROM queues WHERE name = p_queue;
+    IF FOUND THEN
+        IF v_queue.concurrency_limit IS NOT NULL THEN
+            v_max := least(v_max, v_queue.concurrency_limit - v_queue.running);
+        END IF;
+        IF v_queue.rate_per_second IS NOT NULL THEN
+            v_max := least(v_max, taskplat_rate_tokens_left(
+                v_queue.rate_tat, v_queue.rate_per_second, v_queue.rate_burst, v_now));
+        END IF;
+        v_key_limit := v_queue.key_concurrency_limit;
+    END IF;
+    IF v_max <= 0 THEN
+        RETURN;
+    END IF;
     v_picked := ARRAY(
         SELECT t.task_id
         FROM tasks AS t
@@ -249,8 +322,13 @@ BEGIN
                                 AND j.name = t.job ->> 'name'
                                 AND j.runtime = 'lambda'))
           AND (p_capability_keys OR NOT taskplat_untrusted(t.job, t.operator, p_untrusted_operators))
-        ORDER BY t.queue, t.priority, t.queued_at
-        LIMIT p_max
+          AND (v_key_limit IS NULL
+               OR NOT EXISTS (SELECT 1 FROM queue_keys AS k
+                              WHERE k.queue = p_queue
+                                AND k.concurrency_key = coalesce(t.concurrency_key, '')
+                                AND k.running >= v_key_limit))
+        ORDER BY t.queue, t.priority, t.pass, t.queued_at
+        LIMIT v_max
         FOR UPDATE OF t SKIP LOCKED);
     IF cardinality(v_picked) = 0 THEN
         RETURN;
@@ -267,7 +345,7 @@ $$;
 -- Name: FUNCTION taskplat_claim_next(p_queue text, p_max integer, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone, p_capability_keys boolean, p_untrusted_operators text[]); Type: COMMENT; Schema: public; Owner: -
 --
 
-COMMENT ON FUNCTION public.taskplat_claim_next(p_queue text, p_max integer, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone, p_capability_keys boolean, p_untrusted_operators text[]) IS 'Claims up to p_max claimable tasks of a queue, by priority then oldest first, skipping locked rows and the tasks of runtime: lambda jobs.';
+COMMENT ON FUNCTION public.taskplat_claim_next(p_queue text, p_max integer, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone, p_capability_keys boolean, p_untrusted_operators text[]) IS 'Claims up to p_max claimable tasks of a queue, by priority, then pass (keys in turn), then oldest first, within its limits, skipping locked rows and the tasks of runtime: lambda jobs.';
 
 --
 -- Name: taskplat_complete_late(uuid, integer, uuid, jsonb, jsonb, timestamp with time zone, text, jsonb, jsonb); Type: FUNCTION; Schema: public; Owner: -
@@ -465,6 +543,7 @@ CREATE TABLE public.tasks (
     trace_context jsonb,
     priority smallint DEFAULT 5 NOT NULL,
     concurrency_key text,
+    pass bigint DEFAULT 0 NOT NULL,
     CONSTRAINT tasks_attempt_check CHECK ((attempt >= 1)),
     CONSTRAINT tasks_attempt_outcome_check CHECK ((attempt_outcome = ANY (ARRAY['Completed'::text, 'Failed'::text, 'LeaseExpired'::text, 'DeadlineExceeded'::text, 'Canceled'::text, 'Drained'::text]))),
     CONSTRAINT tasks_backoff_base_seconds_check CHECK ((backoff_base_seconds >= (0)::double precision)),
@@ -501,12 +580,45 @@ BEGIN
     IF coalesce(cardinality(p_tasks), 0) = 0 THEN
         RETURN;
     END IF;
-    WITH inserted AS (
+    WITH new AS MATERIALIZED (
+        SELECT n.*, n.ordinality AS position, coalesce(n.concurrency_key, '') AS key,
+               row_number() OVER (PARTITION BY n.queue, coalesce(n.concurrency_key, '')
+                                  ORDER BY n.ordinality) AS nth,
+               count(*) OVER (PARTITION BY n.queue, coalesce(n.concurrency_key, '')) AS per_key
+        FROM unnest(p_tasks) WITH ORDINALITY AS n
+    ),
+    groups AS MATERIALIZED (  -- each (queue, key) once, with the queue's front at its priority
+        SELECT g.queue, g.key, g.per_key,
+               coalesce(
+                   (SELECT f.pass FROM tasks AS f
+                    WHERE f.queue = g.queue AND f.status = 'Queued' AND f.priority = g.priority
+                    ORDER BY f.queue, f.priority, f.pass, f.queued_at LIMIT 1),
+                   (SELECT k.last_pass FROM queue_keys AS k
+                    WHERE k.queue = g.queue ORDER BY k.queue, k.last_pass DESC LIMIT 1),
+                   0) AS front
+        FROM (SELECT new.queue, new.key, max(new.per_key) AS per_key,
+                     min(coalesce(new.priority, 5)) AS priority
+              FROM new GROUP BY new.queue, new.key) AS g
+    ),
+    passes AS MATERIALIZED (  -- the key's last pass moved past its new tasks
+        INSERT INTO queue_keys AS k (queue, concurrency_key, last_pass)
+        SELECT g.queue, g.key, g.front + g.per_key
+        FROM groups AS g
+        ORDER BY g.queue, g.key  -- one lock order for every creation
+        ON CONFLICT (queue, concurrency_key) DO UPDATE
+            SET last_pass = greatest(k.last_pass + excluded.last_pass
+                                         - (SELECT g.front FROM groups AS g
+                                            WHERE g.queue = excluded.queue
+                                              AND g.key = excluded.concurrency_key),
+                                     excluded.last_pass)
+        RETURNING k.queue, k.concurrency_key, k.last_pass
+    ),
+    inserted AS (
         INSERT INTO tasks AS t (
             task_id, status, queue, operator, job, config, inputs, max_attempts,
             max_processing_attempts, on_exhausted, backoff_base_seconds, backoff_max_seconds,
             timeout_seconds, scheduled_for, expires_at, idempotency_key, queued_at, created_at,
-            updated_at, trace_context, priority)
+            updated_at, trace_context, priority, concurrency_key, pass)
         SELECT n.task_id,
                CASE WHEN n.scheduled_for > v_now THEN 'Scheduled' ELSE 'Queued' END,
                n.queue, n.operator, n.job, coalesce(n.config, '{}'::jsonb),
@@ -515,9 +627,11 @@ BEGIN
                n.backoff_base_seconds, n.backoff_max_seconds, n.timeout_seconds,
                n.scheduled_for, n.expires_at, n.idempotency_key,
                CASE WHEN n.scheduled_for > v_now THEN NULL ELSE v_now END,
-               v_now, v_now, p_trace_context, coalesce(n.priority, 5)
-        FROM unnest(p_tasks) WITH ORDINALITY AS n
-        ORDER BY n.ordinality
+               v_now, v_now, p_trace_context, coalesce(n.priority, 5), n.concurrency_key,
+               p.last_pass - n.per_key + n.nth
+        FROM new AS n
+        JOIN passes AS p ON p.queue = n.queue AND p.concurrency_key = n.key
+        ORDER BY n.position
         ON CONFLICT (idempotency_key) DO NOTHING
         RETURNING t.task_id, t.job, t.inputs
     ),
@@ -998,6 +1112,56 @@ END
 $$;
 
 --
+-- Name: taskplat_limit_refusal(text, text, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_limit_refusal(p_queue text, p_concurrency_key text, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(reason text, retry_after_ms integer)
+    LANGUAGE sql STABLE
+    AS $$
+    WITH n AS (SELECT coalesce(p_now, clock_timestamp()) AS now),
+    q AS (
+        SELECT u.*,
+               coalesce((SELECT k.running FROM queue_keys AS k
+                         WHERE k.queue = u.name
+                           AND k.concurrency_key = coalesce(p_concurrency_key, '')), 0)
+                   AS key_running
+        FROM queues AS u WHERE u.name = p_queue
+    )
+    SELECT r.reason, r.retry_after_ms
+    FROM q, n, LATERAL (VALUES
+        (1, 'ConcurrencyLimited', 1000,
+         q.concurrency_limit IS NOT NULL AND q.running >= q.concurrency_limit),
+        (2, 'KeyConcurrencyLimited', 1000,
+         q.key_concurrency_limit IS NOT NULL AND q.key_running >= q.key_concurrency_limit),
+        (3, 'RateLimited',
+         greatest(1, ceil(extract(epoch FROM
+             q.rate_tat - make_interval(secs => (q.rate_burst - 1) / q.rate_per_second) - n.now)
+             * 1000))::integer,
+         q.rate_per_second IS NOT NULL
+             AND taskplat_rate_tokens_left(q.rate_tat, q.rate_per_second, q.rate_burst, n.now) = 0)
+    ) AS r(rank, reason, retry_after_ms, holds)
+    WHERE r.holds
+    ORDER BY r.rank
+    LIMIT 1
+$$;
+
+--
+-- Name: taskplat_limits_lock(text, boolean); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_limits_lock(p_queue text, p_exclusive boolean DEFAULT false) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF p_exclusive THEN
+        PERFORM pg_advisory_xact_lock(1952541776, hashtext(p_queue));
+    ELSE
+        PERFORM pg_advisory_xact_lock_shared(1952541776, hashtext(p_queue));
+    END IF;
+END
+$$;
+
+--
 -- Name: taskplat_make_version_current(uuid, uuid, text, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -1251,6 +1415,27 @@ $$;
 COMMENT ON FUNCTION public.taskplat_reap_timeouts(p_now timestamp with time zone, p_grace_seconds double precision, p_limit integer, p_jitters double precision[]) IS 'Ends Running attempts whose lease ran out or whose deadline + grace passed.';
 
 --
+-- Name: taskplat_release_slot(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_release_slot() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM taskplat_limits_lock(OLD.queue);
+    UPDATE queues AS u SET running = u.running - 1
+    WHERE u.name = OLD.queue
+      AND (u.concurrency_limit IS NOT NULL OR u.key_concurrency_limit IS NOT NULL);
+    IF FOUND THEN
+        UPDATE queue_keys AS k SET running = k.running - 1
+        WHERE k.queue = OLD.queue AND k.concurrency_key = coalesce(OLD.concurrency_key, '');
+        PERFORM pg_notify('taskplat_queued', OLD.queue);
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+--
 -- Name: taskplat_repinned_inputs(jsonb); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -1459,10 +1644,10 @@ DECLARE
     v_now timestamptz := coalesce(p_now, clock_timestamp());
     v_counted boolean := p_concurrency_limit IS NOT NULL OR p_key_concurrency_limit IS NOT NULL;
 BEGIN
+    PERFORM taskplat_limits_lock(p_queue, true);
     INSERT INTO queues AS q (name, created_at, updated_at)
     VALUES (p_queue, v_now, v_now)
     ON CONFLICT (name) DO NOTHING;
-    PERFORM 1 FROM queues WHERE name = p_queue FOR UPDATE;
 
     UPDATE queues SET
         concurrency_limit = p_concurrency_limit,
@@ -1624,7 +1809,7 @@ CREATE FUNCTION public.taskplat_start_job_run(p_dag_name text, p_job_name text, 
                        j.config || coalesce(p_extra_config, '{}'::jsonb),
                        coalesce(p_inputs, '[]'::jsonb), j.max_attempts, NULL, j.on_exhausted,
                        j.backoff_base_seconds, j.backoff_max_seconds, j.timeout_seconds, NULL,
-                       NULL, p_idempotency_key, j.priority)::taskplat_new_task],
+                       NULL, p_idempotency_key, j.priority, j.concurrency_key)::taskplat_new_task],
              p_now, p_trace_context, p_hold_seconds) AS c
     WHERE j.dag_name = p_dag_name AND j.name = p_job_name
 $$;
@@ -1956,7 +2141,6 @@ CREATE TABLE public.queue_keys (
     concurrency_key text NOT NULL,
     running integer DEFAULT 0 NOT NULL,
     last_pass bigint DEFAULT 0 NOT NULL,
-    last_started_at timestamp with time zone,
     CONSTRAINT queue_keys_running_check CHECK ((running >= 0))
 );
 
@@ -2048,6 +2232,8 @@ CREATE VIEW public.task_details AS
     t.on_exhausted,
     t.trace_context,
     t.priority,
+    t.concurrency_key,
+    t.pass,
     ((t.attempt - t.replay_offset) - t.processing_attempts) AS counted_attempts,
     COALESCE(( SELECT json_agg(json_build_object('attempt', a.attempt, 'worker_id', a.worker_id, 'started_at', a.started_at, 'finished_at', a.finished_at, 'outcome', a.outcome, 'error', a.error) ORDER BY a.attempt) AS json_agg
            FROM public.task_attempts a
@@ -2398,6 +2584,12 @@ CREATE INDEX outbox_pending_idx ON public.outbox USING btree (available_at, outb
 CREATE INDEX outbox_sent_idx ON public.outbox USING btree (sent_at) WHERE (sent_at IS NOT NULL);
 
 --
+-- Name: queue_keys_last_pass_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX queue_keys_last_pass_idx ON public.queue_keys USING btree (queue, last_pass);
+
+--
 -- Name: queue_keys_running_idx; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -2464,16 +2656,16 @@ CREATE INDEX tasks_finished_at_idx ON public.tasks USING btree (finished_at) WHE
 CREATE INDEX tasks_job_created_idx ON public.tasks USING btree (((job ->> 'dag_name'::text)), ((job ->> 'name'::text)), created_at DESC, task_id DESC) WHERE (job IS NOT NULL);
 
 --
+-- Name: tasks_queued_claim_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX tasks_queued_claim_idx ON public.tasks USING btree (queue, priority, pass, queued_at) WHERE (status = 'Queued'::text);
+
+--
 -- Name: tasks_queued_idx; Type: INDEX; Schema: public; Owner: -
 --
 
 CREATE INDEX tasks_queued_idx ON public.tasks USING btree (queue, queued_at) WHERE (status = 'Queued'::text);
-
---
--- Name: tasks_queued_priority_idx; Type: INDEX; Schema: public; Owner: -
---
-
-CREATE INDEX tasks_queued_priority_idx ON public.tasks USING btree (queue, priority, queued_at) WHERE (status = 'Queued'::text);
 
 --
 -- Name: tasks_queued_wakeup_idx; Type: INDEX; Schema: public; Owner: -
@@ -2522,6 +2714,18 @@ CREATE TRIGGER outbox_lambda_wakeups AFTER INSERT ON public.outbox REFERENCING N
 --
 
 CREATE TRIGGER task_events_route AFTER INSERT ON public.task_events FOR EACH ROW EXECUTE FUNCTION public.taskplat_route_event_outbox();
+
+--
+-- Name: tasks tasks_admit_start; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER tasks_admit_start BEFORE UPDATE OF status ON public.tasks FOR EACH ROW WHEN (((old.status = 'Queued'::text) AND (new.status = 'Running'::text))) EXECUTE FUNCTION public.taskplat_admit_start();
+
+--
+-- Name: tasks tasks_release_slot; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER tasks_release_slot BEFORE UPDATE OF status ON public.tasks FOR EACH ROW WHEN (((old.status = 'Running'::text) AND (new.status <> 'Running'::text))) EXECUTE FUNCTION public.taskplat_release_slot();
 
 --
 -- Name: dataset_buffers dataset_buffers_dataset_uuid_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
@@ -2585,13 +2789,6 @@ ALTER TABLE ONLY public.job_outputs
 
 ALTER TABLE ONLY public.jobs
     ADD CONSTRAINT jobs_dag_name_fkey FOREIGN KEY (dag_name) REFERENCES public.dags(dag_name) ON DELETE CASCADE;
-
---
--- Name: queue_keys queue_keys_queue_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
---
-
-ALTER TABLE ONLY public.queue_keys
-    ADD CONSTRAINT queue_keys_queue_fkey FOREIGN KEY (queue) REFERENCES public.queues(name) ON DELETE CASCADE;
 
 --
 -- Name: task_attempts task_attempts_task_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -

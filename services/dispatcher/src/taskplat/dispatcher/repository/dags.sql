@@ -35,11 +35,11 @@ SELECT dataset_uuid, name, kind FROM datasets WHERE name = %(name)s
 -- name: insert_job
 INSERT INTO jobs (dag_name, name, operator, runtime, queue, config, trust, schedule,
                   schedule_next_at, max_attempts, backoff_base_seconds, backoff_max_seconds,
-                  timeout_seconds, on_exhausted, priority)
+                  timeout_seconds, on_exhausted, priority, concurrency_key)
 VALUES (%(dag_name)s, %(name)s, %(operator)s, %(runtime)s, %(queue)s, %(config)s, %(trust)s,
         %(schedule)s, %(schedule_next_at)s, %(max_attempts)s, %(backoff_base_seconds)s,
         %(backoff_max_seconds)s, %(timeout_seconds)s, %(on_exhausted)s,
-        %(priority)s)
+        %(priority)s, %(concurrency_key)s)
 
 -- name: insert_job_outputs
 INSERT INTO job_outputs (dag_name, job_name, output_index, dataset_uuid)

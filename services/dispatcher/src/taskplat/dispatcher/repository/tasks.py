@@ -55,6 +55,7 @@ NEW_TASK_ARRAYS = {
     "expires_at": "expires_at",
     "idempotency_key": "idempotency_keys",
     "priority": "priorities",
+    "concurrency_key": "concurrency_keys",
 }
 
 

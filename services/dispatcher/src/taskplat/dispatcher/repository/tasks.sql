@@ -24,7 +24,7 @@ FROM taskplat_create_tasks(
     ARRAY(SELECT ROW(i.task_id, i.queue, i.operator, i.job, i.config, i.inputs, i.max_attempts,
                      i.max_processing_attempts, i.on_exhausted, i.backoff_base_seconds,
                      i.backoff_max_seconds, i.timeout_seconds, i.scheduled_for, i.expires_at,
-                     i.idempotency_key, i.priority)::taskplat_new_task
+                     i.idempotency_key, i.priority, i.concurrency_key)::taskplat_new_task
           FROM unnest(%(task_ids)s::uuid[], %(queues)s::text[], %(operators)s::text[],
                       %(jobs)s::jsonb[], %(configs)s::jsonb[], %(inputs)s::jsonb[],
                       %(max_attempts)s::integer[], %(max_processing_attempts)s::integer[],
@@ -32,12 +32,12 @@ FROM taskplat_create_tasks(
                       %(backoff_max_seconds)s::double precision[],
                       %(timeout_seconds)s::integer[], %(scheduled_for)s::timestamptz[],
                       %(expires_at)s::timestamptz[], %(idempotency_keys)s::text[],
-                      %(priorities)s::integer[])
+                      %(priorities)s::integer[], %(concurrency_keys)s::text[])
                    WITH ORDINALITY
                    AS i(task_id, queue, operator, job, config, inputs, max_attempts,
                         max_processing_attempts, on_exhausted, backoff_base_seconds,
                         backoff_max_seconds, timeout_seconds, scheduled_for, expires_at,
-                        idempotency_key, priority, position)
+                        idempotency_key, priority, concurrency_key, position)
           ORDER BY i.position),
     %(now)s::timestamptz, %(trace_context)s::jsonb,
     %(polled_wakeup_delay_seconds)s::double precision, %(notify_held)s::boolean) AS c

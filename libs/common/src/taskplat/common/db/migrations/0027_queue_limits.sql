@@ -11,9 +11,11 @@
 --   * While a queue has a concurrency limit or a key limit, `queues.running` and
 --     `queue_keys.running` count its Running tasks (per queue, per key): every claim that starts
 --     one adds 1 with a conditional UPDATE (`WHERE running < limit`), every end of a Running task
---     takes 1 in the same transaction. taskplat_set_queue_limits recounts both from `tasks` under
---     the queue row's lock when it sets limits, so counting starts exact; with no concurrency or
---     key limit the counters are not kept (0) and a claim writes no queue row.
+--     takes 1 in the same transaction. taskplat_set_queue_limits recounts both from `tasks` when
+--     it sets limits, holding the queue's limits lock (an advisory lock, taskplat_limits_lock)
+--     exclusively, while every start and every end of a task holds it shared (migration 0028): no
+--     start or end is in flight during a recount, so counting starts exact. With no concurrency
+--     or key limit the counters are not kept (0) and a start writes no queue row.
 --   * The rate limit is GCRA: `queues.rate_tat` is the theoretical arrival time of the next
 --     start. A start at `now` is allowed when greatest(rate_tat, now) + 1/rate - now <= burst/rate,
 --     and moves rate_tat to greatest(rate_tat, now) + 1/rate. taskplat_rate_tokens_left answers
@@ -45,16 +47,29 @@ ALTER TABLE queues
         CHECK ((rate_per_second IS NULL) = (rate_burst IS NULL));
 
 CREATE TABLE queue_keys (
-    queue text NOT NULL REFERENCES queues (name) ON DELETE CASCADE,
+    queue text NOT NULL,  -- a task's queue (tasks name no registered queue by key either)
     concurrency_key text NOT NULL,
     running integer NOT NULL DEFAULT 0 CHECK (running >= 0),
     last_pass bigint NOT NULL DEFAULT 0,
-    last_started_at timestamptz,
     PRIMARY KEY (queue, concurrency_key)
 );
 
 -- Keys at their limit are read by GET /queues without scanning idle keys.
 CREATE INDEX queue_keys_running_idx ON queue_keys (queue, running) WHERE running > 0;
+
+-- The two keys of a queue's limits lock (an advisory lock: held shared by starts and ends,
+-- exclusively by taskplat_set_queue_limits).
+CREATE FUNCTION taskplat_limits_lock(p_queue text, p_exclusive boolean DEFAULT false)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_exclusive THEN
+        PERFORM pg_advisory_xact_lock(1952541776, hashtext(p_queue));
+    ELSE
+        PERFORM pg_advisory_xact_lock_shared(1952541776, hashtext(p_queue));
+    END IF;
+END
+$$;
 
 CREATE FUNCTION taskplat_rate_tokens_left(
     p_tat timestamptz, p_per_second double precision, p_burst integer, p_now timestamptz
@@ -70,8 +85,8 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- Sets (replaces) a queue's limits, registering the queue if new, and recounts the counters the
--- claim keeps while a concurrency or key limit is set. The row lock orders it with every claim
--- of the queue (claims read the limits with FOR KEY SHARE or move the counter with UPDATE).
+-- claim keeps while a concurrency or key limit is set. The limits lock, taken first and
+-- exclusively, waits for the starts and ends in flight and holds new ones until it commits.
 CREATE FUNCTION taskplat_set_queue_limits(
     p_queue text, p_concurrency_limit integer, p_key_concurrency_limit integer,
     p_rate_per_second double precision, p_rate_burst integer, p_now timestamptz DEFAULT NULL
@@ -81,10 +96,10 @@ DECLARE
     v_now timestamptz := coalesce(p_now, clock_timestamp());
     v_counted boolean := p_concurrency_limit IS NOT NULL OR p_key_concurrency_limit IS NOT NULL;
 BEGIN
+    PERFORM taskplat_limits_lock(p_queue, true);
     INSERT INTO queues AS q (name, created_at, updated_at)
     VALUES (p_queue, v_now, v_now)
     ON CONFLICT (name) DO NOTHING;
-    PERFORM 1 FROM queues WHERE name = p_queue FOR UPDATE;
 
     UPDATE queues SET
         concurrency_limit = p_concurrency_limit,
