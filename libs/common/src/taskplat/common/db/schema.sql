@@ -133,6 +133,8 @@ DECLARE
     v_key constant text := coalesce(NEW.concurrency_key, '');
     v_at timestamptz;
     v_step interval;
+    v_tat timestamptz;
+    v_counted boolean;
 BEGIN
     PERFORM taskplat_limits_lock(NEW.queue);
     SELECT * INTO q FROM queues WHERE name = NEW.queue;
@@ -140,37 +142,37 @@ BEGIN
                      AND q.rate_per_second IS NULL) THEN
         RETURN NEW;
     END IF;
-    -- A limited start is stamped when it is admitted (never before the claim's now): a slot
-    -- freed by an end that committed just before is then never seen overlapping this start in
-    -- the attempts' own times, and the rate counts starts at those times.
+    -- Locks in one order (the queue's row, then its key's), as the release takes them.
+    SELECT * INTO q FROM queues WHERE name = NEW.queue FOR UPDATE;
+    -- A limited start is stamped once it holds the queue's row (never before the claim's now):
+    -- a slot freed by an end that committed just before is then never seen overlapping this
+    -- start in the attempts' own times, and the rate counts starts at those times.
     v_at := greatest(NEW.started_at, clock_timestamp());
     NEW.started_at := v_at;
-    IF q.concurrency_limit IS NOT NULL OR q.key_concurrency_limit IS NOT NULL THEN
+    v_counted := q.concurrency_limit IS NOT NULL OR q.key_concurrency_limit IS NOT NULL;
+    IF q.concurrency_limit IS NOT NULL AND q.running >= q.concurrency_limit THEN
+        RETURN NULL;  -- ConcurrencyLimited: the row is left as it was
+    END IF;
+    IF q.rate_per_second IS NOT NULL THEN
+        v_step := make_interval(secs => 1.0 / q.rate_per_second);
+        v_tat := greatest(coalesce(q.rate_tat, v_at), v_at) + v_step;
+        IF v_tat - v_at > v_step * q.rate_burst THEN
+            RETURN NULL;  -- RateLimited
+        END IF;
+    END IF;
+    IF v_counted THEN
         INSERT INTO queue_keys AS k (queue, concurrency_key, running)
         VALUES (NEW.queue, v_key, 1)
         ON CONFLICT (queue, concurrency_key) DO UPDATE SET running = k.running + 1
             WHERE q.key_concurrency_limit IS NULL OR k.running < q.key_concurrency_limit;
         IF NOT FOUND THEN
-            RETURN NULL;  -- KeyConcurrencyLimited: the row is left as it was
+            RETURN NULL;  -- KeyConcurrencyLimited
         END IF;
     END IF;
-    v_step := make_interval(secs => 1.0 / coalesce(q.rate_per_second, 1.0));
     UPDATE queues AS u
-    SET running = u.running + CASE WHEN q.concurrency_limit IS NOT NULL
-                                     OR q.key_concurrency_limit IS NOT NULL THEN 1 ELSE 0 END,
-        rate_tat = CASE WHEN u.rate_per_second IS NULL THEN NULL
-                        ELSE greatest(coalesce(u.rate_tat, v_at), v_at) + v_step END
-    WHERE u.name = NEW.queue
-      AND (u.concurrency_limit IS NULL OR u.running < u.concurrency_limit)
-      AND (u.rate_per_second IS NULL
-           OR greatest(coalesce(u.rate_tat, v_at), v_at) + v_step - v_at
-              <= v_step * u.rate_burst);
-    IF NOT FOUND THEN  -- ConcurrencyLimited or RateLimited: give the key's slot back
-        UPDATE queue_keys AS k SET running = k.running - 1
-        WHERE (q.concurrency_limit IS NOT NULL OR q.key_concurrency_limit IS NOT NULL)
-          AND k.queue = NEW.queue AND k.concurrency_key = v_key;
-        RETURN NULL;
-    END IF;
+    SET running = u.running + v_counted::integer,
+        rate_tat = coalesce(v_tat, u.rate_tat)
+    WHERE u.name = NEW.queue;
     RETURN NEW;
 END
 $$;

@@ -13,9 +13,10 @@
 --   * Admission has one home, a BEFORE UPDATE trigger on the Queued -> Running transition
 --     (taskplat_admit_start), so every claim path (by id, batch, claim-next, waiting claims,
 --     claims ahead, Lambda invocations) is held to the limits with no copy of the rule: under
---     the queue's limits lock (shared), a task of a queue with limits starts only if its key's
---     counter moves (`running < key_concurrency_limit`), then the queue's row moves in one
---     conditional UPDATE (`running < concurrency_limit` and the GCRA test of the rate). A task
+--     the queue's limits lock (shared) and its row's lock, a task of a queue with limits starts
+--     only if the queue has a slot (`running < concurrency_limit`), the GCRA test of the rate
+--     passes, and its key's counter moves (`running < key_concurrency_limit`). Locks are taken in
+--     one order, the queue's row then the key's, by admission and release alike. A task
 --     refused is left untouched: the trigger skips its row, so it stays Queued with its place,
 --     spends no attempt and gets no attempt record; the claim answers without it.
 --   * Release has one home, a BEFORE UPDATE trigger on every Running -> other transition
@@ -196,6 +197,8 @@ DECLARE
     v_key constant text := coalesce(NEW.concurrency_key, '');
     v_at timestamptz;
     v_step interval;
+    v_tat timestamptz;
+    v_counted boolean;
 BEGIN
     PERFORM taskplat_limits_lock(NEW.queue);
     SELECT * INTO q FROM queues WHERE name = NEW.queue;
@@ -203,37 +206,37 @@ BEGIN
                      AND q.rate_per_second IS NULL) THEN
         RETURN NEW;
     END IF;
-    -- A limited start is stamped when it is admitted (never before the claim's now): a slot
-    -- freed by an end that committed just before is then never seen overlapping this start in
-    -- the attempts' own times, and the rate counts starts at those times.
+    -- Locks in one order (the queue's row, then its key's), as the release takes them.
+    SELECT * INTO q FROM queues WHERE name = NEW.queue FOR UPDATE;
+    -- A limited start is stamped once it holds the queue's row (never before the claim's now):
+    -- a slot freed by an end that committed just before is then never seen overlapping this
+    -- start in the attempts' own times, and the rate counts starts at those times.
     v_at := greatest(NEW.started_at, clock_timestamp());
     NEW.started_at := v_at;
-    IF q.concurrency_limit IS NOT NULL OR q.key_concurrency_limit IS NOT NULL THEN
+    v_counted := q.concurrency_limit IS NOT NULL OR q.key_concurrency_limit IS NOT NULL;
+    IF q.concurrency_limit IS NOT NULL AND q.running >= q.concurrency_limit THEN
+        RETURN NULL;  -- ConcurrencyLimited: the row is left as it was
+    END IF;
+    IF q.rate_per_second IS NOT NULL THEN
+        v_step := make_interval(secs => 1.0 / q.rate_per_second);
+        v_tat := greatest(coalesce(q.rate_tat, v_at), v_at) + v_step;
+        IF v_tat - v_at > v_step * q.rate_burst THEN
+            RETURN NULL;  -- RateLimited
+        END IF;
+    END IF;
+    IF v_counted THEN
         INSERT INTO queue_keys AS k (queue, concurrency_key, running)
         VALUES (NEW.queue, v_key, 1)
         ON CONFLICT (queue, concurrency_key) DO UPDATE SET running = k.running + 1
             WHERE q.key_concurrency_limit IS NULL OR k.running < q.key_concurrency_limit;
         IF NOT FOUND THEN
-            RETURN NULL;  -- KeyConcurrencyLimited: the row is left as it was
+            RETURN NULL;  -- KeyConcurrencyLimited
         END IF;
     END IF;
-    v_step := make_interval(secs => 1.0 / coalesce(q.rate_per_second, 1.0));
     UPDATE queues AS u
-    SET running = u.running + CASE WHEN q.concurrency_limit IS NOT NULL
-                                     OR q.key_concurrency_limit IS NOT NULL THEN 1 ELSE 0 END,
-        rate_tat = CASE WHEN u.rate_per_second IS NULL THEN NULL
-                        ELSE greatest(coalesce(u.rate_tat, v_at), v_at) + v_step END
-    WHERE u.name = NEW.queue
-      AND (u.concurrency_limit IS NULL OR u.running < u.concurrency_limit)
-      AND (u.rate_per_second IS NULL
-           OR greatest(coalesce(u.rate_tat, v_at), v_at) + v_step - v_at
-              <= v_step * u.rate_burst);
-    IF NOT FOUND THEN  -- ConcurrencyLimited or RateLimited: give the key's slot back
-        UPDATE queue_keys AS k SET running = k.running - 1
-        WHERE (q.concurrency_limit IS NOT NULL OR q.key_concurrency_limit IS NOT NULL)
-          AND k.queue = NEW.queue AND k.concurrency_key = v_key;
-        RETURN NULL;
-    END IF;
+    SET running = u.running + v_counted::integer,
+        rate_tat = coalesce(v_tat, u.rate_tat)
+    WHERE u.name = NEW.queue;
     RETURN NEW;
 END
 $$;
