@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import random
 import threading
-from collections import Counter
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -62,7 +61,8 @@ def claim_by_id(conn: psycopg.Connection[Row], queue: str, task_id: UUID) -> lis
 
 
 def claim_batch(conn: psycopg.Connection[Row], queue: str, task_ids: list[UUID]) -> list[Row]:
-    return conn.execute(BATCH["claim_tasks"], {**_claim_params(queue), "task_ids": task_ids}).fetchall()
+    params = {**_claim_params(queue), "task_ids": task_ids}
+    return conn.execute(BATCH["claim_tasks"], params).fetchall()
 
 
 def complete(conn: psycopg.Connection[Row], row: Row, ended: str = "Completed") -> None:
@@ -291,8 +291,11 @@ OPS = st.lists(
         st.tuples(st.just("claim_next"), st.integers(1, 4)),
         st.tuples(st.just("claim_by_id"), st.integers(0, 30)),
         st.tuples(st.just("end"), st.sampled_from(["Completed", "Failed", "cancel"])),
-        st.tuples(st.just("limits"), st.one_of(st.none(), st.integers(1, 3)),
-                  st.one_of(st.none(), st.integers(1, 2))),  # fmt: skip
+        st.tuples(
+            st.just("limits"),
+            st.one_of(st.none(), st.integers(1, 3)),
+            st.one_of(st.none(), st.integers(1, 2)),
+        ),
     ),
     min_size=5,
     max_size=40,
