@@ -25,11 +25,19 @@ from taskplat.common.contracts.access import (
     WorkerList,
 )
 from taskplat.common.contracts.base import Contract
+from taskplat.common.contracts.operations import QueueLimits
 from taskplat.common.errors import ValidationFailed
 from taskplat.dispatcher.access import Identity
 from taskplat.dispatcher.access_service import AccessService
 from taskplat.dispatcher.errors import json_response
-from taskplat.dispatcher.requests import parse_body, parse_query, parse_queue_name
+from taskplat.dispatcher.requests import (
+    document_limits,
+    parse_body,
+    parse_query,
+    parse_queue_name,
+    validate_body,
+)
+from taskplat.dispatcher.requests import read_body as read_body_bytes
 from taskplat.dispatcher.route_guard import RouteSpec, audit_call, settings_of
 
 _KEY_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -94,7 +102,9 @@ async def list_workers(request: Request) -> Response:
 
 async def register_queue(request: Request) -> Response:
     queue = parse_queue_name(request.path_params["queue"])
-    view, created = await _access(request).register_queue(queue, audit_call(request))
+    body = await read_body_bytes(request, settings_of(request).max_body_bytes)
+    limits = validate_body(body, QueueLimits, document_limits(request)) if body.strip() else None
+    view, created = await _access(request).register_queue(queue, audit_call(request), limits)
     return json_response(view, 201 if created else 200)
 
 
@@ -127,9 +137,10 @@ ACCESS_ROUTES: tuple[RouteSpec, ...] = (
               "The workers seen lately: queues, slots, version, running tasks, last seen",
               "api_key", list_workers, responses={200: ("the workers", WorkerList), **_AUTH}),
     RouteSpec("PUT", "/queues/{queue}", "register_queue",
-              "Register a queue (tasks may name it at once, on every replica)", "api_key",
-              register_queue, path_params=("queue",),
+              "Register a queue (tasks may name it at once, on every replica); a body replaces "
+              "its limits (docs/flow-control.md), no body leaves them as they are",
+              "api_key", register_queue, path_params=("queue",), body=QueueLimits,
               responses={201: ("the queue, registered", QueueView),
                          200: ("the queue was already registered", QueueView),
-                         **_AUTH, **dict([_INVALID])}),
+                         **_AUTH, **dict([_BAD_JSON, _INVALID, _TOO_LARGE])}),
 )  # fmt: skip

@@ -34,6 +34,7 @@ from taskplat.common.contracts.access import (
     WorkerReport,
     WorkerView,
 )
+from taskplat.common.contracts.operations import QueueLimits
 from taskplat.common.errors import Conflict, NotFound, ValidationFailed
 from taskplat.common.logging import get_logger
 from taskplat.dispatcher import audit
@@ -216,18 +217,34 @@ class AccessService:
 
     # ---- queues --------------------------------------------------------------------------
 
-    async def register_queue(self, name: str, call: AuditCall) -> tuple[QueueView, bool]:
-        """Register `name` (persisted; every replica accepts it on its next miss)."""
+    async def register_queue(
+        self, name: str, call: AuditCall, limits: QueueLimits | None = None
+    ) -> tuple[QueueView, bool]:
+        """Register `name` (persisted; every replica accepts it on its next miss); with
+        `limits`, replace its limits in the same transaction."""
         await self._registry.ensure_registered()
         now = self._clock.sql_now()
         async with self._pool.connection() as conn:
             async with conn.transaction():
                 created = await repo.register_queue(conn, name, now)
-                await audit.record(
-                    conn, call, "registered" if created else "already registered", now=now
-                )
+                outcome = "registered" if created else "already registered"
+                detail = None
+                if limits is not None:
+                    detail = limits.model_dump(mode="json")
+                    rate = limits.rate_limit
+                    values = {
+                        "concurrency_limit": limits.concurrency_limit,
+                        "key_concurrency_limit": limits.key_concurrency_limit,
+                        "per_second": rate.per_second if rate else None,
+                        "burst": rate.burst if rate else None,
+                    }
+                    await repo.set_queue_limits(conn, name, values, now)
+                    outcome = "limits set"
+                await audit.record(conn, call, outcome, detail=detail, now=now)
         if created:
             get_logger().info("queue_registered", queue=name)
+        if limits is not None:
+            get_logger().info("queue_limits_set", queue=name, **(detail or {}))
         for queue in (await self._operations.queues()).queues:
             if queue.name == name:
                 return queue, created

@@ -32,6 +32,11 @@ Invariants:
   * Each claim and each NotClaimed answer is recorded after the statement committed.
   * Every Claimed answer carries the attempt token of the attempt it claimed (and, for an
     untrusted task, its capability token), issued from the committed row.
+  * A claim held back by a limit of its queue (migration 0028: the start's trigger decides, in
+    the claim's own statement) answers NotClaimed `ConcurrencyLimited`, `KeyConcurrencyLimited`
+    or `RateLimited` with `retry_after_ms`; the task stays Queued with its place. A waiting
+    claim whose queue is held back waits at most that long before it claims again (an end of
+    a task of the queue also wakes it, by NOTIFY).
   * No untrusted task is handed out without its capability token: while the dispatcher has no
     capability keys, every claim statement is told so (`capability_keys`, with the
     `untrusted_operators` setting) and takes no untrusted task (migration 0024); the task stays
@@ -79,21 +84,43 @@ ClaimAnswer = ClaimedResponse | NotClaimedResponse
 CLAIMED_AHEAD_STAMP_SECONDS = 1.0
 
 
-def _reason(fence: Row | None) -> NotClaimedReason:
-    """Why a claim took nothing. A Queued task the claim did not take is of a paused queue or,
-    when the claim ran without capability keys, untrusted."""
+LIMITED_REASONS: frozenset[str] = frozenset(
+    {"ConcurrencyLimited", "KeyConcurrencyLimited", "RateLimited"}
+)
+# A task held back by a limit that lifted between the claim and the read of why: try again soon.
+LIMIT_LIFTED_RETRY_MS = 100
+
+
+def _reason(fence: Row | None, *, capability_keys: bool = True) -> NotClaimedReason:
+    """Why a claim took nothing. A Queued task the claim did not take is of a paused queue,
+    untrusted (when the claim ran without capability keys), or held back by a limit of its
+    queue."""
     if fence is None:
         return "NotFound"
     if fence["status"] == "Queued" and fence.get("paused"):
         return "Paused"
-    if fence["status"] == "Queued" and fence.get("untrusted"):
+    if fence["status"] == "Queued" and fence.get("untrusted") and not capability_keys:
         return "MissingCapabilityKeys"
+    if fence["status"] == "Queued" and fence.get("limited"):
+        limited: NotClaimedReason = fence["limited"]
+        return limited
+    if fence["status"] == "Queued" and fence.get("has_limits") and not fence.get("expired"):
+        return "ConcurrencyLimited"  # held back by a limit that lifted since: soon again
     return NOT_CLAIMED_REASONS.get(fence["status"], "NotQueued")
 
 
-def _not_claimed(reason: NotClaimedReason) -> NotClaimedResponse:
+def _retry_after_ms(reason: NotClaimedReason, fence: Row | None) -> int | None:
+    if reason not in LIMITED_REASONS:
+        return None
+    found = fence.get("retry_after_ms") if fence is not None else None
+    return int(found) if found is not None else LIMIT_LIFTED_RETRY_MS
+
+
+def _not_claimed(reason: NotClaimedReason, fence: Row | None = None) -> NotClaimedResponse:
     detail = untrusted.NOT_CLAIMED_DETAIL if reason == "MissingCapabilityKeys" else None
-    return NotClaimedResponse(reason=reason, detail=detail)
+    return NotClaimedResponse(
+        reason=reason, detail=detail, retry_after_ms=_retry_after_ms(reason, fence)
+    )
 
 
 class Claims:
@@ -142,12 +169,21 @@ class Claims:
             if row is not None:
                 self._recorder.task_claimed(row)
                 return self._claimed(row)
-            fence = await repo.read_claim_fence(conn, task_id, self._untrusted_operators)
-        reason = _reason(fence)
+            fence = await repo.read_claim_fence(
+                conn, task_id, self._untrusted_operators, self._clock.sql_now()
+            )
+        reason = _reason(fence, capability_keys=self._capability_keys)
+        self._not_claimed_recorded(task_id, worker_id, reason, fence)
+        return _not_claimed(reason, fence)
+
+    def _not_claimed_recorded(
+        self, task_id: UUID, worker_id: str, reason: NotClaimedReason, fence: Row | None
+    ) -> None:
         self._recorder.claim_not_claimed(task_id, worker_id, reason)
         if reason == "MissingCapabilityKeys":
             self._recorder.claims_refused([task_id], worker_id, untrusted.MISSING_SETTING)
-        return _not_claimed(reason)
+        if reason in LIMITED_REASONS and fence is not None:
+            self._recorder.claims_limited(fence["queue"], reason)
 
     async def claim_batch(self, task_ids: Sequence[UUID], worker_id: str) -> list[ClaimAnswer]:
         distinct = list(dict.fromkeys(task_ids))
@@ -156,7 +192,11 @@ class Claims:
             claimed = {row["task_id"]: row for row in rows}
             others = [task_id for task_id in distinct if task_id not in claimed]
             fences = (
-                await batch.read_fences(conn, others, self._untrusted_operators) if others else {}
+                await batch.read_fences(
+                    conn, others, self._untrusted_operators, self._clock.sql_now()
+                )
+                if others
+                else {}
             )
         for row in rows:
             self._recorder.task_claimed(row)
@@ -166,11 +206,14 @@ class Claims:
             if task_id in claimed and task_id not in answered:
                 answers.append(self._claimed(claimed[task_id]))
             else:
-                reason = "AlreadyRunning" if task_id in claimed else _reason(fences.get(task_id))
-                self._recorder.claim_not_claimed(task_id, worker_id, reason)
-                if reason == "MissingCapabilityKeys":
-                    self._recorder.claims_refused([task_id], worker_id, untrusted.MISSING_SETTING)
-                answers.append(_not_claimed(reason))
+                fence = fences.get(task_id)
+                reason: NotClaimedReason = (
+                    "AlreadyRunning"
+                    if task_id in claimed
+                    else _reason(fence, capability_keys=self._capability_keys)
+                )
+                self._not_claimed_recorded(task_id, worker_id, reason, fence)
+                answers.append(_not_claimed(reason, fence))
             answered.add(task_id)
         return answers
 
@@ -221,7 +264,8 @@ class Claims:
                 left = deadline - loop.time()
                 if left <= 0 or (gone is not None and gone.done()):
                     return []
-                rows = await waiter.wait(left)
+                held = await self._held_back_ms(queue)
+                rows = await waiter.wait(left if held is None else min(left, held / 1000))
                 if rows:  # a create claimed them for this claim, committed: answer them
                     if len(rows) >= limit:
                         listener.wake(queue)
@@ -229,6 +273,16 @@ class Claims:
                 if gone is not None and gone.done():
                     return []
                 listener.rearm(waiter)
+
+    async def _held_back_ms(self, queue: str) -> int | None:
+        """While the queue is at its concurrency limit or out of rate tokens, when to claim again
+        (an end of one of its tasks wakes the waiter sooner); None otherwise."""
+        async with self._pool.connection() as conn:
+            row = await queues.limit_retry_after(conn, queue, self._clock.sql_now())
+        if row is None:
+            return None
+        self._recorder.claims_limited(queue, row["reason"])
+        return int(row["retry_after_ms"])
 
     def claim_next_params(self, queue: str, worker_id: str, limit: int) -> dict[str, Any]:
         """The parameters of the claim-next statement (`batch.sql: claim_next`)."""

@@ -66,6 +66,12 @@ class Recorder:
             description="Untrusted tasks a claim left Queued because this process has no "
             "capability keys (`setting`: the missing one).",
         )
+        self._limited = counter(
+            "taskplat.claims.limited",
+            description="Claims a limit of the queue held back (`reason`: ConcurrencyLimited, "
+            "KeyConcurrencyLimited or RateLimited; a waiting claim counts each time it waits "
+            "for one).",
+        )
         self._rejected = counter(
             "taskplat.worker_calls.rejected", description="Stale worker calls refused."
         )
@@ -178,6 +184,9 @@ class Recorder:
             worker_id=worker_id,
             setting=setting,
         )
+
+    def claims_limited(self, queue: str, reason: str) -> None:
+        self._limited.add(1, {"queue": queue, "reason": reason})
 
     def heartbeat(self, row: Row) -> None:
         self._heartbeats.add(1, {"queue": row["queue"]})

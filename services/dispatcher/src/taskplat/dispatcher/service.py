@@ -280,7 +280,12 @@ class TaskService:
         return ClaimBatchResponse(
             claimed=[answer for answer in answers if isinstance(answer, ClaimedResponse)],
             not_claimed=[
-                NotClaimedItem(task_id=task_id, reason=answer.reason, detail=answer.detail)
+                NotClaimedItem(
+                    task_id=task_id,
+                    reason=answer.reason,
+                    detail=answer.detail,
+                    retry_after_ms=answer.retry_after_ms,
+                )
                 for task_id, answer in zip(request.task_ids, answers, strict=True)
                 if isinstance(answer, NotClaimedResponse)
             ],

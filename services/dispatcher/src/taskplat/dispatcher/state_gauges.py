@@ -84,6 +84,7 @@ class StateGauges:
         self.dead_last_hour = _Series(("queue", "reason"))
         self.workers_seen = _Series(("queue",))
         self.sqs_missing = _Series(())
+        self.queue_running = _Series(("queue",))
         gauge = telemetry.observable_gauge
         gauge(
             "taskplat.tasks.current",
@@ -117,6 +118,12 @@ class StateGauges:
             [self.sqs_missing.observe],
             description="Queues the relay holds because their SQS queue does not exist: none of "
             "their wake-ups is sent until a probe finds it (docs/operations.md).",
+        )
+        gauge(
+            "taskplat.queue.running",
+            [self.queue_running.observe],
+            description="Tasks of the queue Running now, across all workers (what its "
+            "`concurrency_limit` bounds, docs/flow-control.md).",
         )
         gauge(
             "taskplat.workers.seen",
@@ -166,11 +173,19 @@ class StateGauges:
             self.dead_last_hour,
             self.workers_seen,
             self.sqs_missing,
+            self.queue_running,
         )
 
     def _apply(self, rows: GaugeRows) -> None:
         self.tasks_current.replace(
             {(row["queue"], row["status"]): float(row["tasks"]) for row in rows.tasks}
+        )
+        self.queue_running.replace(
+            {
+                (row["queue"],): float(row["tasks"])
+                for row in rows.tasks
+                if row["status"] == "Running"
+            }
         )
         self.queue_oldest_age.replace(
             {

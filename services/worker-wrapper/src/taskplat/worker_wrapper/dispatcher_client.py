@@ -209,7 +209,11 @@ class DispatcherClient:
         claimed = {each.task.task_id: each for each in answer.claimed}
         reasons: dict[UUID, list[NotClaimedResponse]] = {}
         for item in answer.not_claimed:
-            reasons.setdefault(item.task_id, []).append(NotClaimedResponse(reason=item.reason))
+            reasons.setdefault(item.task_id, []).append(
+                NotClaimedResponse(
+                    reason=item.reason, detail=item.detail, retry_after_ms=item.retry_after_ms
+                )
+            )
         answers: list[ClaimAnswer] = []
         for task_id in task_ids:  # each task_id named gets its answer, in order
             if task_id in claimed:

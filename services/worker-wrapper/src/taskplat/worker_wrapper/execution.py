@@ -4,7 +4,10 @@ Invariants:
   * A malformed body is poison: deleted at once (and logged), nothing else happens.
   * A delivery stopped before its claim is released (visible again at once), not claimed.
   * Operator code runs only after the dispatcher answered `Claimed`; `NotClaimed` deletes the
-    message and runs nothing. Every claim answer is counted by result.
+    message and runs nothing, except when a limit of the queue held the task back
+    (`ConcurrencyLimited`, `KeyConcurrencyLimited`, `RateLimited`): the task is still Queued, so
+    its message is kept, hidden for the answer's `retry_after_ms` (rounded up to whole seconds),
+    and comes back then. Every claim answer is counted by result.
   * The message is deleted only after the dispatcher answered NotClaimed, accepted the completion
     (200), or rejected it as stale (409/404); after a NotClaimed or an accepted completion the
     deletion runs in the background (`delete_soon`), so it never holds a slot; a call that could
@@ -48,6 +51,17 @@ from taskplat.worker_wrapper.intake import Delivery, SqsIntake
 from taskplat.worker_wrapper.observability import WrapperTelemetry
 from taskplat.worker_wrapper.operators import OperatorSpec, summarize
 from taskplat.worker_wrapper.outcomes import Abort, OperatorRunner
+
+LIMITED_REASONS = frozenset({"ConcurrencyLimited", "KeyConcurrencyLimited", "RateLimited"})
+MAX_HIDDEN_SECONDS = 12 * 3600  # SQS's longest visibility timeout
+
+
+def hidden_seconds(retry_after_ms: int | None) -> int:
+    """How long a wake-up held back by a limit stays hidden: `retry_after_ms` in whole seconds,
+    at least one."""
+    millis = retry_after_ms if retry_after_ms is not None else 1000
+    return min(MAX_HIDDEN_SECONDS, max(1, -(-millis // 1000)))
+
 
 Claimer = Callable[[uuid.UUID, float], Awaitable[ClaimAnswer]]
 
@@ -190,7 +204,10 @@ class TaskExecutor:
         if isinstance(answer, NotClaimedResponse):
             self.telemetry.claim(answer.reason)
             span.set_attribute("taskplat.result", f"NotClaimed:{answer.reason}")
-            log.info("not_claimed", reason=answer.reason)
+            log.info("not_claimed", reason=answer.reason, retry_after_ms=answer.retry_after_ms)
+            if answer.reason in LIMITED_REASONS:  # still Queued: its wake-up must come back
+                self.intake.hide_soon(delivery, hidden_seconds(answer.retry_after_ms))
+                return
             # in the background: the slot is free at once, not after the deletion's batch
             self.intake.delete_soon(delivery, "not_claimed", reason=answer.reason)
             return

@@ -180,6 +180,15 @@ class SqsIntake:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    def hide_soon(self, delivery: Delivery, seconds: int) -> None:
+        """Keep the message (never deleted) hidden `seconds` more, in the background: it comes
+        back then, for a task a limit held back (its slot is free at once)."""
+        self._handled(delivery)  # no early renewal racing it
+        get_logger().info("message_hidden", message_id=delivery.message_id, seconds=seconds)
+        task = asyncio.ensure_future(self._set_visibility(delivery, seconds))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def settle(self, timeout: float) -> None:
         """Wait up to `timeout` seconds for the background deletions (a stop); an undeleted
         message only comes back after its visibility timeout and is answered NotClaimed."""

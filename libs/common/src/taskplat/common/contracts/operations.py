@@ -33,6 +33,31 @@ class QueueSqsState(Contract):
     probes: int = Field(ge=0, description="Probes that found it still missing since `since`.")
 
 
+LIMIT_MAX = 1_000_000
+Limit = Annotated[int, Field(ge=1, le=LIMIT_MAX)]
+
+
+class RateLimit(Contract):
+    per_second: Annotated[float, Field(gt=0, le=LIMIT_MAX)] = Field(
+        description="Starts per second on average, across all workers."
+    )
+    burst: Limit = Field(description="Starts at once (the token bucket's size).")
+
+
+class QueueLimits(Contract):
+    """The body of `PUT /queues/{queue}`: it replaces the queue's limits (null: no limit)."""
+
+    concurrency_limit: Limit | None = Field(
+        None, description="At most this many tasks of the queue Running at once, fleet-wide."
+    )
+    key_concurrency_limit: Limit | None = Field(
+        None, description="At most this many tasks of one concurrency key Running at once."
+    )
+    rate_limit: RateLimit | None = Field(
+        None, description="Starts at most `per_second` on average and `burst` at once."
+    )
+
+
 class QueueView(Contract):
     name: QueueName
     paused: bool
@@ -45,6 +70,15 @@ class QueueView(Contract):
         description="Seconds since the oldest Queued task became Queued; null when none is."
     )
     sqs: QueueSqsState = Field(description="The state of the queue's SQS queue for the relay.")
+    concurrency_limit: int | None = Field(None, description="See `QueueLimits`.")
+    key_concurrency_limit: int | None = Field(None, description="See `QueueLimits`.")
+    rate_limit: RateLimit | None = Field(None, description="See `QueueLimits`.")
+    keys_at_limit: int = Field(
+        0, description="Concurrency keys with `key_concurrency_limit` tasks Running now."
+    )
+    tokens_left: int | None = Field(
+        None, description="Starts the rate limit allows at once now (null: no rate limit)."
+    )
 
 
 class QueueList(Contract):

@@ -304,7 +304,8 @@ BEGIN
         END IF;
         IF v_queue.rate_per_second IS NOT NULL THEN
             v_max := least(v_max, taskplat_rate_tokens_left(
-                v_queue.rate_tat, v_queue.rate_per_second, v_queue.rate_burst, v_now));
+                v_queue.rate_tat, v_queue.rate_per_second, v_queue.rate_burst,
+                greatest(v_now, clock_timestamp())));  -- as the start stamps it
         END IF;
         v_key_limit := v_queue.key_concurrency_limit;
     END IF;
@@ -1120,7 +1121,7 @@ $$;
 CREATE FUNCTION public.taskplat_limit_refusal(p_queue text, p_concurrency_key text, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(reason text, retry_after_ms integer)
     LANGUAGE sql STABLE
     AS $$
-    WITH n AS (SELECT coalesce(p_now, clock_timestamp()) AS now),
+    WITH n AS (SELECT greatest(p_now, clock_timestamp()) AS now),  -- as the start stamps it
     q AS (
         SELECT u.*,
                coalesce((SELECT k.running FROM queue_keys AS k
@@ -1136,9 +1137,9 @@ CREATE FUNCTION public.taskplat_limit_refusal(p_queue text, p_concurrency_key te
         (2, 'KeyConcurrencyLimited', 1000,
          q.key_concurrency_limit IS NOT NULL AND q.key_running >= q.key_concurrency_limit),
         (3, 'RateLimited',
-         greatest(1, ceil(extract(epoch FROM
+         least(3600000, greatest(1, ceil(extract(epoch FROM
              q.rate_tat - make_interval(secs => (q.rate_burst - 1) / q.rate_per_second) - n.now)
-             * 1000))::integer,
+             * 1000)))::integer,
          q.rate_per_second IS NOT NULL
              AND taskplat_rate_tokens_left(q.rate_tat, q.rate_per_second, q.rate_burst, n.now) = 0)
     ) AS r(rank, reason, retry_after_ms, holds)
@@ -1314,7 +1315,7 @@ CREATE FUNCTION public.taskplat_queue_limits_use(p_queues text[], p_now timestam
                WHERE k.queue = q.name AND k.running > 0
                  AND k.running >= q.key_concurrency_limit) END,
            taskplat_rate_tokens_left(q.rate_tat, q.rate_per_second, q.rate_burst,
-                                     coalesce(p_now, clock_timestamp()))
+                                     greatest(p_now, clock_timestamp()))
     FROM queues AS q
     WHERE q.name = ANY (p_queues)
 $$;

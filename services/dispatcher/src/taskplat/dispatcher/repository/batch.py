@@ -8,6 +8,7 @@ written by the same statement).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -47,10 +48,15 @@ async def claim_next(conn: Conn, params: dict[str, Any]) -> list[Row]:
 
 
 async def read_fences(
-    conn: Conn, task_ids: Sequence[UUID], untrusted_operators: Sequence[str]
+    conn: Conn,
+    task_ids: Sequence[UUID],
+    untrusted_operators: Sequence[str],
+    now: datetime | None = None,
 ) -> dict[UUID, Row]:
-    """Each task's status, whether its queue is paused and whether it runs untrusted."""
-    params = {"task_ids": list(task_ids), "untrusted_operators": list(untrusted_operators)}
+    """Each task's status, whether its queue is paused, whether it runs untrusted, and the
+    limit of its queue that holds it back (with `retry_after_ms`), if any."""
+    params = {"task_ids": list(task_ids), "untrusted_operators": list(untrusted_operators),
+              "now": now}  # fmt: skip
     rows = await _all(conn, "read_fences", params)
     return {row["task_id"]: row for row in rows}
 

@@ -43,8 +43,16 @@ LIMIT %(max)s
 -- Why a batch claim took nothing of each task: as read_claim_fence (tasks.sql).
 SELECT t.task_id, t.status, t.attempt, t.lease_token, t.attempt_outcome,
        EXISTS (SELECT 1 FROM queues AS q WHERE q.name = t.queue AND q.paused) AS paused,
-       taskplat_untrusted(t.job, t.operator, %(untrusted_operators)s::text[]) AS untrusted
+       taskplat_untrusted(t.job, t.operator, %(untrusted_operators)s::text[]) AS untrusted,
+       t.queue, r.reason AS limited, r.retry_after_ms,
+       EXISTS (SELECT 1 FROM queues AS q
+               WHERE q.name = t.queue
+                 AND (q.concurrency_limit IS NOT NULL OR q.key_concurrency_limit IS NOT NULL
+                      OR q.rate_per_second IS NOT NULL)) AS has_limits,
+       coalesce(t.expires_at <= now(), false) AS expired
 FROM tasks AS t
+LEFT JOIN LATERAL taskplat_limit_refusal(t.queue, t.concurrency_key, %(now)s::timestamptz) AS r
+       ON t.status = 'Queued'
 WHERE t.task_id = ANY(%(task_ids)s::uuid[])
 
 -- name: find_tasks_by_idempotency_keys

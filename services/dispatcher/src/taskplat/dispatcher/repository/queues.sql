@@ -32,9 +32,15 @@ SELECT q.name, q.paused, q.paused_at, q.created_at,
        o.oldest AS oldest_queued_at,
        CASE WHEN o.oldest IS NOT NULL
             THEN greatest(extract(epoch FROM n.now - o.oldest), 0)::double precision
-       END AS oldest_queued_age_seconds
+       END AS oldest_queued_age_seconds,
+       u.concurrency_limit, u.key_concurrency_limit,
+       CASE WHEN u.rate_per_second IS NOT NULL
+            THEN jsonb_build_object('per_second', u.rate_per_second, 'burst', u.rate_burst)
+       END AS rate_limit,
+       u.keys_at_limit, u.tokens_left
 FROM queues AS q
 CROSS JOIN n
+CROSS JOIN LATERAL taskplat_queue_limits_use(ARRAY[q.name], n.now) AS u
 LEFT JOIN LATERAL (
     SELECT min(t.queued_at) AS oldest FROM tasks AS t
     WHERE t.status = 'Queued' AND t.queue = q.name
@@ -92,6 +98,13 @@ UPDATE queues
 SET polled_until = greatest(polled_until, coalesce(%(now)s::timestamptz, now())
                                           + make_interval(secs => %(seconds)s))
 WHERE name = %(name)s
+
+-- name: limit_retry_after
+-- When a claim of the queue's next task may succeed, in milliseconds, while a limit of the
+-- queue holds its tasks back (taskplat_limit_refusal, migration 0028); no row otherwise.
+SELECT r.reason, r.retry_after_ms
+FROM taskplat_limit_refusal(%(queue)s, NULL, %(now)s::timestamptz) AS r
+WHERE r.reason <> 'KeyConcurrencyLimited'
 
 -- name: sqs_missing_queues
 -- Queues the relay holds because their SQS queue does not exist (migration 0025; the partial

@@ -142,10 +142,11 @@ async def read_fence(conn: Conn, task_id: UUID, *, for_update: bool = False) -> 
 
 
 async def read_claim_fence(
-    conn: Conn, task_id: UUID, untrusted_operators: Sequence[str]
+    conn: Conn, task_id: UUID, untrusted_operators: Sequence[str], now: datetime | None = None
 ) -> Row | None:
-    """The task's status, whether its queue is paused and whether it runs untrusted."""
-    params = {"task_id": task_id, "untrusted_operators": list(untrusted_operators)}
+    """The task's status, whether its queue is paused, whether it runs untrusted, and the limit
+    of its queue that holds it back (with `retry_after_ms`), if any."""
+    params = {"task_id": task_id, "untrusted_operators": list(untrusted_operators), "now": now}
     return await _one(conn, "read_claim_fence", params)
 
 

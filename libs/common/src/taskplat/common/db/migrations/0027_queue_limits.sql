@@ -19,7 +19,9 @@
 --   * The rate limit is GCRA: `queues.rate_tat` is the theoretical arrival time of the next
 --     start. A start at `now` is allowed when greatest(rate_tat, now) + 1/rate - now <= burst/rate,
 --     and moves rate_tat to greatest(rate_tat, now) + 1/rate. taskplat_rate_tokens_left answers
---     the starts allowed at once now (0..burst).
+--     the starts allowed at once now (0..burst). Time here is never before the clock: a start is
+--     stamped greatest(the claim's now, clock_timestamp()) (migration 0028), and every reading
+--     of the bucket uses the same.
 --   * `queue_keys.last_pass` is the stride-scheduling pass of the key's newest task (fairness
 --     between keys within a priority): kept by the creation function.
 
@@ -144,7 +146,7 @@ LANGUAGE sql STABLE AS $$
                WHERE k.queue = q.name AND k.running > 0
                  AND k.running >= q.key_concurrency_limit) END,
            taskplat_rate_tokens_left(q.rate_tat, q.rate_per_second, q.rate_burst,
-                                     coalesce(p_now, clock_timestamp()))
+                                     greatest(p_now, clock_timestamp()))
     FROM queues AS q
     WHERE q.name = ANY (p_queues)
 $$;

@@ -276,7 +276,7 @@ CREATE FUNCTION taskplat_limit_refusal(
     p_queue text, p_concurrency_key text, p_now timestamptz DEFAULT NULL
 ) RETURNS TABLE (reason text, retry_after_ms integer)
 LANGUAGE sql STABLE AS $$
-    WITH n AS (SELECT coalesce(p_now, clock_timestamp()) AS now),
+    WITH n AS (SELECT greatest(p_now, clock_timestamp()) AS now),  -- as the start stamps it
     q AS (
         SELECT u.*,
                coalesce((SELECT k.running FROM queue_keys AS k
@@ -292,9 +292,9 @@ LANGUAGE sql STABLE AS $$
         (2, 'KeyConcurrencyLimited', 1000,
          q.key_concurrency_limit IS NOT NULL AND q.key_running >= q.key_concurrency_limit),
         (3, 'RateLimited',
-         greatest(1, ceil(extract(epoch FROM
+         least(3600000, greatest(1, ceil(extract(epoch FROM
              q.rate_tat - make_interval(secs => (q.rate_burst - 1) / q.rate_per_second) - n.now)
-             * 1000))::integer,
+             * 1000)))::integer,
          q.rate_per_second IS NOT NULL
              AND taskplat_rate_tokens_left(q.rate_tat, q.rate_per_second, q.rate_burst, n.now) = 0)
     ) AS r(rank, reason, retry_after_ms, holds)
@@ -339,7 +339,8 @@ BEGIN
         END IF;
         IF v_queue.rate_per_second IS NOT NULL THEN
             v_max := least(v_max, taskplat_rate_tokens_left(
-                v_queue.rate_tat, v_queue.rate_per_second, v_queue.rate_burst, v_now));
+                v_queue.rate_tat, v_queue.rate_per_second, v_queue.rate_burst,
+                greatest(v_now, clock_timestamp())));  -- as the start stamps it
         END IF;
         v_key_limit := v_queue.key_concurrency_limit;
     END IF;
