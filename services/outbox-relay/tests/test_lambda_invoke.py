@@ -470,3 +470,20 @@ def test_an_operator_listed_untrusted_is_not_invoked_without_capability_keys(
     assert row["sent_at"] is None and NO_CAPABILITY_KEYS in row["last_error"]
     assert task(d, task_id)["status"] == "Queued" and lam.invocations() == []
     assert task_xmin(db_url, task_id) == written
+
+
+def test_an_invocation_a_queue_limit_holds_back_keeps_its_row_for_later(
+    d: Dispatcher, invoker: Invoker, lam: LocalLambda, db_url: str
+) -> None:
+    """The relay's claim for a function is held to the queue's limits like any other: the task
+    it could not start stays Queued with no attempt, and its only wake-up (the invocation row)
+    waits `retry_after_ms`, never marked skipped."""
+    assert d.api.put("/queues/default", json={"concurrency_limit": 1}).status_code == 200
+    first, second = run(d, "once"), run(d, "once")
+    batch = invoker.run_once()
+    assert batch.invoked == 1 and batch.skipped == 0
+    held = second if task(d, first)["attempts"] else first
+    [row] = outbox(db_url, held)
+    assert row["sent_at"] is None and row["skipped"] is False
+    assert row["send_attempts"] == 0 and row["available_at"] > d.clock.now()
+    assert task(d, held)["status"] == "Queued" and task(d, held)["attempts"] == []

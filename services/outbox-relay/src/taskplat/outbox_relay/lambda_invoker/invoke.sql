@@ -34,6 +34,21 @@ FROM tasks AS t
 WHERE t.task_id = %(task_id)s
   AND t.status = 'Queued'
 
+-- name: queued_limited
+-- Whether a task the claim did not take is Queued and held back by a limit of its queue
+-- (taskplat_limit_refusal, migration 0028): its reason, and when to try again.
+SELECT r.reason, r.retry_after_ms
+FROM tasks AS t,
+     taskplat_limit_refusal(t.queue, t.concurrency_key, %(now)s::timestamptz) AS r
+WHERE t.task_id = %(task_id)s
+  AND t.status = 'Queued'
+
+-- name: hold_back
+-- The invocation row of a task a limit holds back waits %(delay)s seconds (no attempt counted).
+UPDATE outbox
+SET available_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(delay)s)
+WHERE outbox_id = %(outbox_id)s AND sent_at IS NULL
+
 -- name: mark_skipped
 -- Nothing to invoke (the task is not claimable: claimed, finished, canceled, paused, gone): the
 -- row leaves the outbox like a skipped wake-up. A later transition into Queued writes a new row.

@@ -225,7 +225,7 @@ class Invoker:
                 self._refused.add(1, {"setting": CAPABILITY_KEYS_SETTING})
             outcome = "failed"
         self._count(outcome)
-        if outcome == "failed":
+        if outcome in ("failed", "limited"):  # the row stays, due again later
             return outcome
         if outcome == "skipped":
             self._metrics.skipped([row])
@@ -252,7 +252,21 @@ class Invoker:
         if claimed is None and self._refused_untrusted(conn, row):
             self._fail(conn, row, NO_CAPABILITY_KEYS, now)
             return "refused"
+        if claimed is None and self._held_back(conn, row, now):
+            return "limited"
         return "skipped" if claimed is None else "invoked"
+
+    def _held_back(self, conn: Connection[DictRow], row: OutboxRow, now: datetime | None) -> bool:
+        """Whether a claim that took nothing left the task Queued because a limit of its queue
+        holds it back; the row (the task's only wake-up) then waits `retry_after_ms`, kept."""
+        found = conn.execute(Q["queued_limited"], {"task_id": row.task_id, "now": now}).fetchone()
+        if found is None:
+            return False
+        delay = found["retry_after_ms"] / 1000
+        conn.execute(Q["hold_back"], {"outbox_id": row.outbox_id, "now": now, "delay": delay})
+        self._log.info("lambda_invoke_held_back", task_id=str(row.task_id), reason=found["reason"],
+                       retry_after_ms=found["retry_after_ms"])  # fmt: skip
+        return True
 
     def _refused_untrusted(self, conn: Connection[DictRow], row: OutboxRow) -> bool:
         """Whether a claim that took nothing left the task because it runs untrusted and this
