@@ -108,6 +108,11 @@ SELECT 'enqueue_task', l.task_id, l.queue, jsonb_build_object('task_id', l.task_
 FROM live AS l
 WHERE l.status = 'Queued'
 
+-- name: limit_q1
+-- q1 has limits that do not bind: its starts and ends go through the admission and release
+-- triggers' statements (migration 0028), planned like the rest.
+SELECT name FROM taskplat_set_queue_limits('q1', 100000, 100000, 1000000, 1000000)
+
 -- name: analyze
 ANALYZE
 

@@ -285,9 +285,11 @@ def history(
         if request.param == "analyzed":
             conn.execute(ROWS["fill_history"])
             conn.execute(ROWS["fill_live"])
+            conn.execute(ROWS["limit_q1"])
             conn.execute(ROWS["analyze"])
         else:
             conn.execute(ROWS["fill_live"])
+            conn.execute(ROWS["limit_q1"])
             conn.execute(ROWS["analyze"])
             conn.execute(ROWS["hold_statistics"])
             conn.execute(ROWS["fill_history"])
