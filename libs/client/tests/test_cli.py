@@ -76,6 +76,11 @@ def test_submit_get_list_cancel_retry(dispatcher: Dispatcher) -> None:
     assert urgent["priority"] == 0
     assert "priority" in taskplat(url, "get", urgent["task_id"]).stdout
     assert taskplat(url, "submit", "echo", "--priority", "10").returncode == 2
+    keyed = as_json(taskplat(url, "submit", "echo", "--concurrency-key", "shop-9", "--json"))
+    assert keyed["concurrency_key"] == "shop-9"
+    assert "shop-9" in taskplat(url, "get", keyed["task_id"]).stdout
+    refused = taskplat(url, "submit", "echo", "--concurrency-key", "x" * 201)
+    assert refused.returncode != 0 and "concurrency_key" in refused.stderr
     task_id = task["task_id"]
     human = taskplat(url, "get", task_id)
     assert human.returncode == 0 and "Queued" in human.stdout and "alpha" in human.stdout

@@ -63,6 +63,8 @@ def main() -> None:
 @click.option("--timeout-seconds", type=click.IntRange(1), help="Hard deadline of an attempt.")
 @click.option("--idempotency-key", help="Submitting the same key again returns the same task.")
 @click.option("--priority", type=click.IntRange(0, 9), help="0-9, lower first (default 5).")
+@click.option("--concurrency-key", help="A customer, store or account (1-200 printable "
+              "characters): keys take turns; a queue may limit Running tasks per key.")  # fmt: skip
 @click.option("--scheduled-for", type=click.DateTime(TIMES), help="Run no earlier than this "
               "time (ISO 8601; local time unless it names a zone).")  # fmt: skip
 @click.option(
@@ -83,6 +85,7 @@ def submit(
     timeout_seconds: int | None,
     idempotency_key: str | None,
     priority: int | None,
+    concurrency_key: str | None,
     scheduled_for: datetime | None,
     expires_at: datetime | None,
     wait_: bool,
@@ -97,6 +100,7 @@ def submit(
         "timeout_seconds": timeout_seconds,
         "idempotency_key": idempotency_key,
         "priority": priority,
+        "concurrency_key": concurrency_key,
         "scheduled_for": aware(scheduled_for),
         "expires_at": aware(expires_at),
     }
@@ -328,6 +332,19 @@ def datasets_rollback(dataset_uuid: str, dataset_version: str) -> None:
     )
 
 
+def _fields_named(exc: TaskplatError) -> str:
+    """`(field: problem; ...)` of a 422's detail, so the line says what to fix."""
+    detail = getattr(exc, "detail", None)
+    if not isinstance(detail, list):
+        return ""
+    named = [
+        f"{'.'.join(str(part) for part in error.get('loc', [])[1:])}: {error.get('msg', '')}"
+        for error in detail[:3]
+        if isinstance(error, dict)
+    ]
+    return f" ({'; '.join(named)})" if named else ""
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run the command; the exit status (errors as one line on stderr)."""
     try:
@@ -341,7 +358,7 @@ def run(argv: list[str] | None = None) -> int:
         click.echo(f"taskplat: {exc.format_message()}", err=True)
         return exc.exit_code
     except TaskplatError as exc:
-        click.echo(f"taskplat: {exc}".splitlines()[0], err=True)
+        click.echo(f"taskplat: {exc}".splitlines()[0] + _fields_named(exc), err=True)
         return 1
     except SystemExit as exc:
         return int(exc.code or 0) if not isinstance(exc.code, str) else 1

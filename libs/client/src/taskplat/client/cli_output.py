@@ -60,7 +60,7 @@ def task_detail(task: TaskView) -> None:
     job = f"{task.job.dag_name}/{task.job.name}" if task.job else ""
     rows = [("task_id", str(task.task_id)), ("status", task.status),
             ("attempt", f"{task.attempt} of {task.max_attempts}"), ("queue", task.queue),
-            ("priority", str(task.priority)),
+            ("priority", str(task.priority)), ("concurrency_key", task.concurrency_key or ""),
             ("operator", task.operator), ("job", job), ("created_at", when(task.created_at)),
             ("started_at", when(task.started_at)), ("finished_at", when(task.finished_at)),
             ("next_retry_at", when(task.next_retry_at)), ("worker_id", task.worker_id or ""),

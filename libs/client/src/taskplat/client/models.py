@@ -64,6 +64,8 @@ class TaskView(Model):
     queue: str
     # 0-9, lower first: claim-next takes a queue's tasks by priority, then oldest first.
     priority: int
+    # Within a priority, claim-next serves keys in turn; a queue may limit Running per key.
+    concurrency_key: str | None = None
     job: JobRef | None = None
     config: JsonObject
     inputs: list[Any]
@@ -111,6 +113,11 @@ class QueueSqsState(Model):
     probes: int
 
 
+class RateLimit(Model):
+    per_second: float
+    burst: int
+
+
 class QueueView(Model):
     name: str
     paused: bool
@@ -121,6 +128,12 @@ class QueueView(Model):
     oldest_queued_at: datetime | None = None
     oldest_queued_age_seconds: float | None = None
     sqs: QueueSqsState
+    # The queue's limits (None: no limit) and their use now (docs/flow-control.md).
+    concurrency_limit: int | None = None
+    key_concurrency_limit: int | None = None
+    rate_limit: RateLimit | None = None
+    keys_at_limit: int = 0
+    tokens_left: int | None = None
 
 
 class QueueList(Model):
