@@ -38,8 +38,9 @@ Limit = Annotated[int, Field(ge=1, le=LIMIT_MAX)]
 
 
 class RateLimit(Contract):
-    per_second: Annotated[float, Field(gt=0, le=LIMIT_MAX)] = Field(
-        description="Starts per second on average, across all workers."
+    per_second: Annotated[float, Field(ge=0.001, le=LIMIT_MAX)] = Field(
+        description="Starts per second on average, across all workers (0.001: one start "
+        "every 1,000 s, at the slowest)."
     )
     burst: Limit = Field(description="Starts at once (the token bucket's size).")
 

@@ -586,35 +586,22 @@ BEGIN
     WITH new AS MATERIALIZED (
         SELECT n.*, n.ordinality AS position, coalesce(n.concurrency_key, '') AS key,
                row_number() OVER (PARTITION BY n.queue, coalesce(n.concurrency_key, '')
-                                  ORDER BY n.ordinality) AS nth,
-               count(*) OVER (PARTITION BY n.queue, coalesce(n.concurrency_key, '')) AS per_key
+                                  ORDER BY n.ordinality) AS nth
         FROM unnest(p_tasks) WITH ORDINALITY AS n
     ),
-    groups AS MATERIALIZED (  -- each (queue, key) once, with the queue's front at its priority
-        SELECT g.queue, g.key, g.per_key,
-               coalesce(
-                   (SELECT f.pass FROM tasks AS f
+    groups AS MATERIALIZED (  -- each (queue, key) once: where its new tasks' passes start
+        SELECT g.queue, g.key,
+               greatest(
+                   (SELECT f.pass FROM tasks AS f  -- the key's newest Queued task
+                    WHERE f.queue = g.queue AND coalesce(f.concurrency_key, '') = g.key
+                      AND f.status = 'Queued'
+                    ORDER BY f.queue, coalesce(f.concurrency_key, ''), f.pass DESC LIMIT 1),
+                   (SELECT f.pass FROM tasks AS f  -- the queue's front at the key's priority
                     WHERE f.queue = g.queue AND f.status = 'Queued' AND f.priority = g.priority
                     ORDER BY f.queue, f.priority, f.pass, f.queued_at LIMIT 1),
-                   (SELECT k.last_pass FROM queue_keys AS k
-                    WHERE k.queue = g.queue ORDER BY k.queue, k.last_pass DESC LIMIT 1),
-                   0) AS front
-        FROM (SELECT new.queue, new.key, max(new.per_key) AS per_key,
-                     min(coalesce(new.priority, 5)) AS priority
+                   0) AS base
+        FROM (SELECT new.queue, new.key, min(coalesce(new.priority, 5)) AS priority
               FROM new GROUP BY new.queue, new.key) AS g
-    ),
-    passes AS MATERIALIZED (  -- the key's last pass moved past its new tasks
-        INSERT INTO queue_keys AS k (queue, concurrency_key, last_pass)
-        SELECT g.queue, g.key, g.front + g.per_key
-        FROM groups AS g
-        ORDER BY g.queue, g.key  -- one lock order for every creation
-        ON CONFLICT (queue, concurrency_key) DO UPDATE
-            SET last_pass = greatest(k.last_pass + excluded.last_pass
-                                         - (SELECT g.front FROM groups AS g
-                                            WHERE g.queue = excluded.queue
-                                              AND g.key = excluded.concurrency_key),
-                                     excluded.last_pass)
-        RETURNING k.queue, k.concurrency_key, k.last_pass
     ),
     inserted AS (
         INSERT INTO tasks AS t (
@@ -631,9 +618,9 @@ BEGIN
                n.scheduled_for, n.expires_at, n.idempotency_key,
                CASE WHEN n.scheduled_for > v_now THEN NULL ELSE v_now END,
                v_now, v_now, p_trace_context, coalesce(n.priority, 5), n.concurrency_key,
-               p.last_pass - n.per_key + n.nth
+               g.base + n.nth
         FROM new AS n
-        JOIN passes AS p ON p.queue = n.queue AND p.concurrency_key = n.key
+        JOIN groups AS g ON g.queue = n.queue AND g.key = n.key
         ORDER BY n.position
         ON CONFLICT (idempotency_key) DO NOTHING
         RETURNING t.task_id, t.job, t.inputs
@@ -1626,12 +1613,12 @@ CREATE TABLE public.queues (
     rate_tat timestamp with time zone,
     running integer DEFAULT 0 NOT NULL,
     limits_updated_at timestamp with time zone,
-    CONSTRAINT queues_concurrency_limit_check CHECK ((concurrency_limit > 0)),
-    CONSTRAINT queues_key_concurrency_limit_check CHECK ((key_concurrency_limit > 0)),
+    CONSTRAINT queues_concurrency_limit_check CHECK (((concurrency_limit >= 1) AND (concurrency_limit <= 1000000))),
+    CONSTRAINT queues_key_concurrency_limit_check CHECK (((key_concurrency_limit >= 1) AND (key_concurrency_limit <= 1000000))),
     CONSTRAINT queues_name_check CHECK ((name ~ '^[A-Za-z0-9_-]{1,64}$'::text)),
-    CONSTRAINT queues_rate_burst_check CHECK ((rate_burst > 0)),
+    CONSTRAINT queues_rate_burst_check CHECK (((rate_burst >= 1) AND (rate_burst <= 1000000))),
     CONSTRAINT queues_rate_limit_check CHECK (((rate_per_second IS NULL) = (rate_burst IS NULL))),
-    CONSTRAINT queues_rate_per_second_check CHECK (((rate_per_second > (0)::double precision) AND (rate_per_second <= (1000000)::double precision))),
+    CONSTRAINT queues_rate_per_second_check CHECK (((rate_per_second >= (0.001)::double precision) AND (rate_per_second <= (1000000)::double precision))),
     CONSTRAINT queues_running_check CHECK ((running >= 0)),
     CONSTRAINT queues_sqs_missing_check CHECK (((sqs_missing_since IS NULL) = (sqs_next_probe_at IS NULL)))
 );
@@ -2143,7 +2130,6 @@ CREATE TABLE public.queue_keys (
     queue text NOT NULL,
     concurrency_key text NOT NULL,
     running integer DEFAULT 0 NOT NULL,
-    last_pass bigint DEFAULT 0 NOT NULL,
     CONSTRAINT queue_keys_running_check CHECK ((running >= 0))
 );
 
@@ -2587,18 +2573,6 @@ CREATE INDEX outbox_pending_idx ON public.outbox USING btree (available_at, outb
 CREATE INDEX outbox_sent_idx ON public.outbox USING btree (sent_at) WHERE (sent_at IS NOT NULL);
 
 --
--- Name: queue_keys_last_pass_idx; Type: INDEX; Schema: public; Owner: -
---
-
-CREATE INDEX queue_keys_last_pass_idx ON public.queue_keys USING btree (queue, last_pass);
-
---
--- Name: queue_keys_running_idx; Type: INDEX; Schema: public; Owner: -
---
-
-CREATE INDEX queue_keys_running_idx ON public.queue_keys USING btree (queue, running) WHERE (running > 0);
-
---
 -- Name: queues_sqs_probe_idx; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -2669,6 +2643,12 @@ CREATE INDEX tasks_queued_claim_idx ON public.tasks USING btree (queue, priority
 --
 
 CREATE INDEX tasks_queued_idx ON public.tasks USING btree (queue, queued_at) WHERE (status = 'Queued'::text);
+
+--
+-- Name: tasks_queued_key_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX tasks_queued_key_idx ON public.tasks USING btree (queue, COALESCE(concurrency_key, ''::text), pass) WHERE (status = 'Queued'::text);
 
 --
 -- Name: tasks_queued_wakeup_idx; Type: INDEX; Schema: public; Owner: -

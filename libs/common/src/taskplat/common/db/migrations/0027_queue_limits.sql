@@ -22,8 +22,6 @@
 --     the starts allowed at once now (0..burst). Time here is never before the clock: a start is
 --     stamped greatest(the claim's now, clock_timestamp()) (migration 0028), and every reading
 --     of the bucket uses the same.
---   * `queue_keys.last_pass` is the stride-scheduling pass of the key's newest task (fairness
---     between keys within a priority): kept by the creation function.
 
 ALTER TABLE tasks ADD COLUMN concurrency_key text
     CONSTRAINT tasks_concurrency_key_check
@@ -34,13 +32,13 @@ ALTER TABLE jobs ADD COLUMN concurrency_key text
 
 ALTER TABLE queues
     ADD COLUMN concurrency_limit integer CONSTRAINT queues_concurrency_limit_check
-        CHECK (concurrency_limit > 0),
+        CHECK (concurrency_limit BETWEEN 1 AND 1000000),
     ADD COLUMN key_concurrency_limit integer CONSTRAINT queues_key_concurrency_limit_check
-        CHECK (key_concurrency_limit > 0),
+        CHECK (key_concurrency_limit BETWEEN 1 AND 1000000),
     ADD COLUMN rate_per_second double precision CONSTRAINT queues_rate_per_second_check
-        CHECK (rate_per_second > 0 AND rate_per_second <= 1000000),
+        CHECK (rate_per_second >= 0.001 AND rate_per_second <= 1000000),
     ADD COLUMN rate_burst integer CONSTRAINT queues_rate_burst_check
-        CHECK (rate_burst > 0),
+        CHECK (rate_burst BETWEEN 1 AND 1000000),
     ADD COLUMN rate_tat timestamptz,
     ADD COLUMN running integer NOT NULL DEFAULT 0 CONSTRAINT queues_running_check
         CHECK (running >= 0),
@@ -52,12 +50,11 @@ CREATE TABLE queue_keys (
     queue text NOT NULL,  -- a task's queue (tasks name no registered queue by key either)
     concurrency_key text NOT NULL,
     running integer NOT NULL DEFAULT 0 CHECK (running >= 0),
-    last_pass bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (queue, concurrency_key)
 );
 
--- Keys at their limit are read by GET /queues without scanning idle keys.
-CREATE INDEX queue_keys_running_idx ON queue_keys (queue, running) WHERE running > 0;
+-- queue_keys has no index but its key: its counters change at every start and end of a limited
+-- queue's task, and stay HOT updates (a second index on them would bloat the row's versions).
 
 -- The two keys of a queue's limits lock (an advisory lock: held shared by starts and ends,
 -- exclusively by taskplat_set_queue_limits).

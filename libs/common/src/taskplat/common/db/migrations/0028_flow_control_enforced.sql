@@ -3,13 +3,18 @@
 --
 -- Invariants:
 --   * Creation (taskplat_create_tasks, the one home) writes a task's concurrency key (its job's
---     for a job run) and its stride pass: the tasks of one (queue, key) get consecutive passes
---     after the key's `queue_keys.last_pass`, never behind the queue's front (the pass of the
---     next task claim-next would take), so a key that was idle starts at the front instead of
---     far ahead of the others. Claim-next takes the claimable tasks of a queue by priority, then
---     pass, then queued_at (tasks_queued_claim_idx): within a priority the keys take turns, and a
---     key with 10,000 queued tasks cannot starve a key with 10. Tasks without a key share one
---     key of their own ('').
+--     for a job run) and its stride pass: the new tasks of one (queue, key) get consecutive
+--     passes after the greater of the key's newest Queued task's pass and the queue's front
+--     (the pass of the task claim-next would take next at that priority; 0 when none is
+--     Queued). So a key with a backlog queues behind its own tasks, and a key that was idle
+--     starts at the front, taking turns with the others instead of waiting behind them or
+--     jumping ahead. It is read from the tasks alone (tasks_queued_key_idx): a create writes no
+--     shared row, so creates never wait for each other; two creates of one key at once may give
+--     equal passes (ties go by queued_at), which fairness does not mind. Claim-next takes the
+--     claimable tasks of a queue by priority, then pass, then queued_at
+--     (tasks_queued_claim_idx): within a priority the keys take turns, and a key with 10,000
+--     queued tasks cannot starve a key with 10. Tasks without a key share one key of their own
+--     ('').
 --   * Admission has one home, a BEFORE UPDATE trigger on the Queued -> Running transition
 --     (taskplat_admit_start), so every claim path (by id, batch, claim-next, waiting claims,
 --     claims ahead, Lambda invocations) is held to the limits with no copy of the rule: under
@@ -30,6 +35,8 @@
 ALTER TABLE tasks ADD COLUMN pass bigint NOT NULL DEFAULT 0;
 
 CREATE INDEX tasks_queued_claim_idx ON tasks (queue, priority, pass, queued_at)
+    WHERE status = 'Queued';
+CREATE INDEX tasks_queued_key_idx ON tasks (queue, (coalesce(concurrency_key, '')), pass)
     WHERE status = 'Queued';
 DROP INDEX tasks_queued_priority_idx;
 
@@ -55,9 +62,6 @@ SELECT
         FROM task_outputs AS o WHERE o.task_id = t.task_id), '[]'::json) AS outputs
 FROM tasks AS t;
 
--- The newest pass of a queue's keys: where a key starts when the queue has nothing Queued.
-CREATE INDEX queue_keys_last_pass_idx ON queue_keys (queue, last_pass);
-
 ALTER TYPE taskplat_new_task ADD ATTRIBUTE concurrency_key text;
 
 CREATE OR REPLACE FUNCTION taskplat_create_tasks(
@@ -81,35 +85,22 @@ BEGIN
     WITH new AS MATERIALIZED (
         SELECT n.*, n.ordinality AS position, coalesce(n.concurrency_key, '') AS key,
                row_number() OVER (PARTITION BY n.queue, coalesce(n.concurrency_key, '')
-                                  ORDER BY n.ordinality) AS nth,
-               count(*) OVER (PARTITION BY n.queue, coalesce(n.concurrency_key, '')) AS per_key
+                                  ORDER BY n.ordinality) AS nth
         FROM unnest(p_tasks) WITH ORDINALITY AS n
     ),
-    groups AS MATERIALIZED (  -- each (queue, key) once, with the queue's front at its priority
-        SELECT g.queue, g.key, g.per_key,
-               coalesce(
-                   (SELECT f.pass FROM tasks AS f
+    groups AS MATERIALIZED (  -- each (queue, key) once: where its new tasks' passes start
+        SELECT g.queue, g.key,
+               greatest(
+                   (SELECT f.pass FROM tasks AS f  -- the key's newest Queued task
+                    WHERE f.queue = g.queue AND coalesce(f.concurrency_key, '') = g.key
+                      AND f.status = 'Queued'
+                    ORDER BY f.queue, coalesce(f.concurrency_key, ''), f.pass DESC LIMIT 1),
+                   (SELECT f.pass FROM tasks AS f  -- the queue's front at the key's priority
                     WHERE f.queue = g.queue AND f.status = 'Queued' AND f.priority = g.priority
                     ORDER BY f.queue, f.priority, f.pass, f.queued_at LIMIT 1),
-                   (SELECT k.last_pass FROM queue_keys AS k
-                    WHERE k.queue = g.queue ORDER BY k.queue, k.last_pass DESC LIMIT 1),
-                   0) AS front
-        FROM (SELECT new.queue, new.key, max(new.per_key) AS per_key,
-                     min(coalesce(new.priority, 5)) AS priority
+                   0) AS base
+        FROM (SELECT new.queue, new.key, min(coalesce(new.priority, 5)) AS priority
               FROM new GROUP BY new.queue, new.key) AS g
-    ),
-    passes AS MATERIALIZED (  -- the key's last pass moved past its new tasks
-        INSERT INTO queue_keys AS k (queue, concurrency_key, last_pass)
-        SELECT g.queue, g.key, g.front + g.per_key
-        FROM groups AS g
-        ORDER BY g.queue, g.key  -- one lock order for every creation
-        ON CONFLICT (queue, concurrency_key) DO UPDATE
-            SET last_pass = greatest(k.last_pass + excluded.last_pass
-                                         - (SELECT g.front FROM groups AS g
-                                            WHERE g.queue = excluded.queue
-                                              AND g.key = excluded.concurrency_key),
-                                     excluded.last_pass)
-        RETURNING k.queue, k.concurrency_key, k.last_pass
     ),
     inserted AS (
         INSERT INTO tasks AS t (
@@ -126,9 +117,9 @@ BEGIN
                n.scheduled_for, n.expires_at, n.idempotency_key,
                CASE WHEN n.scheduled_for > v_now THEN NULL ELSE v_now END,
                v_now, v_now, p_trace_context, coalesce(n.priority, 5), n.concurrency_key,
-               p.last_pass - n.per_key + n.nth
+               g.base + n.nth
         FROM new AS n
-        JOIN passes AS p ON p.queue = n.queue AND p.concurrency_key = n.key
+        JOIN groups AS g ON g.queue = n.queue AND g.key = n.key
         ORDER BY n.position
         ON CONFLICT (idempotency_key) DO NOTHING
         RETURNING t.task_id, t.job, t.inputs
