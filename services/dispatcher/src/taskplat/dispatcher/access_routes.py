@@ -1,9 +1,10 @@
 """The public routes of access and the fleet: keys, the audit log, the workers and queue
 registration.
 
-Invariants: every route needs an API key holding the scope `route_table.SCOPES` names (keys and
-queue registration: `admin`); a key's secret is in one answer only, that of `POST /keys`; path
-names are validated before any work.
+Invariants: every route needs an API key holding the scope `route_table.SCOPES` names (keys,
+queue registration and limits: `admin`); a key's secret is in one answer only, that of
+`POST /keys`; path names and a queue's limits are validated before any work (a bad body changes
+nothing); no body on `PUT /queues/{queue}` leaves the queue's limits as they are.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pydantic import AwareDatetime, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from taskplat.common.contracts import ErrorResponse, QueueView
+from taskplat.common.contracts import ErrorResponse, QueueLimits, QueueView
 from taskplat.common.contracts.access import (
     AuditList,
     KeyCreated,
@@ -29,7 +30,14 @@ from taskplat.common.errors import ValidationFailed
 from taskplat.dispatcher.access import Identity
 from taskplat.dispatcher.access_service import AccessService
 from taskplat.dispatcher.errors import json_response
-from taskplat.dispatcher.requests import parse_body, parse_query, parse_queue_name
+from taskplat.dispatcher.requests import (
+    document_limits,
+    parse_body,
+    parse_query,
+    parse_queue_name,
+    read_body,
+    validate_body,
+)
 from taskplat.dispatcher.route_guard import RouteSpec, audit_call, settings_of
 
 _KEY_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -94,7 +102,10 @@ async def list_workers(request: Request) -> Response:
 
 async def register_queue(request: Request) -> Response:
     queue = parse_queue_name(request.path_params["queue"])
-    view, created = await _access(request).register_queue(queue, audit_call(request))
+    # No body registers the queue and leaves its limits as they are; a body replaces them.
+    raw = await read_body(request, settings_of(request).max_body_bytes)
+    limits = validate_body(raw, QueueLimits, document_limits(request)) if raw.strip() else None
+    view, created = await _access(request).register_queue(queue, limits, audit_call(request))
     return json_response(view, 201 if created else 200)
 
 
@@ -127,9 +138,10 @@ ACCESS_ROUTES: tuple[RouteSpec, ...] = (
               "The workers seen lately: queues, slots, version, running tasks, last seen",
               "api_key", list_workers, responses={200: ("the workers", WorkerList), **_AUTH}),
     RouteSpec("PUT", "/queues/{queue}", "register_queue",
-              "Register a queue (tasks may name it at once, on every replica)", "api_key",
-              register_queue, path_params=("queue",),
+              "Register a queue (tasks may name it at once, on every replica); a body replaces "
+              "its limits (no body leaves them as they are)", "api_key",
+              register_queue, path_params=("queue",), body=QueueLimits, body_required=False,
               responses={201: ("the queue, registered", QueueView),
                          200: ("the queue was already registered", QueueView),
-                         **_AUTH, **dict([_INVALID])}),
+                         **_AUTH, **dict([_BAD_JSON, _INVALID, _TOO_LARGE])}),
 )  # fmt: skip

@@ -33,6 +33,62 @@ class QueueSqsState(Contract):
     probes: int = Field(ge=0, description="Probes that found it still missing since `since`.")
 
 
+# Out-of-range limits answer 422: a limit is a positive whole number up to MAX_LIMIT; a rate is
+# more than 0 (at least one start in about 17 minutes) and at most MAX_RATE starts a second.
+MAX_LIMIT = 1_000_000
+MIN_RATE = 0.001
+MAX_RATE = 1_000_000.0
+MAX_BURST = 100_000
+
+
+class RateLimit(Contract):
+    """A token bucket of starts shared by every worker: `per_second` on average, `burst` at once."""
+
+    per_second: float = Field(
+        ge=MIN_RATE,
+        le=MAX_RATE,
+        strict=True,
+        allow_inf_nan=False,
+        description="Starts a second on average.",
+    )
+    burst: int = Field(
+        ge=1, le=MAX_BURST, strict=True, description="Starts allowed at once (the bucket)."
+    )
+
+
+class QueueLimits(Contract):
+    """A queue's limits (`PUT /queues/{queue}` body): each null or absent is no limit; the body
+    replaces every limit of the queue (docs/queue-limits.md)."""
+
+    concurrency_limit: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_LIMIT,
+        strict=True,
+        description="Tasks of the queue Running at once.",
+    )
+    key_concurrency_limit: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_LIMIT,
+        strict=True,
+        description="Tasks Running at once per concurrency key.",
+    )
+    rate_limit: RateLimit | None = Field(default=None, description="Starts a second.")
+
+
+class QueueLimitsUse(Contract):
+    """The use of a queue's limits now; each is null when its limit is not set."""
+
+    running: int | None = Field(
+        ge=0, description="Running tasks counted against the concurrency and key limits."
+    )
+    keys_at_limit: int | None = Field(
+        ge=0, description="Concurrency keys with `key_concurrency_limit` tasks Running."
+    )
+    tokens_left: int | None = Field(ge=0, description="Starts the rate limit allows at once now.")
+
+
 class QueueView(Contract):
     name: QueueName
     paused: bool
@@ -45,6 +101,8 @@ class QueueView(Contract):
         description="Seconds since the oldest Queued task became Queued; null when none is."
     )
     sqs: QueueSqsState = Field(description="The state of the queue's SQS queue for the relay.")
+    limits: QueueLimits = Field(description="The queue's limits (`PUT /queues/{queue}`).")
+    limits_use: QueueLimitsUse = Field(description="The use of those limits now.")
 
 
 class QueueList(Contract):
