@@ -111,6 +111,23 @@ class QueueSqsState(Model):
     probes: int
 
 
+class RateLimit(Model):
+    per_second: float
+    burst: int
+
+
+class QueueLimits(Model):
+    concurrency_limit: int | None = None
+    key_concurrency_limit: int | None = None
+    rate_limit: RateLimit | None = None
+
+
+class QueueLimitsUse(Model):
+    running: int | None = None
+    keys_at_limit: int | None = None
+    tokens_left: int | None = None
+
+
 class QueueView(Model):
     name: str
     paused: bool
@@ -121,6 +138,8 @@ class QueueView(Model):
     oldest_queued_at: datetime | None = None
     oldest_queued_age_seconds: float | None = None
     sqs: QueueSqsState
+    limits: QueueLimits
+    limits_use: QueueLimitsUse
 
 
 class QueueList(Model):
@@ -361,8 +380,9 @@ class WorkerList(Model):
 # Models checked against the server's schema of the same name.
 CHECKED: tuple[type[Model], ...] = (
     JobRef, AttemptView, OutputView, TaskView, TaskList, CreatedTask, CreateTasksResponse,
-    QueueView, QueueList, BulkRetrySkipped, BulkRetryResponse, StateCount, ThroughputBucket,
-    Stats, ErrorResponse, ResolvedInput, ResolvedOutput, JobView, DagView, DagSummary, DagList,
+    RateLimit, QueueLimits, QueueLimitsUse, QueueView, QueueList, BulkRetrySkipped,
+    BulkRetryResponse, StateCount, ThroughputBucket, Stats, ErrorResponse, ResolvedInput,
+    ResolvedOutput, JobView, DagView, DagSummary, DagList,
     DatasetSummary, DatasetList, DatasetVersionView, DatasetView, Producer, EventView, EventList,
     DeletedDag, NewVersionResponse, KeyView, KeyCreated, KeyList, RevokedKey, AuditEntry,
     AuditList, WorkerView, WorkerList,
