@@ -89,6 +89,7 @@ def test_a_body_sets_replaces_and_clears_the_limits(dispatcher: Dispatcher, db_u
         ({"concurrency_limit": 10**9}, "concurrency_limit"),
         ({"concurrency_limit": 1.5}, "concurrency_limit"),
         ({"concurrency_limit": "3"}, "concurrency_limit"),
+        ({"concurrency_limit": True}, "concurrency_limit"),
         ({"key_concurrency_limit": 0}, "key_concurrency_limit"),
         ({"rate_limit": {"per_second": 0, "burst": 1}}, "per_second"),
         ({"rate_limit": {"per_second": -2, "burst": 1}}, "per_second"),

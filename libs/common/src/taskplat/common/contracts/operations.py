@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 from uuid import UUID
 
-from pydantic import AwareDatetime, ConfigDict, Field, model_validator
+from pydantic import AwareDatetime, BeforeValidator, ConfigDict, Field, model_validator
 
 from taskplat.common.contracts.base import Contract, OperatorName, QueueName, ShortText
 from taskplat.common.contracts.public import TaskStatus
@@ -41,18 +41,25 @@ MAX_RATE = 1_000_000.0
 MAX_BURST = 100_000
 
 
+def _json_number(value: object) -> object:
+    """Refuse a string or a boolean where a number belongs ("3", true): a limit is a JSON number
+    (a whole one, 3 or 3.0, for the counts)."""
+    if isinstance(value, str | bool):
+        raise ValueError("must be a JSON number")
+    return value
+
+
+Number = BeforeValidator(_json_number)
+
+
 class RateLimit(Contract):
     """A token bucket of starts shared by every worker: `per_second` on average, `burst` at once."""
 
-    per_second: float = Field(
-        ge=MIN_RATE,
-        le=MAX_RATE,
-        strict=True,
-        allow_inf_nan=False,
-        description="Starts a second on average.",
+    per_second: Annotated[float, Number] = Field(
+        ge=MIN_RATE, le=MAX_RATE, allow_inf_nan=False, description="Starts a second on average."
     )
-    burst: int = Field(
-        ge=1, le=MAX_BURST, strict=True, description="Starts allowed at once (the bucket)."
+    burst: Annotated[int, Number] = Field(
+        ge=1, le=MAX_BURST, description="Starts allowed at once (the bucket)."
     )
 
 
@@ -60,19 +67,11 @@ class QueueLimits(Contract):
     """A queue's limits (`PUT /queues/{queue}` body): each null or absent is no limit; the body
     replaces every limit of the queue (docs/queue-limits.md)."""
 
-    concurrency_limit: int | None = Field(
-        default=None,
-        ge=1,
-        le=MAX_LIMIT,
-        strict=True,
-        description="Tasks of the queue Running at once.",
+    concurrency_limit: Annotated[int, Field(ge=1, le=MAX_LIMIT), Number] | None = Field(
+        default=None, description="Tasks of the queue Running at once."
     )
-    key_concurrency_limit: int | None = Field(
-        default=None,
-        ge=1,
-        le=MAX_LIMIT,
-        strict=True,
-        description="Tasks Running at once per concurrency key.",
+    key_concurrency_limit: Annotated[int, Field(ge=1, le=MAX_LIMIT), Number] | None = Field(
+        default=None, description="Tasks Running at once per concurrency key."
     )
     rate_limit: RateLimit | None = Field(default=None, description="Starts a second.")
 
