@@ -16,6 +16,7 @@ from click.shell_completion import get_completion_class
 from rich.table import Table
 
 from taskplat.client.cli import dags, datasets, main
+from taskplat.client.cli_limits import limits_text, queues_limits
 from taskplat.client.cli_options import TIMES, aware, common, json_arg, open_client
 from taskplat.client.cli_output import ERR, OUT, emit, finish, follow, generic_table, when
 from taskplat.client.models import AuditEntry, QueueView
@@ -47,6 +48,9 @@ def _queue_line(queue: QueueView, verb: str) -> None:
     OUT.print(f"{queue.name} {verb} (depth {queue.depth}, running {queue.running})")
 
 
+queues.add_command(queues_limits)
+
+
 @queues.command(name="list")
 @common
 def queues_list() -> None:
@@ -62,7 +66,7 @@ def queues_list() -> None:
         for q in answer.queues:
             table.add_row(q.name, "paused" if q.paused else "running", q.sqs.state,
                           str(q.depth), str(q.running),
-                          _age(q.oldest_queued_age_seconds), _limits_text(q))  # fmt: skip
+                          _age(q.oldest_queued_age_seconds), limits_text(q))  # fmt: skip
         OUT.print(table)
 
     emit(answer, human)
@@ -96,61 +100,6 @@ def queues_register(queue: str) -> None:
     with open_client() as client:
         answer = client.register_queue(queue)
     emit(answer, lambda: _queue_line(answer, "registered"))
-
-
-def _limits_text(queue: QueueView) -> str:
-    """The queue's limits and their use, one line ("none" without limits)."""
-    limits, use = queue.limits, queue.limits_use
-    parts = []
-    if limits.concurrency_limit is not None:
-        parts.append(f"concurrency {use.running}/{limits.concurrency_limit}")
-    if limits.key_concurrency_limit is not None:
-        parts.append(f"per key {limits.key_concurrency_limit} ({use.keys_at_limit} at it)")
-    if limits.rate_limit is not None:
-        rate = limits.rate_limit
-        parts.append(f"rate {rate.per_second:g}/s burst {rate.burst} ({use.tokens_left} left)")
-    return ", ".join(parts) or "none"
-
-
-@queues.command(name="limits")
-@click.argument("queue")
-@click.option("--concurrency", type=click.IntRange(1), help="Tasks of QUEUE Running at once.")
-@click.option("--key-concurrency", type=click.IntRange(1),
-              help="Tasks Running at once per concurrency key.")  # fmt: skip
-@click.option("--rate", type=click.FloatRange(0, min_open=True),
-              help="Starts a second on average (with --burst).")  # fmt: skip
-@click.option("--burst", type=click.IntRange(1), help="Starts allowed at once (with --rate).")
-@click.option("--clear", is_flag=True, help="Remove every limit of QUEUE.")
-@common
-def queues_limits(
-    queue: str,
-    concurrency: int | None,
-    key_concurrency: int | None,
-    rate: float | None,
-    burst: int | None,
-    clear: bool,
-) -> None:
-    """Show QUEUE's limits and their use; with options, replace them (admin scope): the options
-    given are the new limits, every limit not given is removed. --clear removes them all."""
-    setting = any(value is not None for value in (concurrency, key_concurrency, rate, burst))
-    if clear and setting:
-        raise click.UsageError("--clear takes no limit options")
-    if (rate is None) != (burst is None):
-        raise click.UsageError("--rate and --burst go together")
-    with open_client() as client:
-        if clear:
-            answer = client.clear_queue_limits(queue)
-        elif setting:
-            answer = client.set_queue_limits(
-                queue,
-                concurrency_limit=concurrency,
-                key_concurrency_limit=key_concurrency,
-                rate_per_second=rate,
-                rate_burst=burst,
-            )
-        else:
-            answer = client.queue(queue)
-    emit(answer, lambda: OUT.print(f"{answer.name} limits: {_limits_text(answer)}"))
 
 
 # ---- workers and figures -----------------------------------------------------------------
