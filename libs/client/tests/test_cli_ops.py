@@ -91,6 +91,43 @@ def test_queues_list_pause_resume_register(cli: Cli, db_url: str) -> None:
     assert code == 1 and out == "" and err.startswith("taskplat: ") and "ghost" in err
 
 
+def test_queues_limits_shows_sets_replaces_and_clears(cli: Cli) -> None:
+    assert cli.human("queues", "limits", "alpha") == "alpha limits: none\n"
+    set_ = cli.json("queues", "limits", "alpha", "--concurrency", "3", "--key-concurrency", "1",
+                    "--rate", "10", "--burst", "5")  # fmt: skip
+    assert set_["limits"] == {
+        "concurrency_limit": 3, "key_concurrency_limit": 1,
+        "rate_limit": {"per_second": 10.0, "burst": 5},
+    }  # fmt: skip
+    assert set_["limits_use"] == {"running": 0, "keys_at_limit": 0, "tokens_left": 5}
+    assert cli.human("queues", "limits", "alpha") == (
+        "alpha limits: concurrency 0/3, per key 1 (0 at it), rate 10/s burst 5 (5 left)\n"
+    )
+    [alpha] = [line for line in cli.human("queues", "list").splitlines() if "alpha" in line]
+    assert "concurrency 0/3" in alpha
+    # The options given replace every limit.
+    replaced = cli.json("queues", "limits", "alpha", "--concurrency", "7")["limits"]
+    assert replaced == {"concurrency_limit": 7, "key_concurrency_limit": None, "rate_limit": None}
+    assert "alpha limits: none" in cli.human("queues", "limits", "alpha", "--clear")
+    for bad in (["--rate", "5"], ["--clear", "--concurrency", "2"], ["--concurrency", "0"]):
+        code, out, err = cli("queues", "limits", "alpha", *bad)
+        assert code == 2 and out == "" and err, bad
+    assert cli.json("queues", "limits", "alpha")["limits"]["concurrency_limit"] is None
+    # The server's own range: a rate above its maximum answers 422, changing nothing.
+    code, out, err = cli("queues", "limits", "alpha", "--rate", "1e9", "--burst", "1")
+    assert code == 1 and out == "" and "422" in err
+    assert cli.json("queues", "limits", "alpha")["limits"]["rate_limit"] is None
+    code, _, err = cli("queues", "limits", "ghost")
+    assert code == 1 and "ghost" in err
+
+
+def test_submit_takes_a_priority(cli: Cli) -> None:
+    task = cli.json("submit", "echo", "--priority", "0")
+    assert task["priority"] == 0
+    code, _, _ = cli("submit", "echo", "--priority", "10")
+    assert code == 2
+
+
 def test_keys_create_list_revoke_and_the_audit_log(cli: Cli) -> None:
     code, out, err = cli("keys", "create", "viewer", "--scope", "read")
     assert code == 0

@@ -102,11 +102,12 @@ QUEUE_VIEW = {
     "oldest_queued_at": T2,
     "oldest_queued_age_seconds": 12.5,
     "sqs": {"state": "missing", "since": T1, "next_probe_at": T2, "probes": 2},
-    "concurrency_limit": 3,
-    "key_concurrency_limit": 1,
-    "rate_limit": {"per_second": 10.0, "burst": 5},
-    "keys_at_limit": 1,
-    "tokens_left": 4,
+    "limits": {
+        "concurrency_limit": 3,
+        "key_concurrency_limit": 1,
+        "rate_limit": {"per_second": 10.0, "burst": 5},
+    },
+    "limits_use": {"running": 1, "keys_at_limit": 1, "tokens_left": 4},
 }
 
 # A valid example of every model; each optional UUID or timestamp is set, so each can be broken.
@@ -417,8 +418,8 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     # The operators' routes: queues, bulk replay and the dashboard's figures.
     "QueueView": QUEUE_VIEW,
     "QueueSqsState": QUEUE_VIEW["sqs"],
-    "QueueLimits": {"concurrency_limit": 3, "key_concurrency_limit": 1,
-                    "rate_limit": {"per_second": 10.0, "burst": 5}},
+    "QueueLimits": QUEUE_VIEW["limits"],
+    "QueueLimitsUse": QUEUE_VIEW["limits_use"],
     "RateLimit": {"per_second": 10.0, "burst": 5},
     "QueueList": {"queues": [QUEUE_VIEW]},
     "BulkRetryRequest": {"ids": [U1, U2]},

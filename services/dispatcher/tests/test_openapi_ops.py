@@ -372,10 +372,11 @@ def _access_route_responses(d: Dispatcher, add: Callable[..., None]) -> None:
     add("PUT", queue, 200, d.api.put("/queues/fresh"))
     add("PUT", queue, 401, anonymous.put("/queues/fresh"))
     add("PUT", queue, 422, d.api.put("/queues/bad%20name"))
-    add("PUT", queue, 200, d.api.put("/queues/fresh", json={"concurrency_limit": 2}))
-    add("PUT", queue, 422, d.api.put("/queues/fresh", json={"concurrency_limit": 0}))
+    limits = {"concurrency_limit": 2, "rate_limit": {"per_second": 5, "burst": 2}}
+    add("PUT", queue, 200, d.api.put("/queues/fresh", json=limits))
     add("PUT", queue, 400, d.api.put("/queues/fresh", content=b"{"))
     add("PUT", queue, 413, d.api.put("/queues/fresh", json={"pad": "x" * BODY_CAP}))
+    add("PUT", queue, 422, d.api.put("/queues/fresh", json={"concurrency_limit": 0}))
 
 
 def test_every_documented_response_schema_validates_a_real_response(

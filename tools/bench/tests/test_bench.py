@@ -142,6 +142,10 @@ def test_a_quick_bench_writes_every_figure(tmp_path: Path) -> None:
         "1000",
         "--w6-queries",
         "5",
+        "--w7-key-tasks",
+        "40",
+        "--w7-rate-tasks",
+        "30",
         # One stack for everything: its lease TTL is W3's; short polls for a quick stop.
         "--variant",
         f"smoke={LEASE_TTL}=3,TASKPLAT_WORKER_WAIT_TIME_SECONDS=1,"
@@ -160,6 +164,9 @@ def test_a_quick_bench_writes_every_figure(tmp_path: Path) -> None:
     assert figures["W5"]["exactly_once"] is True
     assert figures["W5"]["records_per_second"] > 0
     assert figures["W6"]["queries_per_second"] > 0 and figures["W6"]["cpu_ms_per_query"] > 0
+    assert figures["W7"]["unbinding"]["exactly_once"] is True
+    assert figures["W7"]["unbinding"]["drain_ratio_to_W1"] > 0
+    assert figures["W7"]["rate"]["tasks"] == 30
     assert figures["W2"]["p50_ms"] > 0
     assert figures["W2"]["cpu_seconds"]["dispatcher"] > 0
     assert figures["W2"]["unloaded"]["p50_ms"] > 0

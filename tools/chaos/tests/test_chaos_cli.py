@@ -42,3 +42,13 @@ def test_chaos_refuses_bad_replicas_and_variants(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "not allowed with argument" in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_chaos_refuses_a_rate_without_its_burst_and_bad_limits(tmp_path: Path) -> None:
+    result = _chaos("--dir", str(tmp_path / "run"), "--rate", "10")
+    assert result.returncode == 1
+    assert result.stderr.startswith("chaos: error: --rate and --burst go together")
+    result = _chaos("--dir", str(tmp_path / "run"), "--concurrency-limit", "0")
+    assert result.returncode == 2
+    assert "must be 1 or more" in result.stderr
+    assert not (tmp_path / "run").exists()

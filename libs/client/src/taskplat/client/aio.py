@@ -144,6 +144,10 @@ class AsyncClient:
     async def queues(self) -> QueueList:
         return await self.run(calls.list_queues())
 
+    async def queue(self, queue: str) -> QueueView:
+        """One queue: depth, running, its limits and their use."""
+        return await self.run(calls.get_queue(queue))
+
     async def pause(self, queue: str) -> QueueView:
         return await self.run(calls.pause_queue(queue))
 
@@ -192,6 +196,31 @@ class AsyncClient:
 
     async def register_queue(self, queue: str) -> models.QueueView:
         return await self.run(calls.register_queue(queue))
+
+    async def set_queue_limits(
+        self,
+        queue: str,
+        *,
+        concurrency_limit: int | None = None,
+        key_concurrency_limit: int | None = None,
+        rate_per_second: float | None = None,
+        rate_burst: int | None = None,
+    ) -> models.QueueView:
+        """Replace the queue's limits (admin): each None is no limit; `rate_per_second` and
+        `rate_burst` go together. Answers the queue with its limits and their use."""
+        return await self.run(
+            calls.set_queue_limits(
+                queue,
+                concurrency_limit=concurrency_limit,
+                key_concurrency_limit=key_concurrency_limit,
+                rate_per_second=rate_per_second,
+                rate_burst=rate_burst,
+            )
+        )
+
+    async def clear_queue_limits(self, queue: str) -> models.QueueView:
+        """Remove every limit of the queue (admin)."""
+        return await self.run(calls.set_queue_limits(queue))
 
     async def delete_dag(self, name: str) -> models.DeletedDag:
         return await self.run(calls.delete_dag(name))

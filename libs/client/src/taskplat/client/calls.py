@@ -124,6 +124,10 @@ def list_queues() -> Call[models.QueueList]:
     return Call("GET", "/queues", models.QueueList.model_validate, idempotent=True)
 
 
+def get_queue(queue: str) -> Call[models.QueueView]:
+    return Call("GET", f"/queues/{_seg(queue)}", models.QueueView.model_validate, idempotent=True)
+
+
 def pause_queue(queue: str) -> Call[models.QueueView]:
     return Call(
         "PUT", f"/queues/{_seg(queue)}/pause", models.QueueView.model_validate, idempotent=True
@@ -221,6 +225,27 @@ def run_job(
 
 def register_queue(queue: str) -> Call[models.QueueView]:
     return Call("PUT", f"/queues/{_seg(queue)}", models.QueueView.model_validate, idempotent=True)
+
+
+def set_queue_limits(
+    queue: str,
+    *,
+    concurrency_limit: int | None = None,
+    key_concurrency_limit: int | None = None,
+    rate_per_second: float | None = None,
+    rate_burst: int | None = None,
+) -> Call[models.QueueView]:
+    """Replace the queue's limits (each None is no limit; rate and burst go together)."""
+    body: dict[str, Any] = {
+        "concurrency_limit": concurrency_limit,
+        "key_concurrency_limit": key_concurrency_limit,
+        "rate_limit": None,
+    }
+    if rate_per_second is not None or rate_burst is not None:
+        body["rate_limit"] = {"per_second": rate_per_second, "burst": rate_burst}
+    return Call(
+        "PUT", f"/queues/{_seg(queue)}", models.QueueView.model_validate, body=body, idempotent=True
+    )
 
 
 def delete_dag(name: str) -> Call[models.DeletedDag]:

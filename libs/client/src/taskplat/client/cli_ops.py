@@ -16,6 +16,7 @@ from click.shell_completion import get_completion_class
 from rich.table import Table
 
 from taskplat.client.cli import dags, datasets, main
+from taskplat.client.cli_limits import limits_text, queues_limits
 from taskplat.client.cli_options import TIMES, aware, common, json_arg, open_client
 from taskplat.client.cli_output import ERR, OUT, emit, finish, follow, generic_table, when
 from taskplat.client.models import AuditEntry, QueueView
@@ -40,11 +41,14 @@ def _age(seconds: float | None) -> str:
 @main.group()
 @common
 def queues() -> None:
-    """Queues: list, pause, resume, register."""
+    """Queues: list, pause, resume, register, limits."""
 
 
 def _queue_line(queue: QueueView, verb: str) -> None:
     OUT.print(f"{queue.name} {verb} (depth {queue.depth}, running {queue.running})")
+
+
+queues.add_command(queues_limits)
 
 
 @queues.command(name="list")
@@ -57,12 +61,12 @@ def queues_list() -> None:
 
     def human() -> None:
         table = Table(box=None, header_style="bold")
-        for column in ("QUEUE", "STATE", "SQS", "DEPTH", "RUNNING", "OLDEST QUEUED"):
+        for column in ("QUEUE", "STATE", "SQS", "DEPTH", "RUNNING", "OLDEST QUEUED", "LIMITS"):
             table.add_column(column)
         for q in answer.queues:
             table.add_row(q.name, "paused" if q.paused else "running", q.sqs.state,
                           str(q.depth), str(q.running),
-                          _age(q.oldest_queued_age_seconds))  # fmt: skip
+                          _age(q.oldest_queued_age_seconds), limits_text(q))  # fmt: skip
         OUT.print(table)
 
     emit(answer, human)

@@ -118,6 +118,18 @@ class RateLimit(Model):
     burst: int
 
 
+class QueueLimits(Model):
+    concurrency_limit: int | None = None
+    key_concurrency_limit: int | None = None
+    rate_limit: RateLimit | None = None
+
+
+class QueueLimitsUse(Model):
+    running: int | None = None
+    keys_at_limit: int | None = None
+    tokens_left: int | None = None
+
+
 class QueueView(Model):
     name: str
     paused: bool
@@ -128,12 +140,8 @@ class QueueView(Model):
     oldest_queued_at: datetime | None = None
     oldest_queued_age_seconds: float | None = None
     sqs: QueueSqsState
-    # The queue's limits (None: no limit) and their use now (docs/flow-control.md).
-    concurrency_limit: int | None = None
-    key_concurrency_limit: int | None = None
-    rate_limit: RateLimit | None = None
-    keys_at_limit: int = 0
-    tokens_left: int | None = None
+    limits: QueueLimits
+    limits_use: QueueLimitsUse
 
 
 class QueueList(Model):
@@ -374,8 +382,9 @@ class WorkerList(Model):
 # Models checked against the server's schema of the same name.
 CHECKED: tuple[type[Model], ...] = (
     JobRef, AttemptView, OutputView, TaskView, TaskList, CreatedTask, CreateTasksResponse,
-    QueueView, QueueList, BulkRetrySkipped, BulkRetryResponse, StateCount, ThroughputBucket,
-    Stats, ErrorResponse, ResolvedInput, ResolvedOutput, JobView, DagView, DagSummary, DagList,
+    RateLimit, QueueLimits, QueueLimitsUse, QueueView, QueueList, BulkRetrySkipped,
+    BulkRetryResponse, StateCount, ThroughputBucket, Stats, ErrorResponse, ResolvedInput,
+    ResolvedOutput, JobView, DagView, DagSummary, DagList,
     DatasetSummary, DatasetList, DatasetVersionView, DatasetView, Producer, EventView, EventList,
     DeletedDag, NewVersionResponse, KeyView, KeyCreated, KeyList, RevokedKey, AuditEntry,
     AuditList, WorkerView, WorkerList,

@@ -140,6 +140,10 @@ class Client:
     def queues(self) -> QueueList:
         return self.run(calls.list_queues())
 
+    def queue(self, queue: str) -> QueueView:
+        """One queue: depth, running, its limits and their use."""
+        return self.run(calls.get_queue(queue))
+
     def pause(self, queue: str) -> QueueView:
         return self.run(calls.pause_queue(queue))
 
@@ -186,6 +190,31 @@ class Client:
 
     def register_queue(self, queue: str) -> models.QueueView:
         return self.run(calls.register_queue(queue))
+
+    def set_queue_limits(
+        self,
+        queue: str,
+        *,
+        concurrency_limit: int | None = None,
+        key_concurrency_limit: int | None = None,
+        rate_per_second: float | None = None,
+        rate_burst: int | None = None,
+    ) -> models.QueueView:
+        """Replace the queue's limits (admin): each None is no limit; `rate_per_second` and
+        `rate_burst` go together. Answers the queue with its limits and their use."""
+        return self.run(
+            calls.set_queue_limits(
+                queue,
+                concurrency_limit=concurrency_limit,
+                key_concurrency_limit=key_concurrency_limit,
+                rate_per_second=rate_per_second,
+                rate_burst=rate_burst,
+            )
+        )
+
+    def clear_queue_limits(self, queue: str) -> models.QueueView:
+        """Remove every limit of the queue (admin)."""
+        return self.run(calls.set_queue_limits(queue))
 
     def delete_dag(self, name: str) -> models.DeletedDag:
         return self.run(calls.delete_dag(name))

@@ -1,9 +1,10 @@
 """The public routes of access and the fleet: keys, the audit log, the workers and queue
 registration.
 
-Invariants: every route needs an API key holding the scope `route_table.SCOPES` names (keys and
-queue registration: `admin`); a key's secret is in one answer only, that of `POST /keys`; path
-names are validated before any work.
+Invariants: every route needs an API key holding the scope `route_table.SCOPES` names (keys,
+queue registration and limits: `admin`); a key's secret is in one answer only, that of
+`POST /keys`; path names and a queue's limits are validated before any work (a bad body changes
+nothing); no body on `PUT /queues/{queue}` leaves the queue's limits as they are.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pydantic import AwareDatetime, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from taskplat.common.contracts import ErrorResponse, QueueView
+from taskplat.common.contracts import ErrorResponse, QueueLimits, QueueView
 from taskplat.common.contracts.access import (
     AuditList,
     KeyCreated,
@@ -25,7 +26,6 @@ from taskplat.common.contracts.access import (
     WorkerList,
 )
 from taskplat.common.contracts.base import Contract
-from taskplat.common.contracts.operations import QueueLimits
 from taskplat.common.errors import ValidationFailed
 from taskplat.dispatcher.access import Identity
 from taskplat.dispatcher.access_service import AccessService
@@ -35,9 +35,9 @@ from taskplat.dispatcher.requests import (
     parse_body,
     parse_query,
     parse_queue_name,
+    read_body,
     validate_body,
 )
-from taskplat.dispatcher.requests import read_body as read_body_bytes
 from taskplat.dispatcher.route_guard import RouteSpec, audit_call, settings_of
 
 _KEY_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -102,9 +102,10 @@ async def list_workers(request: Request) -> Response:
 
 async def register_queue(request: Request) -> Response:
     queue = parse_queue_name(request.path_params["queue"])
-    body = await read_body_bytes(request, settings_of(request).max_body_bytes)
-    limits = validate_body(body, QueueLimits, document_limits(request)) if body.strip() else None
-    view, created = await _access(request).register_queue(queue, audit_call(request), limits)
+    # No body registers the queue and leaves its limits as they are; a body replaces them.
+    raw = await read_body(request, settings_of(request).max_body_bytes)
+    limits = validate_body(raw, QueueLimits, document_limits(request)) if raw.strip() else None
+    view, created = await _access(request).register_queue(queue, limits, audit_call(request))
     return json_response(view, 201 if created else 200)
 
 
@@ -138,8 +139,8 @@ ACCESS_ROUTES: tuple[RouteSpec, ...] = (
               "api_key", list_workers, responses={200: ("the workers", WorkerList), **_AUTH}),
     RouteSpec("PUT", "/queues/{queue}", "register_queue",
               "Register a queue (tasks may name it at once, on every replica); a body replaces "
-              "its limits (docs/flow-control.md), no body leaves them as they are",
-              "api_key", register_queue, path_params=("queue",), body=QueueLimits,
+              "its limits (no body leaves them as they are)", "api_key",
+              register_queue, path_params=("queue",), body=QueueLimits, body_required=False,
               responses={201: ("the queue, registered", QueueView),
                          200: ("the queue was already registered", QueueView),
                          **_AUTH, **dict([_BAD_JSON, _INVALID, _TOO_LARGE])}),

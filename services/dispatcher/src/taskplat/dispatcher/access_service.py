@@ -2,7 +2,8 @@
 
 Invariants:
   * A new key's secret is made here, answered once and stored only as its sha256; creating or
-    revoking a key, and registering a queue, writes its audit row in the same transaction.
+    revoking a key, and registering a queue or setting its limits, writes its audit row in the same
+    transaction; limits are written by the one SQL writer of them (`set_queue_limits`).
   * A worker's report is written at most once per `worker_report_seconds` per worker and
     replica (a wrapper sends one at most every few seconds anyway), so reports add no write per
     task; rows silent for longer than `worker_listed_seconds` are pruned (at most once a minute
@@ -21,7 +22,7 @@ from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool
 
 from taskplat.common.clock import Clock
-from taskplat.common.contracts import QueueView
+from taskplat.common.contracts import QueueLimits, QueueView
 from taskplat.common.contracts.access import (
     AuditEntry,
     AuditList,
@@ -34,7 +35,6 @@ from taskplat.common.contracts.access import (
     WorkerReport,
     WorkerView,
 )
-from taskplat.common.contracts.operations import QueueLimits
 from taskplat.common.errors import Conflict, NotFound, ValidationFailed
 from taskplat.common.logging import get_logger
 from taskplat.dispatcher import audit
@@ -42,6 +42,7 @@ from taskplat.dispatcher.access import BOOTSTRAP, Identity, KeyStore, key_hash, 
 from taskplat.dispatcher.audit import AuditCall
 from taskplat.dispatcher.operations import Operations, QueueRegistry
 from taskplat.dispatcher.repository import access as repo
+from taskplat.dispatcher.repository import queues as queue_repo
 from taskplat.dispatcher.settings import DispatcherSettings
 
 Pool = AsyncConnectionPool[AsyncConnection[DictRow]]
@@ -218,10 +219,10 @@ class AccessService:
     # ---- queues --------------------------------------------------------------------------
 
     async def register_queue(
-        self, name: str, call: AuditCall, limits: QueueLimits | None = None
+        self, name: str, limits: QueueLimits | None, call: AuditCall
     ) -> tuple[QueueView, bool]:
-        """Register `name` (persisted; every replica accepts it on its next miss); with
-        `limits`, replace its limits in the same transaction."""
+        """Register `name` (persisted; every replica accepts it on its next miss); with `limits`,
+        replace its limits too, in the same transaction as its audit row."""
         await self._registry.ensure_registered()
         now = self._clock.sql_now()
         async with self._pool.connection() as conn:
@@ -230,21 +231,23 @@ class AccessService:
                 outcome = "registered" if created else "already registered"
                 detail = None
                 if limits is not None:
-                    detail = limits.model_dump(mode="json")
                     rate = limits.rate_limit
-                    values = {
-                        "concurrency_limit": limits.concurrency_limit,
-                        "key_concurrency_limit": limits.key_concurrency_limit,
-                        "per_second": rate.per_second if rate else None,
-                        "burst": rate.burst if rate else None,
-                    }
-                    await repo.set_queue_limits(conn, name, values, now)
-                    outcome = "limits set"
+                    await queue_repo.set_queue_limits(
+                        conn,
+                        name,
+                        concurrency_limit=limits.concurrency_limit,
+                        key_concurrency_limit=limits.key_concurrency_limit,
+                        rate_per_second=rate.per_second if rate else None,
+                        rate_burst=rate.burst if rate else None,
+                        now=now,
+                    )
+                    outcome = "registered, limits set" if created else "limits set"
+                    detail = {"limits": limits.model_dump(mode="json")}
                 await audit.record(conn, call, outcome, detail=detail, now=now)
         if created:
             get_logger().info("queue_registered", queue=name)
         if limits is not None:
-            get_logger().info("queue_limits_set", queue=name, **(detail or {}))
+            get_logger().info("queue_limits_set", queue=name, **limits.model_dump(mode="json"))
         for queue in (await self._operations.queues()).queues:
             if queue.name == name:
                 return queue, created

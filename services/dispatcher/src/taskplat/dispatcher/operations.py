@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from typing import Any
 from uuid import UUID
 
 import psycopg
@@ -34,8 +35,11 @@ from taskplat.common.contracts import (
     BulkRetryRequest,
     BulkRetryResponse,
     BulkRetrySkipped,
+    QueueLimits,
+    QueueLimitsUse,
     QueueList,
     QueueView,
+    RateLimit,
     StateCount,
     Stats,
     ThroughputBucket,
@@ -53,6 +57,28 @@ Pool = AsyncConnectionPool[AsyncConnection[DictRow]]
 DEFAULT_REPLAY_LIMIT = 100
 RESUME_ANNOUNCE_LIMIT = 10_000
 STARTUP_TIMEOUT_SECONDS = 2.0
+
+
+def queue_view(row: dict[str, Any]) -> QueueView:
+    """A `list_queues` row as its view: the limits, and their use where a limit is set."""
+    counted = row["concurrency_limit"] is not None or row["key_concurrency_limit"] is not None
+    rate = (
+        RateLimit(per_second=row["rate_per_second"], burst=row["rate_burst"])
+        if row["rate_per_second"] is not None
+        else None
+    )
+    limits = QueueLimits(
+        concurrency_limit=row["concurrency_limit"],
+        key_concurrency_limit=row["key_concurrency_limit"],
+        rate_limit=rate,
+    )
+    use = QueueLimitsUse(
+        running=row["limits_running"] if counted else None,
+        keys_at_limit=row["keys_at_limit"] if row["key_concurrency_limit"] is not None else None,
+        tokens_left=row["tokens_left"] if rate is not None else None,
+    )
+    fields = {name: row[name] for name in QueueView.model_fields if name in row}
+    return QueueView.model_validate({**fields, "limits": limits, "limits_use": use})
 
 
 class QueueRegistry:
@@ -118,7 +144,7 @@ class Operations:
         await self._registry.ensure_registered()
         async with self._pool.connection() as conn:
             rows = await repo.list_queues(conn, self._clock.sql_now())
-        return QueueList(queues=[QueueView.model_validate(row) for row in rows])
+        return QueueList(queues=[queue_view(row) for row in rows])
 
     async def view(self, name: str) -> QueueView:
         for queue in (await self.queues()).queues:

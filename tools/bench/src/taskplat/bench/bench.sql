@@ -140,3 +140,14 @@ SELECT count(*) AS n FROM outbox WHERE sent_at IS NULL AND queue = %(queue)s
 -- name: queue_wakeups_written
 -- Wake-ups ever written for a queue (missing_queue: none may be added while it is held).
 SELECT count(*) AS n FROM outbox WHERE kind = 'enqueue_task' AND queue = %(queue)s
+
+-- name: attempt_intervals
+-- W7: each attempt of a run's tasks, with its task's concurrency key ('' without one): started
+-- and finished (the claim's and the end's own times, database clock), oldest start first.
+SELECT coalesce(t.concurrency_key, '') AS concurrency_key,
+       extract(epoch FROM a.started_at)::float8 AS started,
+       extract(epoch FROM a.finished_at)::float8 AS finished
+FROM task_attempts AS a
+JOIN tasks AS t ON t.task_id = a.task_id
+WHERE a.task_id = ANY(%(ids)s::uuid[])
+ORDER BY a.started_at

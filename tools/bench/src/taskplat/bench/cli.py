@@ -36,6 +36,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         "w6_rows": args.w6_rows,
         "w6_sequential": args.w6_sequential,
         "w6_clients": tuple(args.w6_clients) if args.w6_clients else None,
+        "w7_key_tasks": args.w7_key_tasks,
+        "w7_rate_tasks": args.w7_rate_tasks,
     }
     config = make_config(
         run_dir=usable_dir(args.dir),
@@ -60,7 +62,9 @@ def parser() -> argparse.ArgumentParser:
         "<results>/latest.json and latest.md. Each figure is the median of --runs runs.",
     )
     bench.add_argument("--runs", type=positive, help="runs per workload (3; --quick: 1)")
-    bench.add_argument("--only", help="workloads to run, e.g. W1,W2 (default: W1,W2,W3,W4,W5,W6)")
+    bench.add_argument(
+        "--only", help="workloads to run, e.g. W1,W2 (default: W1,W2,W3,W4,W5,W6,W7)"
+    )
     bench.add_argument(
         "--variant",
         action="append",
@@ -109,6 +113,12 @@ def parser() -> argparse.ArgumentParser:
     )
     sizes.add_argument(
         "--w6-clients", type=_counts, help="W6 clients of each concurrent phase, e.g. 4,16"
+    )
+    sizes.add_argument(
+        "--w7-key-tasks", type=positive, help="W7 tasks of the multi-key load (2000)"
+    )
+    sizes.add_argument(
+        "--w7-rate-tasks", type=positive, help="W7 tasks on the rate-limited queue (1000)"
     )
     bench.set_defaults(func=_cmd_bench)
     return bench

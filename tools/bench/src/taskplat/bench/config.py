@@ -20,7 +20,7 @@ from types import MappingProxyType
 
 from taskplat.devstack.errors import DevstackError
 
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7")
 LEASE_TTL = "TASKPLAT_DISPATCHER_LEASE_TTL_SECONDS"
 CONCURRENCY = "TASKPLAT_WORKER_CONCURRENCY"
 DEFAULT_CONCURRENCY = 8
@@ -71,6 +71,14 @@ class Sizes:
     w6_sequential: int = 50  # W6: sequential queries (one token), and the Postgres floor's
     w6_queries: int = 200  # W6: queries per concurrent phase (a token per client)
     w6_clients: tuple[int, ...] = (4, 16)  # W6: clients of each concurrent phase
+    w7_key_tasks: int = 2_000  # W7: tasks of the skewed multi-key load
+    w7_keys: int = 4  # W7: concurrency keys of that load
+    w7_hot_share: float = 0.7  # W7: share of its tasks on the one hot key, queued first
+    w7_key_limit: int = 2  # W7: key_concurrency_limit during that load
+    w7_hold_seconds: float = 0.02  # W7: each of its tasks stays Running this long
+    w7_rate: float = 50.0  # W7: rate limit, starts a second
+    w7_burst: int = 10  # W7: the rate limit's burst
+    w7_rate_tasks: int = 1_000  # W7: tasks submitted at once on the rate-limited queue
 
 
 QUICK_SIZES = Sizes(
@@ -82,6 +90,10 @@ QUICK_SIZES = Sizes(
     w5_records=10_000,
     w6_queries=40,
     w6_sequential=20,
+    w7_key_tasks=200,
+    w7_rate=20.0,
+    w7_burst=5,
+    w7_rate_tasks=100,
 )
 
 

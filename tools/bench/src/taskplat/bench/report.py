@@ -159,6 +159,19 @@ def figure_rows(
             Row("W6 same statement on Postgres p50", ("W6", "postgres_p50_ms"), "ms", digits=2),
             Row("W6 sequential p50 / Postgres p50", ("W6", "p50_over_postgres"), "", digits=1),
         ]  # fmt: skip
+    if "W7" in workloads:
+        rows += [
+            Row("W7 drain under unbinding limits", ("W7", "unbinding", "drain_rate"), "tasks/s",
+                digits=0),
+            Row("W7 drain under unbinding limits / W1", ("W7", "unbinding", "drain_ratio_to_W1"),
+                "", ">= 0.90", 2, required="W1" in workloads),
+            Row("W7 most Running of one key", ("W7", "keys", "max_running_of_a_key"), "tasks",
+                digits=0),
+            Row("W7 key limit never exceeded", ("W7", "keys", "key_limit_held"), "", "yes"),
+            Row("W7 rate-limited starts per second", ("W7", "rate", "starts_per_second"),
+                "starts/s", digits=1),
+            Row("W7 rate limit's bucket never exceeded", ("W7", "rate", "rate_held"), "", "yes"),
+        ]  # fmt: skip
     if "W1" in workloads:
         names = [*SERVICES, *(f"worker-{i}" for i in range(1, workers + 1))]
         for name in names:

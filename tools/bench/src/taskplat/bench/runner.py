@@ -2,9 +2,10 @@
 combine the runs into medians, print the table and write the results.
 
 Invariants:
-- Each variant runs on stacks of its own (fresh databases): W1, W2, W4 and W3 with the main
-  stack's lease TTL share the variant's main stack, in that order (a warm-up first, W4's prefill
-  after W1 and W2, W3's kills last); W3 with any other lease TTL gets a stack of its own,
+- Each variant runs on stacks of its own (fresh databases): W1, W7, W2, W4 and W3 with the
+  main stack's lease TTL share the variant's main stack, in that order (a warm-up first, W7 right
+  after W1 so its drain compares with W1's on the same database, W4's prefill after W1 and W2,
+  W3's kills last); W3 with any other lease TTL gets a stack of its own,
   started with that TTL. Every stack is stopped however the bench ends.
 - A workload that fails is recorded under the variant's `errors` and the bench goes on with
   the next one; the exit status is 1 when anything failed or a figure is missing. Ctrl-C stops
@@ -29,6 +30,7 @@ from taskplat.bench import machine
 from taskplat.bench.buffered import measure_buffered
 from taskplat.bench.config import LEASE_TTL, BenchConfig, Variant
 from taskplat.bench.floor import measure_floor
+from taskplat.bench.flow import measure_flow
 from taskplat.bench.harness import BenchStack
 from taskplat.bench.peers import checkout_root, compare, load_results, run_harness
 from taskplat.bench.peers import render_lines as render_peer_lines
@@ -88,7 +90,8 @@ class _VariantRun:
         ttls = config.sizes.w3_lease_ttls if "W3" in config.workloads else ()
         own_ttls = [ttl for ttl in ttls if ttl != main_ttl]
         needs_main = (
-            any(w in config.workloads for w in ("W1", "W2", "W4", "W5", "W6")) or main_ttl in ttls
+            any(w in config.workloads for w in ("W1", "W2", "W4", "W5", "W6", "W7"))
+            or main_ttl in ttls
         )
         base = config.run_dir / variant.name
         if needs_main:
@@ -150,11 +153,13 @@ class _VariantRun:
             if batch_path
             else "POST /tasks (one task per request)"
         ) + f", {config.sizes.in_flight} requests in flight"
-        if any(w in config.workloads for w in ("W1", "W2", "W4")):
+        if any(w in config.workloads for w in ("W1", "W2", "W4", "W7")):
             say(f"[{self.variant.name}] warming up ...")
             self.setup["warm_up"] = warm_up(bs, config.sizes, batch_path, "warm-up")
         if "W1" in config.workloads:
             self.attempt("W1", lambda: self._throughput(bs, "W1", batch_path))
+        if "W7" in config.workloads:
+            self.attempt("W7", lambda: self._w7(bs, batch_path))
         if "W2" in config.workloads:
             self.attempt("W2", lambda: self._w2(bs))
         if "W4" in config.workloads:
@@ -178,6 +183,37 @@ class _VariantRun:
                 f"{label}: submit {figures['submit_rate']:,.0f}/s, drain "
                 f"{figures['drain_rate']:,.0f}/s, {figures['sqs_requests_per_task']:.3f} SQS "
                 f"requests/task, exactly once: {'yes' if figures['exactly_once'] else 'NO'}"
+            )
+
+    def _w7(self, bs: BenchStack, batch_path: str | None) -> None:
+        runs = self.runs.setdefault("W7", [])
+        sizes = self.config.sizes
+        self.setup["W7"] = (
+            f"queue default: W1's drain under limits that never bind; {sizes.w7_key_tasks} "
+            f"tasks of {sizes.w7_hold_seconds:g}s on {sizes.w7_keys} keys "
+            f"({sizes.w7_hot_share:.0%} on one, queued first) under key_concurrency_limit "
+            f"{sizes.w7_key_limit}; "
+            f"{sizes.w7_rate_tasks} tasks at once under rate_limit {sizes.w7_rate:g}/s burst "
+            f"{sizes.w7_burst}"
+        )
+        for number in range(1, self.config.runs + 1):
+            label = self.label("W7", number)
+            figures = measure_flow(bs, sizes, batch_path, label)
+            runs.append(figures)
+            keys, rate = figures["keys"], figures["rate"]
+            key_text = (
+                f"max Running per key {keys['max_running_of_a_key']} (limit "
+                f"{keys['key_limit']}), limit exceeded: "
+                f"{'no' if keys['key_limit_held'] else 'YES'}, shares while all have work "
+                f"{keys['share_of_starts_while_all_have_work']}"
+                if keys["measured"]
+                else f"keys not measured ({keys['reason']})"
+            )
+            say(
+                f"{label}: drain under unbinding limits {figures['unbinding']['drain_rate']:,.0f}"
+                f"/s; {key_text}; rate {rate['starts_per_second']} starts/s against "
+                f"{rate['limit_per_second']:g}/s, over rate: "
+                f"{'no' if rate['rate_held'] else 'YES'}"
             )
 
     def _w2(self, bs: BenchStack) -> None:
@@ -288,7 +324,7 @@ class _VariantRun:
 
     def _result(self) -> Record:
         figures: dict[str, Any] = {}
-        for workload in ("W1", "W2", "W4", "W5", "W6"):
+        for workload in ("W1", "W2", "W4", "W5", "W6", "W7"):
             if self.runs.get(workload):
                 figures[workload] = combine(self.runs[workload])
         if self.runs.get("W3"):
@@ -300,6 +336,10 @@ class _VariantRun:
                     w1, w4 = figures["W1"].get(name), figures["W4"].get(name)
                     if w1 and w4:
                         figures["W4"][f"{ratio}_ratio_to_W1"] = round(w4 / w1, 3)
+            unbinding = figures.get("W7", {}).get("unbinding", {})
+            if figures["W1"].get("drain_rate") and unbinding.get("drain_rate"):
+                ratio = unbinding["drain_rate"] / figures["W1"]["drain_rate"]
+                unbinding["drain_ratio_to_W1"] = round(ratio, 3)
         return {
             "name": self.variant.name,
             "env": dict(self.variant.env),

@@ -51,3 +51,14 @@ ORDER BY 1;
 SELECT task_id::text
 FROM tasks
 WHERE config ->> 'tag' = %(tag)s;
+
+-- name: attempt_intervals
+-- Every attempt of the run's tasks with its task's concurrency key ('' without one): the claim's
+-- and the end's own times (database clock), for the limits' check.
+SELECT coalesce(t.concurrency_key, '') AS concurrency_key,
+       extract(epoch FROM a.started_at)::float8 AS started,
+       extract(epoch FROM a.finished_at)::float8 AS finished
+FROM task_attempts AS a
+JOIN tasks AS t ON t.task_id = a.task_id
+WHERE t.config ->> 'tag' = %(tag)s
+ORDER BY a.started_at;

@@ -1,8 +1,9 @@
 """``python -m taskplat.chaos``: the chaos run's command line (`make chaos`).
 
-Invariants: bad fault rates, replicas or variants are refused (exit 2, or ``chaos: error: ...``
-and exit 1) before anything starts; the run exits 1 when it lost a task, completed one twice or
-overlapped two attempts (see `taskplat.chaos.variants` and `taskplat.chaos.run`).
+Invariants: bad fault rates, replicas, variants or limits are refused (exit 2, or
+``chaos: error: ...`` and exit 1) before anything starts; the run exits 1 when it lost a task,
+completed one twice, overlapped two attempts or exceeded a queue limit it set (see
+`taskplat.chaos.variants` and `taskplat.chaos.run`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from taskplat.devstack.errors import DevstackError
 def _cmd_chaos(args: argparse.Namespace) -> int:
     from taskplat.chaos.config import VARIANTS, ChaosConfig
     from taskplat.chaos.injector import FaultRates
+    from taskplat.chaos.limits import ChaosLimits
     from taskplat.chaos.variants import main as run_chaos
 
     try:
@@ -29,6 +31,13 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise DevstackError(str(exc)) from exc
+    limits = ChaosLimits(
+        concurrency_limit=args.concurrency_limit,
+        key_concurrency_limit=args.key_concurrency_limit,
+        rate_per_second=args.rate,
+        rate_burst=args.burst,
+        keys=args.keys if args.keys is not None else (4 if args.key_concurrency_limit else 0),
+    )
     config = ChaosConfig(
         run_dir=usable_dir(args.dir),
         tasks=args.tasks,
@@ -41,6 +50,7 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
         replicas=args.replicas,
         seed=args.seed,
         sqs_endpoint_url=args.sqs_endpoint_url,
+        limits=limits,
     )
     variants = VARIANTS if args.variant == "both" else (args.variant,)
     return run_chaos(config, variants=variants)
@@ -95,6 +105,21 @@ def parser() -> argparse.ArgumentParser:
         help="processes of each of dispatcher, relay, scheduler, reaper and sink (2); the "
         "dispatchers behind a round-robin balancer",
     )
+    limits = chaos.add_argument_group(
+        "queue limits (set on the run's queue before the faults; the report checks from the "
+        "attempts' own times that none was exceeded)"
+    )
+    limits.add_argument("--concurrency-limit", type=positive, help="tasks Running at once")
+    limits.add_argument(
+        "--key-concurrency-limit", type=positive, help="tasks Running at once per concurrency key"
+    )
+    limits.add_argument(
+        "--keys",
+        type=count,
+        help="concurrency keys spread over the tasks (4 with --key-concurrency-limit, else 0)",
+    )
+    limits.add_argument("--rate", type=positive_float, help="starts a second (with --burst)")
+    limits.add_argument("--burst", type=positive, help="starts at once (with --rate)")
     variants = chaos.add_mutually_exclusive_group()
     variants.add_argument(
         "--variant",

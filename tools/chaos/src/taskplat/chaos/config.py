@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from taskplat.chaos.injector import FaultRates
+from taskplat.chaos.limits import ChaosLimits
 from taskplat.devstack.errors import DevstackError
 
 WAITING_CLAIMS = "waiting-claims"
@@ -42,6 +43,7 @@ class ChaosConfig:
     task_sleep: float = 0.005  # seconds each task's operator sleeps
     seed: int | None = None
     sqs_endpoint_url: str | None = None  # a running SQS endpoint to put the injector in front of
+    limits: ChaosLimits = field(default_factory=ChaosLimits)  # set on the queue before the faults
 
     def __post_init__(self) -> None:
         if self.tasks < 1:

@@ -58,6 +58,10 @@ def report(result: ChaosResult, config: ChaosConfig) -> str:
         f"{'attempts that overlapped':34}{len(v.overlapped_db):>10}{len(v.overlapped_records):>11}",
         f"{'completions no operator recorded':34}{len(v.unrecorded_completions):>10}{'':>11}",
     ]
+    if result.limits_use:
+        use = {k: value for k, value in result.limits_use.items() if k != "set"}
+        lines.insert(-6, f"queue limits {result.limits_use['set']}: measured {use}")
+        lines.append(f"{'queue limits exceeded':34}{len(v.limits_exceeded):>10}{'':>11}")
     for note in result.notes:
         lines.append(f"note: {note}")
     for name, items in asdict(v).items():
@@ -91,6 +95,10 @@ def comparison(results: list[ChaosResult]) -> str:
             [both(r.verdict.overlapped_db, r.verdict.overlapped_records) for r in results],
         ),
         ("unrecorded completions", [str(len(r.verdict.unrecorded_completions)) for r in results]),
+        (
+            "queue limits exceeded",
+            [str(len(r.verdict.limits_exceeded)) if r.limits_use else "unset" for r in results],
+        ),
     ]
     for source, label in (
         ("sqs", "completed via an SQS wake-up"),

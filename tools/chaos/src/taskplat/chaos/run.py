@@ -56,6 +56,7 @@ from psycopg.rows import dict_row
 from taskplat.chaos.balancer import DispatcherBalancer
 from taskplat.chaos.config import NO_WAITING_CLAIMS_ENV, ChaosConfig
 from taskplat.chaos.injector import FaultRates, SqsFaultInjector
+from taskplat.chaos.limits import check as check_limits
 from taskplat.chaos.report import rates_text
 from taskplat.chaos.submitter import Submitter
 from taskplat.chaos.verdict import ChaosResult, judge, read_records
@@ -240,15 +241,19 @@ class ChaosRun:
         after a Postgres restart)."""
         config = self.config
         run_key = uuid.uuid4().hex
+        limits = config.limits
         bodies = [
             {
                 "operator": "chaos",
                 "config": {"tag": self.tag, "record": str(self.record), "sleep": config.task_sleep},
                 "max_attempts": 100,
                 "idempotency_key": f"{run_key}-{n}",
+                **({"concurrency_key": limits.key_of(n)} if limits.keys else {}),
             }
             for n in range(config.tasks)
         ]
+        if limits.any:
+            self._set_limits(balancer.url, stack.info.api_key)
         spread = config.fault_seconds * 0.6
         submitter = Submitter(balancer.url, stack.info.api_key, bodies, spread, run_key)
         started = time.monotonic()
@@ -295,6 +300,9 @@ class ChaosRun:
         task_ids = {row["task_id"] for row in db("task_ids")}
         records = read_records(self.record)
         verdict, rerun = judge(records, task_ids | self._missing(task_ids), db)
+        limits_use: dict[str, Any] = {}
+        if limits.any:
+            limits_use, verdict.limits_exceeded = check_limits(limits, db("attempt_intervals"))
         outcomes = {row["outcome"]: row["attempts"] for row in db("attempt_outcomes")}
         claims = balancer.claims
         completed_by_source = Counter(
@@ -331,7 +339,27 @@ class ChaosRun:
             settings=self._settings(),
             kills_by_process=dict(self.kills_by_process),
             notes=notes,
+            limits_use=limits_use,
         )
+
+    def _set_limits(self, url: str, api_key: str) -> None:
+        """Set the run's limits on its queue (`PUT /queues/default`), before any task exists."""
+        body = self.config.limits.body()
+        headers = {"Authorization": f"Bearer {api_key}"}
+
+        def attempt() -> bool:
+            try:
+                response = httpx.put(f"{url}/queues/default", json=body, headers=headers)
+            except httpx.TransportError:
+                return False
+            if response.status_code >= 500:
+                return False
+            if response.status_code not in (200, 201):
+                raise DevstackError(f"PUT /queues/default: {response.status_code} {response.text}")
+            return True
+
+        wait_for(attempt, timeout=60, what="PUT /queues/default to set the limits", interval=0.2)
+        self.say(f"chaos: queue default limits {body}")
 
     def _settings(self) -> dict[str, str]:
         """The settings that decide which path a task takes (shown in the report)."""

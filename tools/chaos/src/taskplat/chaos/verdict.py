@@ -27,6 +27,8 @@ class Verdict:
     overlapped_db: list[str] = field(default_factory=list)
     overlapped_records: list[str] = field(default_factory=list)
     unrecorded_completions: list[str] = field(default_factory=list)
+    # Each queue limit exceeded, measured from the attempts' own times (limits.py).
+    limits_exceeded: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -57,6 +59,7 @@ class ChaosResult:
     balancer: dict[str, int] = field(default_factory=dict)  # requests per replica, 502s
     kills_by_process: dict[str, int] = field(default_factory=dict)
     settings: dict[str, str] = field(default_factory=dict)  # the variant's notable settings
+    limits_use: dict[str, Any] = field(default_factory=dict)  # the limits set and their peaks
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:

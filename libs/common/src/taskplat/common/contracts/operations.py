@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 from uuid import UUID
 
-from pydantic import AwareDatetime, ConfigDict, Field, model_validator
+from pydantic import AwareDatetime, BeforeValidator, ConfigDict, Field, model_validator
 
 from taskplat.common.contracts.base import Contract, OperatorName, QueueName, ShortText
 from taskplat.common.contracts.public import TaskStatus
@@ -33,30 +33,59 @@ class QueueSqsState(Contract):
     probes: int = Field(ge=0, description="Probes that found it still missing since `since`.")
 
 
-LIMIT_MAX = 1_000_000
-Limit = Annotated[int, Field(ge=1, le=LIMIT_MAX)]
+# Out-of-range limits answer 422: a limit is a positive whole number up to MAX_LIMIT; a rate is
+# more than 0 (at least one start in about 17 minutes) and at most MAX_RATE starts a second.
+MAX_LIMIT = 1_000_000
+MIN_RATE = 0.001
+MAX_RATE = 1_000_000.0
+MAX_BURST = 100_000
+
+
+def _json_number(value: object) -> object:
+    """Refuse a string or a boolean where a number belongs ("3", true): a limit is a JSON number
+    (a whole one, 3 or 3.0, for the counts)."""
+    if isinstance(value, str | bool):
+        raise ValueError("must be a JSON number")
+    return value
+
+
+Number = BeforeValidator(_json_number)
 
 
 class RateLimit(Contract):
-    per_second: Annotated[float, Field(ge=0.001, le=LIMIT_MAX)] = Field(
-        description="Starts per second on average, across all workers (0.001: one start "
-        "every 1,000 s, at the slowest)."
+    """A token bucket of starts shared by every worker: `per_second` on average, `burst` at once."""
+
+    per_second: Annotated[float, Number] = Field(
+        ge=MIN_RATE, le=MAX_RATE, allow_inf_nan=False, description="Starts a second on average."
     )
-    burst: Limit = Field(description="Starts at once (the token bucket's size).")
+    burst: Annotated[int, Number] = Field(
+        ge=1, le=MAX_BURST, description="Starts allowed at once (the bucket)."
+    )
 
 
 class QueueLimits(Contract):
-    """The body of `PUT /queues/{queue}`: it replaces the queue's limits (null: no limit)."""
+    """A queue's limits (`PUT /queues/{queue}` body): each null or absent is no limit; the body
+    replaces every limit of the queue (docs/queue-limits.md)."""
 
-    concurrency_limit: Limit | None = Field(
-        None, description="At most this many tasks of the queue Running at once, fleet-wide."
+    concurrency_limit: Annotated[int, Field(ge=1, le=MAX_LIMIT), Number] | None = Field(
+        default=None, description="Tasks of the queue Running at once."
     )
-    key_concurrency_limit: Limit | None = Field(
-        None, description="At most this many tasks of one concurrency key Running at once."
+    key_concurrency_limit: Annotated[int, Field(ge=1, le=MAX_LIMIT), Number] | None = Field(
+        default=None, description="Tasks Running at once per concurrency key."
     )
-    rate_limit: RateLimit | None = Field(
-        None, description="Starts at most `per_second` on average and `burst` at once."
+    rate_limit: RateLimit | None = Field(default=None, description="Starts a second.")
+
+
+class QueueLimitsUse(Contract):
+    """The use of a queue's limits now; each is null when its limit is not set."""
+
+    running: int | None = Field(
+        ge=0, description="Running tasks counted against the concurrency and key limits."
     )
+    keys_at_limit: int | None = Field(
+        ge=0, description="Concurrency keys with `key_concurrency_limit` tasks Running."
+    )
+    tokens_left: int | None = Field(ge=0, description="Starts the rate limit allows at once now.")
 
 
 class QueueView(Contract):
@@ -71,15 +100,8 @@ class QueueView(Contract):
         description="Seconds since the oldest Queued task became Queued; null when none is."
     )
     sqs: QueueSqsState = Field(description="The state of the queue's SQS queue for the relay.")
-    concurrency_limit: int | None = Field(None, description="See `QueueLimits`.")
-    key_concurrency_limit: int | None = Field(None, description="See `QueueLimits`.")
-    rate_limit: RateLimit | None = Field(None, description="See `QueueLimits`.")
-    keys_at_limit: int = Field(
-        0, description="Concurrency keys with `key_concurrency_limit` tasks Running now."
-    )
-    tokens_left: int | None = Field(
-        None, description="Starts the rate limit allows at once now (null: no rate limit)."
-    )
+    limits: QueueLimits = Field(description="The queue's limits (`PUT /queues/{queue}`).")
+    limits_use: QueueLimitsUse = Field(description="The use of those limits now.")
 
 
 class QueueList(Contract):

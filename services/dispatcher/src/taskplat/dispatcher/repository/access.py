@@ -125,14 +125,6 @@ async def register_queue(conn: Conn, name: str, now: datetime | None) -> bool:
     return await cursor.fetchone() is not None
 
 
-async def set_queue_limits(
-    conn: Conn, name: str, limits: dict[str, Any], now: datetime | None
-) -> None:
-    """Replace the queue's limits (`concurrency_limit`, `key_concurrency_limit`, `per_second`,
-    `burst`; None: no limit)."""
-    await conn.execute(Q["set_queue_limits"], {"name": name, "now": now, **limits})
-
-
 async def workers_per_queue(
     conn: Conn, *, seen_within_seconds: float, now: datetime | None
 ) -> list[Row]:

@@ -62,13 +62,6 @@ VALUES (%(name)s, coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::times
 ON CONFLICT (name) DO NOTHING
 RETURNING name
 
--- name: set_queue_limits
--- Replaces the queue's limits (taskplat_set_queue_limits, migration 0027: under the queue's
--- limits lock, recounting what runs).
-SELECT name FROM taskplat_set_queue_limits(%(name)s, %(concurrency_limit)s,
-                                           %(key_concurrency_limit)s, %(per_second)s,
-                                           %(burst)s, %(now)s::timestamptz)
-
 -- name: workers_per_queue
 -- The workers that reported within `seen_within_seconds`, counted per queue they serve.
 SELECT q AS queue, count(*) AS workers

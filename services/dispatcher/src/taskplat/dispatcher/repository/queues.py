@@ -56,6 +56,28 @@ async def limit_retry_after(conn: Conn, queue: str, now: datetime | None) -> Row
     return rows[0] if rows else None
 
 
+async def set_queue_limits(
+    conn: Conn,
+    name: str,
+    *,
+    concurrency_limit: int | None,
+    key_concurrency_limit: int | None,
+    rate_per_second: float | None,
+    rate_burst: int | None,
+    now: datetime | None,
+) -> None:
+    """Replace the queue's limits (registering it if new) and recount its Running tasks."""
+    params = {
+        "name": name,
+        "concurrency_limit": concurrency_limit,
+        "key_concurrency_limit": key_concurrency_limit,
+        "rate_per_second": rate_per_second,
+        "rate_burst": rate_burst,
+        "now": now,
+    }
+    await conn.execute(Q["set_queue_limits"], params)
+
+
 async def sqs_missing_queues(conn: Conn) -> int:
     """How many queues the relay holds because their SQS queue does not exist."""
     rows = await _all(conn, "sqs_missing_queues", {})

@@ -33,19 +33,23 @@ SELECT q.name, q.paused, q.paused_at, q.created_at,
        CASE WHEN o.oldest IS NOT NULL
             THEN greatest(extract(epoch FROM n.now - o.oldest), 0)::double precision
        END AS oldest_queued_age_seconds,
-       u.concurrency_limit, u.key_concurrency_limit,
-       CASE WHEN u.rate_per_second IS NOT NULL
-            THEN jsonb_build_object('per_second', u.rate_per_second, 'burst', u.rate_burst)
-       END AS rate_limit,
-       u.keys_at_limit, u.tokens_left
+       u.concurrency_limit, u.key_concurrency_limit, u.rate_per_second, u.rate_burst,
+       u.running AS limits_running, u.keys_at_limit, u.tokens_left
 FROM queues AS q
 CROSS JOIN n
-CROSS JOIN LATERAL taskplat_queue_limits_use(ARRAY[q.name], n.now) AS u
 LEFT JOIN LATERAL (
     SELECT min(t.queued_at) AS oldest FROM tasks AS t
     WHERE t.status = 'Queued' AND t.queue = q.name
 ) AS o ON true
+LEFT JOIN LATERAL taskplat_queue_limits_use(ARRAY[q.name], n.now) AS u ON true
 ORDER BY q.name
+
+-- name: set_queue_limits
+-- Replaces the queue's limits (registering it if new) and recounts its Running tasks: the one
+-- writer of limits is taskplat_set_queue_limits (migration 0027).
+SELECT name FROM taskplat_set_queue_limits(
+    %(name)s, %(concurrency_limit)s, %(key_concurrency_limit)s,
+    %(rate_per_second)s, %(rate_burst)s, %(now)s::timestamptz)
 
 -- name: pause_queue
 UPDATE queues AS q

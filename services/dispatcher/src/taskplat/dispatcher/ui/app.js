@@ -362,7 +362,9 @@ async function taskView(taskId) {
   const fields = [["Status", status(t.status)], ["Attempt", `${t.attempt} (max_attempts ${t.max_attempts}, renewed by a replay)`],
     ["Counted attempts", `${t.counted_attempts} of ${t.max_attempts}`],
     ["Lost or drained attempts", `${t.processing_attempts} of ${t.max_processing_attempts}`],
-    ["Queue", t.queue], ["Operator", t.operator],
+    ["Queue", t.queue], ["Priority", `${t.priority} (0 first, 9 last)`],
+    ...("concurrency_key" in t ? [["Concurrency key", t.concurrency_key || "—"]] : []),
+    ["Operator", t.operator],
     ["Job", t.job ? `${t.job.dag_name} / ${t.job.name}` : "—"], ["Worker", t.worker_id || "—"],
     ["Created", when(t.created_at)], ["Started", when(t.started_at)],
     ["Finished", when(t.finished_at)], ["Run time", runTime(t) || "—"], ["Next retry", when(t.next_retry_at)],
@@ -428,9 +430,69 @@ function attemptsTimeline(t) {
 
 // ---- queues --------------------------------------------------------------------------------
 
+let editingLimits = null; // the queue whose limits form is open (kept across live refreshes)
+
+// A queue's limits and their use now, in words ("none" without limits; docs/queue-limits.md).
+function limitsText(q) {
+  const l = q.limits, u = q.limits_use, parts = [];
+  if (l.concurrency_limit !== null) parts.push(`${u.running} of ${l.concurrency_limit} running`);
+  if (l.key_concurrency_limit !== null) {
+    parts.push(`${l.key_concurrency_limit} per key (${u.keys_at_limit} key(s) at it)`);
+  }
+  if (l.rate_limit !== null) {
+    parts.push(`${l.rate_limit.per_second}/s, burst ${l.rate_limit.burst} (${u.tokens_left} left)`);
+  }
+  return parts.length ? parts.join(" · ") : "none";
+}
+
+// The admin's form of one queue's limits: the values given replace every limit (an empty field is
+// no limit); Clear removes them all. A refusal (422) names the fields the API refused.
+function limitsForm(q) {
+  const l = q.limits;
+  const field = (name, label, value, attrs) => h("label", {}, label, h("input", { name,
+    id: `limit-${name}`, type: "number", value: value ?? "", size: 8, ...attrs }));
+  const number = (form, name) => {
+    const value = form.elements[name].value.trim();
+    return value === "" ? null : Number(value);
+  };
+  const save = async (body) => {
+    try {
+      const answer = await api("PUT", `/queues/${encodeURIComponent(q.name)}`, body);
+      editingLimits = null;
+      toast(`${answer.name} limits: ${limitsText(answer)}`);
+      route();
+    } catch (error) {
+      const detail = error instanceof ApiError && error.body && Array.isArray(error.body.detail)
+        ? error.body.detail.map((d) => (d.loc || []).filter((p) => p !== "body").join(".")) : [];
+      if (detail.length) error.message = `${error.message}: ${detail.join(", ")}`;
+      throw error;
+    }
+  };
+  return h("form", { class: "filters", id: "limits-form", dataset: { queue: q.name },
+    onsubmit: act(async (event) => {
+      event.preventDefault();
+      const form = event.target;
+      const rate = number(form, "rate"), burst = number(form, "burst");
+      await save({ concurrency_limit: number(form, "concurrency"),
+                   key_concurrency_limit: number(form, "key-concurrency"),
+                   rate_limit: rate === null && burst === null ? null
+                     : { per_second: rate, burst } });
+    }) },
+    h("strong", {}, `Limits of ${q.name}`),
+    field("concurrency", "Running at once", l.concurrency_limit, { min: 1, step: 1 }),
+    field("key-concurrency", "Running per key", l.key_concurrency_limit, { min: 1, step: 1 }),
+    field("rate", "Starts per second", l.rate_limit && l.rate_limit.per_second, { step: "any" }),
+    field("burst", "Burst", l.rate_limit && l.rate_limit.burst, { min: 1, step: 1 }),
+    h("button", { type: "submit", class: "primary", id: "limits-save" }, "Save limits"),
+    h("button", { type: "button", class: "danger", id: "limits-clear",
+      onclick: act(async () => { await save({}); }) }, "Clear limits"),
+    h("button", { type: "button", id: "limits-cancel",
+      onclick: () => { editingLimits = null; route(); } }, "Close"));
+}
+
 async function queuesView() {
   const { queues } = await api("GET", "/queues");
-  const operate = can("operate");
+  const operate = can("operate"), admin = can("admin");
   const toggle = (q) => h("button", { class: q.paused ? "primary" : "danger",
     dataset: { queue: q.name, action: q.paused ? "resume" : "pause" },
     onclick: act(async () => {
@@ -438,9 +500,11 @@ async function queuesView() {
       toast(`${q.name} ${q.paused ? "resumed" : "paused"}`);
       route();
     }) }, q.paused ? "Resume" : "Pause");
+  const edit = (q) => h("button", { dataset: { queue: q.name, action: "limits" },
+    onclick: () => { editingLimits = q.name; route(); } }, "Limits");
   const name = h("input", { name: "queue", id: "register-queue", size: 16, required: true,
                             pattern: "[A-Za-z0-9_\\-]{1,64}", placeholder: "new-queue" });
-  const register = can("admin") ? h("form", { class: "filters", id: "register",
+  const register = admin ? h("form", { class: "filters", id: "register",
     onsubmit: act(async (event) => {
       event.preventDefault();
       const answer = await api("PUT", `/queues/${encodeURIComponent(name.value.trim())}`);
@@ -454,12 +518,15 @@ async function queuesView() {
     ? h("span", { class: "sqs-missing", title: `since ${when(q.sqs.since)}` },
         status("missing"), " next probe ", ago(q.sqs.next_probe_at))
     : "ok";
-  render(h("h1", {}, "Queues"), register, table(
+  const editing = admin ? queues.find((q) => q.name === editingLimits) : undefined;
+  render(h("h1", {}, "Queues"), register, editing ? limitsForm(editing) : null, table(
     ["Queue", "State", "SQS queue", "Depth", "Running", "Oldest queued", "Paused since",
-     ...(operate ? [""] : [])],
+     "Limits", ...(operate ? [""] : [])],
     queues.map((q) => [q.name, q.paused ? status("paused") : "running", sqs(q), q.depth,
       q.running, age(q.oldest_queued_age_seconds), q.paused_at ? ago(q.paused_at) : "",
-      ...(operate ? [toggle(q)] : [])]), "No queues."));
+      h("span", { class: "limits", dataset: { queue: q.name } }, limitsText(q)),
+      ...(operate ? [h("span", { class: "actions-cell" }, toggle(q),
+                       admin ? edit(q) : null)] : [])]), "No queues."));
 }
 
 // ---- workers and the audit log -------------------------------------------------------------
