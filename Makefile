@@ -108,6 +108,10 @@ test-fast: venv bytecode sqs-deps browser-deps runtime-deps ## Run the unit and 
 test-e2e: venv bytecode sqs-deps runtime-deps ## Run the end-to-end suite only (every service as a real process)
 	@$(RUN) pytest -m e2e $(PYTEST_ARGS)
 
+.PHONY: docs
+docs: venv ## Build the documentation site into site/ (MkDocs, --strict: a broken link or anchor, or a page left out of the nav, fails it)
+	@NO_MKDOCS_2_WARNING=1 $(RUN) mkdocs build --strict
+
 .PHONY: lint
 lint: venv ## ruff and mypy --strict
 	@$(RUN) ruff check .
