@@ -15,7 +15,7 @@ RUN := $(UV) run --frozen --no-sync
 PYTEST_ARGS ?= --durations=25
 # `make test` runs the suite in this many processes (pytest-xdist; 0 runs it in this one), each test
 # file whole in one of them, each process with its own Postgres, SQS endpoint and browser, and its
-# own band of free ports (README, "Keeping the suite fast").
+# own band of free ports (docs/reference/development.md, "Keeping the suite fast").
 TEST_WORKERS ?= 2
 # make bench PEER_BENCH=DIR: also run the side-by-side harness in DIR and report the peers' figures.
 PEER_BENCH ?=

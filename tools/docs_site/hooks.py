@@ -23,6 +23,17 @@ from pydantic import AliasChoices, SecretStr
 from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings
 
+SETTINGS_INTRO = """\
+Every service reads its settings from the environment once at start-up. Shared by several services:
+`DATABASE_URL` (dispatcher and loops only), `SQS_ENDPOINT_URL` (unset: AWS), `AWS_REGION`,
+`TASKPLAT_SQS_QUEUE_PREFIX` (`taskplat-`; SQS queue = prefix + task queue),
+`TASKPLAT_DEAD_LETTER_QUEUE`, `TASKPLAT_SQS_WIRE_CLIENT` (`true`: the per-task SQS calls skip
+boto3's generic machinery; see [Performance](../performance.md)),
+`TASKPLAT_WORKER_TOKEN`, `TASKPLAT_LOG_LEVEL`, `TASKPLAT_LOG_FORMAT` (`json` or `console`),
+`TASKPLAT_THREAD_SWITCH_INTERVAL_SECONDS` (`0.0005`; how long a thread may keep the GIL while
+another waits), `OTEL_EXPORTER_OTLP_ENDPOINT` (traces; unset: off) and
+`TASKPLAT_TRACE_SAMPLE_RATIO`. Each service's full list, with defaults:
+"""
 SERVICES: tuple[tuple[str, str, str], ...] = (
     ("Dispatcher", "taskplat.dispatcher.settings", "DispatcherSettings"),
     ("Outbox relay", "taskplat.outbox_relay.settings", "RelaySettings"),
@@ -74,8 +85,9 @@ def settings_page() -> str:
     lines = [
         "# Settings",
         "",
-        "Every service reads its settings from environment variables. This page is generated from",
-        "the services' settings classes when the site is built.",
+        "This page is generated from the services' settings classes when the site is built.",
+        "",
+        SETTINGS_INTRO,
     ]
     for title, module, name in SERVICES:
         cls = settings_class(module, name)
