@@ -8,6 +8,7 @@ are built from the code in the same run, so an error in them fails it too.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,3 +41,8 @@ def test_the_site_builds_strictly_with_every_reference_page(tmp_path: Path) -> N
     cli = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text(encoding="utf-8")
     assert "taskplat submit" in cli
     assert (tmp_path / "site" / "reference" / "openapi.json").is_file()
+    # Mermaid ships with the site, so the diagrams render without a CDN.
+    architecture = (tmp_path / "site" / "ARCHITECTURE" / "index.html").read_text(encoding="utf-8")
+    assert 'class="mermaid"' in architecture
+    script = re.search(r'src="\.\./(assets/javascripts/mermaid-[0-9.]+\.min\.js)"', architecture)
+    assert script and (tmp_path / "site" / script.group(1)).is_file()
