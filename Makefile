@@ -116,7 +116,7 @@ docs: venv ## Build the documentation site into site/ (MkDocs, --strict: a broke
 lint: venv ## ruff and mypy --strict
 	@$(RUN) ruff check .
 	@$(RUN) ruff format --check .
-	@$(RUN) mypy libs/common/src libs/client/src libs/lambda-runtime/src $(wildcard tools/*/src) $(wildcard services/*/src)
+	@$(RUN) mypy libs/common/src libs/client/src libs/lambda-runtime/src $(wildcard tools/*/src) $(wildcard services/*/src) tools/docs_site
 
 .PHONY: deploy-check
 deploy-check: venv ## cfn-lint and the policy check on every CloudFormation template (also in `make test`)
