@@ -114,6 +114,24 @@ def _schema_text(schema: dict[str, Any]) -> str:
     return f"`{schema.get('type', 'any')}`"
 
 
+def _limits(schema: dict[str, Any]) -> str:
+    """The constraints a field's schema states (default, bounds, lengths), as a short note."""
+    notes = [f"default `{json.dumps(schema['default'])}`"] if "default" in schema else []
+    for key, word in (
+        ("minimum", ">="),
+        ("exclusiveMinimum", ">"),
+        ("maximum", "<="),
+        ("minLength", "length >="),
+        ("maxLength", "length <="),
+        ("minItems", "items >="),
+        ("maxItems", "items <="),
+    ):
+        for each in [schema, *schema.get("anyOf", [])]:
+            if key in each:
+                notes.append(f"{word} {each[key]}")
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
 def _operation_lines(method: str, path: str, op: dict[str, Any]) -> list[str]:
     lines = ["", f"### `{method.upper()} {path}`", "", str(op.get("summary", "")), ""]
     auth = ", ".join(name for each in op.get("security", []) for name in each) or "none"
@@ -133,12 +151,14 @@ def _operation_lines(method: str, path: str, op: dict[str, Any]) -> list[str]:
             lines.append(
                 f"| `{param['name']}` | {param['in']} | {_schema_text(param.get('schema', {}))} "
                 f"| {'yes' if param.get('required') else 'no'} "
-                f"| {_cell(str(param.get('description', '')))} |"
+                f"| {(_cell(str(param.get('description', ''))) + _limits(param.get('schema', {}))).strip()} |"
             )
     lines += ["", "| status | meaning | body |", "|---|---|---|"]
     for status, response in op.get("responses", {}).items():
         content = response.get("content", {})
-        body_text = _schema_text(next(iter(content.values())).get("schema", {})) if content else ""
+        body_text = ""
+        for media, spec in content.items():
+            body_text = _schema_text(spec["schema"]) if spec.get("schema") else f"`{media}`"
         lines.append(f"| {status} | {_cell(str(response.get('description', '')))} | {body_text} |")
     return lines
 
@@ -171,7 +191,7 @@ def http_api_page(document: dict[str, Any]) -> str:
         for field, spec in properties.items():
             lines.append(
                 f"| `{field}` | {_schema_text(spec)} | {'yes' if field in required else 'no'} "
-                f"| {_cell(str(spec.get('description', '')))} |"
+                f"| {(_cell(str(spec.get('description', ''))) + _limits(spec)).strip()} |"
             )
     return "\n".join(lines) + "\n"
 
