@@ -148,10 +148,11 @@ def _operation_lines(method: str, path: str, op: dict[str, Any]) -> list[str]:
     if params:
         lines += ["", "| parameter | in | type | required | meaning |", "|---|---|---|---|---|"]
         for param in params:
+            meaning = _cell(str(param.get("description", ""))) + _limits(param.get("schema", {}))
             lines.append(
                 f"| `{param['name']}` | {param['in']} | {_schema_text(param.get('schema', {}))} "
                 f"| {'yes' if param.get('required') else 'no'} "
-                f"| {(_cell(str(param.get('description', ''))) + _limits(param.get('schema', {}))).strip()} |"
+                f"| {meaning.strip()} |"
             )
     lines += ["", "| status | meaning | body |", "|---|---|---|"]
     for status, response in op.get("responses", {}).items():
