@@ -15,7 +15,7 @@ RUN := $(UV) run --frozen --no-sync
 PYTEST_ARGS ?= --durations=25
 # `make test` runs the suite in this many processes (pytest-xdist; 0 runs it in this one), each test
 # file whole in one of them, each process with its own Postgres, SQS endpoint and browser, and its
-# own band of free ports (README, "Keeping the suite fast").
+# own band of free ports (docs/reference/development.md, "Keeping the suite fast").
 TEST_WORKERS ?= 2
 # make bench PEER_BENCH=DIR: also run the side-by-side harness in DIR and report the peers' figures.
 PEER_BENCH ?=
@@ -108,11 +108,15 @@ test-fast: venv bytecode sqs-deps browser-deps runtime-deps ## Run the unit and 
 test-e2e: venv bytecode sqs-deps runtime-deps ## Run the end-to-end suite only (every service as a real process)
 	@$(RUN) pytest -m e2e $(PYTEST_ARGS)
 
+.PHONY: docs
+docs: venv ## Build the documentation site into site/ (MkDocs, --strict: a broken link or anchor, or a page left out of the nav, fails it)
+	@NO_MKDOCS_2_WARNING=1 $(RUN) mkdocs build --strict
+
 .PHONY: lint
 lint: venv ## ruff and mypy --strict
 	@$(RUN) ruff check .
 	@$(RUN) ruff format --check .
-	@$(RUN) mypy libs/common/src libs/client/src libs/lambda-runtime/src $(wildcard tools/*/src) $(wildcard services/*/src)
+	@$(RUN) mypy libs/common/src libs/client/src libs/lambda-runtime/src $(wildcard tools/*/src) $(wildcard services/*/src) tools/docs_site
 
 .PHONY: deploy-check
 deploy-check: venv ## cfn-lint and the policy check on every CloudFormation template (also in `make test`)

@@ -33,7 +33,14 @@ REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 TEMPLATE_DIR = DEPLOY / "cloudformation"
 COMPOSE_FILE = DEPLOY / "docker-compose.yml"
-DOCS = REPO / "docs" / "deploy.md"
+# The deploy pages: the how-to guides and the reference pages made from the deployment guide.
+DOCS = (
+    REPO / "docs" / "how-to" / "deploy-ecs.md",
+    REPO / "docs" / "how-to" / "scale.md",
+    REPO / "docs" / "how-to" / "rotate-keys.md",
+    REPO / "docs" / "reference" / "worker-images.md",
+    REPO / "docs" / "reference" / "alarms.md",
+)
 
 # Read by the interpreter or boto3, not by a settings class.
 PYTHON_RUNTIME_ENV = frozenset({"PATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE"})

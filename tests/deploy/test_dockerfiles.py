@@ -289,7 +289,7 @@ def test_example_operators_file_is_valid_and_its_operator_runs(tmp_path: Path) -
 
 
 def test_deploy_guide_and_compose_build_with_the_same_arguments() -> None:
-    guide = (REPO / "docs" / "deploy.md").read_text(encoding="utf-8")
+    guide = (REPO / "docs" / "how-to" / "deploy-ecs.md").read_text(encoding="utf-8")
     compose = (REPO / "deploy" / "docker-compose.yml").read_text(encoding="utf-8")
     for service_dir, spec in BUILT_BY.items():
         if not spec.build_args:

@@ -1,6 +1,8 @@
-"""docs/deploy.md stays true to deploy/: it has a section for every alarm, its shell snippets
-parse, its `aws cloudformation deploy` commands use only parameters the templates have (and name
-every required one at least once), and every template name and setting it mentions exists."""
+"""The deploy pages stay true to deploy/ (docs/how-to/deploy-ecs.md, scale.md, rotate-keys.md,
+docs/reference/worker-images.md and alarms.md, read as one): a section for every alarm, their shell
+snippets parse, their `aws cloudformation deploy` commands use only parameters the templates have
+(and name every required one at least once), and every template name and setting they mention
+exists."""
 
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ NOT_TEMPLATE_NAMES = {
 
 
 def _docs() -> str:
-    return deploy_model.DOCS.read_text(encoding="utf-8")
+    return "\n".join(page.read_text(encoding="utf-8") for page in deploy_model.DOCS)
 
 
 def _shell_blocks(text: str) -> list[str]:
@@ -67,7 +69,7 @@ def test_every_alarm_has_a_section(cfn_templates: dict[str, dict[str, Any]]) -> 
     }
     assert len(alarms) >= 10
     missing = alarms - headings
-    assert not missing, f"docs/deploy.md has no '### <alarm>' section for {sorted(missing)}"
+    assert not missing, f"the deploy pages have no '### <alarm>' section for {sorted(missing)}"
 
 
 def test_shell_snippets_parse() -> None:
@@ -99,7 +101,7 @@ def test_deploy_commands_match_the_templates(cfn_templates: dict[str, dict[str, 
     for template_name, template in cfn_templates.items():
         required = {name for name, p in template["Parameters"].items() if "Default" not in p}
         assert required <= named[template_name], (
-            f"no deploy command of docs/deploy.md names {sorted(required - named[template_name])}"
+            f"no deploy command of the deploy pages names {sorted(required - named[template_name])}"
             f" of {template_name}"
         )
 

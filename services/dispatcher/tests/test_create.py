@@ -21,7 +21,7 @@ from taskplat.testkit.dispatcher_rows import (
     task_xmin,
 )
 
-# Fields of the task view that the README's API section lists.
+# Fields of the task view that the HTTP API reference (docs/reference/http-api.md) lists.
 DOCUMENTED_VIEW_FIELDS = {
     "task_id",
     "status",

@@ -1,4 +1,4 @@
-"""The `taskplat` command: the commands of the README's "Using Taskplat" over the sync client.
+"""The `taskplat` command: the commands of docs/reference/clients.md over the sync client.
 
 The options every command takes are `cli_options`', what commands print `cli_output`'s; the
 operators' commands are in `cli_ops`.

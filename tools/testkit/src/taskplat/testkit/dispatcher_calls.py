@@ -128,7 +128,7 @@ def assert_rejected(response: httpx.Response, reason: str, status_code: int = 40
     assert body["reason"] == reason, body
 
 
-# The routes the README's API section lists, and the batch routes of the performance work (bulk
+# The routes of the HTTP API reference, and the batch routes of the performance work (bulk
 # create, batch claim and complete, claim-next), as (method, path template).
 PUBLIC_ROUTES = (
     ("POST", "/tasks"),

@@ -3,5 +3,5 @@ ECS task definitions resolved), `podman` (a task definition's container as `podm
 arguments), `report` (sizes, layers, SBOMs) and `up` (`make up-images`).
 
 Invariants: nothing here needs a Docker engine; podman and buildah run with the runc runtime and
-explicit ulimits (docs/deploy.md, "Images without Docker").
+explicit ulimits (docs/how-to/deploy-ecs.md).
 """
