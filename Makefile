@@ -187,6 +187,12 @@ docker-images: ## Build every service image with Docker (worker -> taskplat-work
 up-images: venv sqs-deps ## The platform from the images with podman (Postgres and SQS on the host, each container as its ECS task definition says); Ctrl-C stops it
 	@$(RUN) python -m taskplat.devstack.images up --tag $(IMAGE_TAG) $(UP_IMAGES_ARGS)
 
+# make test-images: the images built at HEAD (`make images`), then tests/images against them
+# (hygiene, the stack from images, podman kill of each service); sizes and start-to-healthy printed.
+.PHONY: test-images
+test-images: images sqs-deps ## Build the images at HEAD, then test them with podman (tests/images)
+	@TASKPLAT_IMAGES_TESTS=1 IMAGE_TAG=$(IMAGE_TAG) $(RUN) pytest tests/images -q -p no:cacheprovider
+
 .PHONY: clean
 clean: ## Remove the virtualenvs, caches and local stack state
 	rm -rf $(VENV) $(TOOLS) .run .cache .pytest_cache .mypy_cache .ruff_cache .hypothesis

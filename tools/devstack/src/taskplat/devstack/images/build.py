@@ -199,6 +199,11 @@ def build_argv(
     argv += ["--file", str(repo / spec.dockerfile), "--tag", f"localhost/{spec.name}:{tag}"]
     for name, value in {**spec.args, **build_args}.items():
         argv += ["--build-arg", f"{name}={value}"]
+    # Also as --label: a LABEL from a build argument is taken from the layer cache with the
+    # revision of the build that first made that layer.
+    for label, arg in (("revision", "REVISION"), ("version", "VERSION")):
+        if arg in build_args:
+            argv += ["--label", f"org.opencontainers.image.{label}={build_args[arg]}"]
     if ca is not None:
         argv += ["--secret", f"id=build_ca,src={ca}"]
     argv.append(str(repo / spec.context))

@@ -153,6 +153,9 @@ class ImageStack:
             secret_arn("worker-token"): secrets.worker_token,
             secret_arn("api-keys"): secrets.api_key,
             secret_arn("capability-token-keys"): keys["TASKPLAT_CAPABILITY_TOKEN_KEYS"],
+            secret_arn("capability-token-public-keys"): data_services.verifier_keys(
+                keys["TASKPLAT_CAPABILITY_TOKEN_KEYS"]
+            ),
             secret_arn("attempt-token-keys"): json.dumps(
                 {bootstrap.DEV_ATTEMPT_KID: bootstrap.attempt_key(secrets.worker_token)}
             ),
@@ -214,6 +217,12 @@ class ImageStack:
             self.containers.clear()
         for logger in self._loggers:
             logger.terminate()
+        for logger in self._loggers:  # reaped, so that none outlives the stack
+            try:
+                logger.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                logger.kill()
+                logger.wait()
         self._loggers.clear()
         self._remove_leftovers()
         if self._sqs is not None:
@@ -246,6 +255,7 @@ class ImageStack:
             "DataBucketName": DATA_BUCKET,
             "CapabilityTokenKeysSecretArn": secret_arn("capability-token-keys"),
             "CapabilityTokenActiveKeyId": keys["TASKPLAT_CAPABILITY_TOKEN_ACTIVE_KID"],
+            "CapabilityTokenPublicKeysSecretArn": secret_arn("capability-token-public-keys"),
             "AttemptTokenKeysSecretArn": secret_arn("attempt-token-keys"),
             "AttemptTokenActiveKeyId": bootstrap.DEV_ATTEMPT_KID,
             "QueryDatabaseUrlSecretArn": secret_arn("query-database-url"),
