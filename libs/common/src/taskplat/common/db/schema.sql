@@ -1411,15 +1411,26 @@ COMMENT ON FUNCTION public.taskplat_reap_timeouts(p_now timestamp with time zone
 CREATE FUNCTION public.taskplat_release_slot() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
+DECLARE
+    v_was_full boolean;
+    v_key_limit integer;
+    v_key_was_full boolean;
 BEGIN
     PERFORM taskplat_limits_lock(OLD.queue);
     UPDATE queues AS u SET running = u.running - 1
     WHERE u.name = OLD.queue
-      AND (u.concurrency_limit IS NOT NULL OR u.key_concurrency_limit IS NOT NULL);
+      AND (u.concurrency_limit IS NOT NULL OR u.key_concurrency_limit IS NOT NULL)
+    RETURNING u.running + 1 >= u.concurrency_limit, u.key_concurrency_limit
+        INTO v_was_full, v_key_limit;
     IF FOUND THEN
         UPDATE queue_keys AS k SET running = k.running - 1
-        WHERE k.queue = OLD.queue AND k.concurrency_key = coalesce(OLD.concurrency_key, '');
-        PERFORM pg_notify('taskplat_queued', OLD.queue);
+        WHERE k.queue = OLD.queue AND k.concurrency_key = coalesce(OLD.concurrency_key, '')
+        RETURNING k.running + 1 >= v_key_limit INTO v_key_was_full;
+        -- Waiting claims of the queue are told only when a limit held them back: a NOTIFY at
+        -- every end would take the notification queue's lock at every commit.
+        IF coalesce(v_was_full, false) OR coalesce(v_key_was_full, false) THEN
+            PERFORM pg_notify('taskplat_queued', OLD.queue);
+        END IF;
     END IF;
     RETURN NEW;
 END

@@ -27,8 +27,8 @@
 --   * Release has one home, a BEFORE UPDATE trigger on every Running -> other transition
 --     (taskplat_release_slot): completion, failure, lease expiry, deadline, cancel, drain; in the
 --     same transaction as the end, under the same lock; it takes 1 from the queue's and the key's
---     counters while they are kept, and NOTIFYs `taskplat_queued` with the queue (waiting claims
---     of the queue try again).
+--     counters while they are kept, and, when the queue or the key was at its limit, NOTIFYs
+--     `taskplat_queued` with the queue (waiting claims of the queue try again).
 --   * taskplat_limit_refusal says why a Queued task of a limited queue cannot start now and when
 --     to try again (`retry_after_ms`); it decides nothing (the trigger does).
 
@@ -241,15 +241,26 @@ CREATE TRIGGER tasks_admit_start
 -- Release: the one home of giving a Running task's slot back (see the top).
 CREATE FUNCTION taskplat_release_slot() RETURNS trigger
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_was_full boolean;
+    v_key_limit integer;
+    v_key_was_full boolean;
 BEGIN
     PERFORM taskplat_limits_lock(OLD.queue);
     UPDATE queues AS u SET running = u.running - 1
     WHERE u.name = OLD.queue
-      AND (u.concurrency_limit IS NOT NULL OR u.key_concurrency_limit IS NOT NULL);
+      AND (u.concurrency_limit IS NOT NULL OR u.key_concurrency_limit IS NOT NULL)
+    RETURNING u.running + 1 >= u.concurrency_limit, u.key_concurrency_limit
+        INTO v_was_full, v_key_limit;
     IF FOUND THEN
         UPDATE queue_keys AS k SET running = k.running - 1
-        WHERE k.queue = OLD.queue AND k.concurrency_key = coalesce(OLD.concurrency_key, '');
-        PERFORM pg_notify('taskplat_queued', OLD.queue);
+        WHERE k.queue = OLD.queue AND k.concurrency_key = coalesce(OLD.concurrency_key, '')
+        RETURNING k.running + 1 >= v_key_limit INTO v_key_was_full;
+        -- Waiting claims of the queue are told only when a limit held them back: a NOTIFY at
+        -- every end would take the notification queue's lock at every commit.
+        IF coalesce(v_was_full, false) OR coalesce(v_key_was_full, false) THEN
+            PERFORM pg_notify('taskplat_queued', OLD.queue);
+        END IF;
     END IF;
     RETURN NEW;
 END
