@@ -12,8 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
+
 from taskplat.devstack.errors import DevstackError
 from taskplat.devstack.flow_checks import RATE_SLACK, max_running, rate_excess
+from taskplat.devstack.waiting import wait_for
 
 
 @dataclass(frozen=True)
@@ -87,3 +90,23 @@ def check(limits: ChaosLimits, rows: Sequence[dict[str, Any]]) -> tuple[dict[str
                 f"{limits.rate_per_second:g}/s x t in some window"
             )
     return use, exceeded
+
+
+def set_on_queue(limits: ChaosLimits, url: str, api_key: str) -> None:
+    """Set the run's limits on its queue (`PUT /queues/default`), before any task exists;
+    retried while the dispatcher is not up yet (no answer, or a 5xx)."""
+    body = limits.body()
+    headers = {"Authorization": f"Bearer {api_key}"}
+
+    def attempt() -> bool:
+        try:
+            response = httpx.put(f"{url}/queues/default", json=body, headers=headers)
+        except httpx.TransportError:
+            return False
+        if response.status_code >= 500:
+            return False
+        if response.status_code not in (200, 201):
+            raise DevstackError(f"PUT /queues/default: {response.status_code} {response.text}")
+        return True
+
+    wait_for(attempt, timeout=60, what="PUT /queues/default to set the limits", interval=0.2)

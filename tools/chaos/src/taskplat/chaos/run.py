@@ -55,15 +55,17 @@ from psycopg.rows import dict_row
 
 from taskplat.chaos.balancer import DispatcherBalancer
 from taskplat.chaos.config import NO_WAITING_CLAIMS_ENV, ChaosConfig
+from taskplat.chaos.drain import drain
 from taskplat.chaos.injector import FaultRates, SqsFaultInjector
 from taskplat.chaos.limits import check as check_limits
+from taskplat.chaos.limits import set_on_queue
 from taskplat.chaos.report import rates_text
 from taskplat.chaos.submitter import Submitter
 from taskplat.chaos.verdict import ChaosResult, judge, read_records
 from taskplat.common.db.queries import load_queries
 from taskplat.devstack.errors import DevstackError
 from taskplat.devstack.ports import free_port
-from taskplat.devstack.sqs import LocalSqs, sqs_client
+from taskplat.devstack.sqs import LocalSqs
 from taskplat.devstack.stack import Stack, StackConfig
 from taskplat.devstack.waiting import wait_for
 
@@ -253,7 +255,8 @@ class ChaosRun:
             for n in range(config.tasks)
         ]
         if limits.any:
-            self._set_limits(balancer.url, stack.info.api_key)
+            set_on_queue(limits, balancer.url, stack.info.api_key)
+            self.say(f"chaos: queue default limits {limits.body()}")
         spread = config.fault_seconds * 0.6
         submitter = Submitter(balancer.url, stack.info.api_key, bodies, spread, run_key)
         started = time.monotonic()
@@ -292,7 +295,13 @@ class ChaosRun:
         submit_seconds = (submitter.finished_at or time.monotonic()) - started
         faults_off = time.monotonic()
         self.say(f"chaos: faults off after {faults_off - started:.1f}s; draining ...")
-        drain_seconds, queue_empty, notes = self._drain(stack, conn_box, faults_off)
+        drain_seconds, queue_empty, notes = drain(
+            config,
+            stack,
+            lambda: self._safe_query(stack, conn_box, "progress"),
+            self.say,
+            faults_off,
+        )
 
         def db(name: str) -> list[dict[str, Any]]:
             return self._query_fresh(stack, conn_box, name)
@@ -342,25 +351,6 @@ class ChaosRun:
             limits_use=limits_use,
         )
 
-    def _set_limits(self, url: str, api_key: str) -> None:
-        """Set the run's limits on its queue (`PUT /queues/default`), before any task exists."""
-        body = self.config.limits.body()
-        headers = {"Authorization": f"Bearer {api_key}"}
-
-        def attempt() -> bool:
-            try:
-                response = httpx.put(f"{url}/queues/default", json=body, headers=headers)
-            except httpx.TransportError:
-                return False
-            if response.status_code >= 500:
-                return False
-            if response.status_code not in (200, 201):
-                raise DevstackError(f"PUT /queues/default: {response.status_code} {response.text}")
-            return True
-
-        wait_for(attempt, timeout=60, what="PUT /queues/default to set the limits", interval=0.2)
-        self.say(f"chaos: queue default limits {body}")
-
     def _settings(self) -> dict[str, str]:
         """The settings that decide which path a task takes (shown in the report)."""
         names = ("TASKPLAT_RELAY_HOLD_DEPTH", "TASKPLAT_DISPATCHER_POLLED_WAKEUP_DELAY_SECONDS")
@@ -408,68 +398,6 @@ class ChaosRun:
         self.kills[_kind(victim)] += 1
         self.kills_by_process[victim] += 1
         self.say(f"chaos: SIGKILL {victim}")
-
-    def _drain(
-        self, stack: Stack, conn_box: list[psycopg.Connection[dict[str, Any]]], since: float
-    ) -> tuple[float | None, bool, list[str]]:
-        config = self.config
-        deadline = since + config.drain_seconds
-        notes: list[str] = []
-
-        reported = [time.monotonic()]
-
-        def every_10s(text: Callable[[], str]) -> None:
-            if time.monotonic() - reported[0] >= 10:
-                reported[0] = time.monotonic()
-                self.say(text())
-
-        def all_completed() -> bool:
-            rows = self._safe_query(stack, conn_box, "progress")
-            if rows:
-                every_10s(lambda: f"chaos: {rows[0]['completed']} of {config.tasks} completed")
-            return rows is not None and bool(rows) and rows[0]["completed"] == config.tasks
-
-        try:
-            wait_for(
-                all_completed,
-                timeout=max(deadline - time.monotonic(), 0.1),
-                what="every task to complete",
-                interval=0.2,
-            )
-        except TimeoutError:
-            notes.append(f"not every task completed within {config.drain_seconds:g}s")
-            return None, False, notes
-        drained = round(time.monotonic() - since, 1)
-        client = sqs_client(stack.info.sqs_endpoint_url, stack.config.aws_region)
-        try:
-            url = client.get_queue_url(QueueName=f"{stack.config.queue_prefix}default")["QueueUrl"]
-
-            def queue_empty() -> bool:
-                attributes = client.get_queue_attributes(
-                    QueueUrl=url,
-                    AttributeNames=[
-                        "ApproximateNumberOfMessages",
-                        "ApproximateNumberOfMessagesNotVisible",
-                        "ApproximateNumberOfMessagesDelayed",
-                    ],
-                )["Attributes"]
-                left = sum(int(v) for v in attributes.values())
-                every_10s(lambda: f"chaos: every task completed; {left} wake-ups left in SQS")
-                return left == 0
-
-            try:
-                wait_for(
-                    queue_empty,
-                    timeout=max(deadline - time.monotonic(), 30.0),
-                    what="the task queue to empty",
-                    interval=0.5,
-                )
-            except TimeoutError:
-                notes.append("the task queue still held wake-ups at the end")
-                return drained, False, notes
-        finally:
-            client.close()
-        return drained, True, notes
 
 
 def _kind(name: str) -> str:
