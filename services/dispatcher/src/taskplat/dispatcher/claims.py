@@ -67,6 +67,7 @@ from taskplat.common.contracts import (
     NotClaimedReason,
     NotClaimedResponse,
 )
+from taskplat.common.contracts.internal import LIMITED_REASONS
 from taskplat.common.logging import get_logger
 from taskplat.dispatcher import untrusted
 from taskplat.dispatcher.claim_waits import QueuedListener
@@ -84,9 +85,6 @@ ClaimAnswer = ClaimedResponse | NotClaimedResponse
 CLAIMED_AHEAD_STAMP_SECONDS = 1.0
 
 
-LIMITED_REASONS: frozenset[str] = frozenset(
-    {"ConcurrencyLimited", "KeyConcurrencyLimited", "RateLimited"}
-)
 # A task held back by a limit that lifted between the claim and the read of why: try again soon.
 LIMIT_LIFTED_RETRY_MS = 100
 

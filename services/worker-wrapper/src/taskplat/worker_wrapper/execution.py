@@ -37,6 +37,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from pydantic import ValidationError
 
 from taskplat.common.contracts import ClaimedResponse, NotClaimedResponse, WakeUpMessage
+from taskplat.common.contracts.internal import LIMITED_REASONS
 from taskplat.common.logging import get_logger
 from taskplat.common.telemetry import extract
 from taskplat.worker_wrapper.attempt import RunningTask
@@ -52,7 +53,6 @@ from taskplat.worker_wrapper.observability import WrapperTelemetry
 from taskplat.worker_wrapper.operators import OperatorSpec, summarize
 from taskplat.worker_wrapper.outcomes import Abort, OperatorRunner
 
-LIMITED_REASONS = frozenset({"ConcurrencyLimited", "KeyConcurrencyLimited", "RateLimited"})
 MAX_HIDDEN_SECONDS = 12 * 3600  # SQS's longest visibility timeout
 
 

@@ -45,6 +45,11 @@ NotClaimedReason = Literal[
     "AlreadyRunning", "Completed", "Canceled", "NotFound", "NotQueued", "Paused",
     "MissingCapabilityKeys", "ConcurrencyLimited", "KeyConcurrencyLimited", "RateLimited",
 ]  # fmt: skip
+# The reasons of a claim a queue limit held back: the task is still Queued and its wake-up must
+# come back (docs/flow-control.md).
+LIMITED_REASONS: frozenset[str] = frozenset(
+    {"ConcurrencyLimited", "KeyConcurrencyLimited", "RateLimited"}
+)
 NOT_CLAIMED_DETAIL = Field(
     None,
     exclude_if=lambda value: value is None,  # absent unless there is something to say
