@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from psycopg.rows import dict_row
 
 from taskplat.common.db.queries import load_queries, parse_queries
+from taskplat.devstack.flow_checks import max_running
 
 _SQL_PATH = Path(__file__).with_name("flow_limits_rows.sql")
 ROWS = parse_queries(_SQL_PATH.read_text(encoding="utf-8"), source=str(_SQL_PATH))
@@ -96,24 +97,17 @@ def counters_agree(conn: psycopg.Connection[Row], queue: str, counted: bool = Tr
     return row
 
 
-def most_at_once(intervals: list[tuple[datetime, datetime | None]]) -> int:
-    """The most intervals overlapping at one instant (an end at t comes before a start at t)."""
-    events = [(start, 1) for start, _ in intervals]
-    events += [(end, -1) for _, end in intervals if end is not None]
-    at_once = most = 0
-    for _, step in sorted(events):
-        at_once += step
-        most = max(most, at_once)
-    return most
-
-
 def overlaps(conn: psycopg.Connection[Row], queue: str) -> tuple[int, dict[str, int]]:
     rows = _run(conn, "intervals", queue=queue)
-    by_key: dict[str, list[tuple[datetime, datetime | None]]] = {}
-    for row in rows:
-        by_key.setdefault(row["key"], []).append((row["started_at"], row["finished_at"]))
-    whole = most_at_once([(row["started_at"], row["finished_at"]) for row in rows])
-    return whole, {key: most_at_once(spans) for key, spans in by_key.items()}
+    by_key: dict[str, list[tuple[float, float | None]]] = {}
+    spans = [(_seconds(row["started_at"]), _seconds(row["finished_at"])) for row in rows]
+    for row, span in zip(rows, spans, strict=True):
+        by_key.setdefault(row["key"], []).append(span)
+    return max_running(spans), {key: max_running(each) for key, each in by_key.items()}
+
+
+def _seconds(at: datetime | None) -> float | None:
+    return at.timestamp() if at is not None else None
 
 
 def test_a_queue_limit_holds_on_every_claim_path_and_an_end_frees_a_slot(db_url: str) -> None:

@@ -10,16 +10,8 @@ from pathlib import Path
 from test_wrapper import running_wrapper
 from wrapper_harness import Dispatcher, Queue
 
+from taskplat.devstack.flow_checks import max_running
 from taskplat.devstack.waiting import wait_for
-
-
-def _overlap(attempts: list[tuple[datetime, datetime]]) -> int:
-    events = sorted([(start, 1) for start, _ in attempts] + [(end, -1) for _, end in attempts])
-    most = at_once = 0
-    for _, step in events:
-        at_once += step
-        most = max(most, at_once)
-    return most
 
 
 def test_a_limited_wake_up_comes_back_and_the_limit_holds_across_slots(
@@ -40,9 +32,9 @@ def test_a_limited_wake_up_comes_back_and_the_limit_holds_across_slots(
     spans = []
     for task in done:
         [attempt] = task["attempts"]  # one attempt each: no claim over the limit spent one
-        spans.append((datetime.fromisoformat(attempt["started_at"]),
-                      datetime.fromisoformat(attempt["finished_at"])))  # fmt: skip
-    assert _overlap(spans) == 1
+        spans.append((datetime.fromisoformat(attempt["started_at"]).timestamp(),
+                      datetime.fromisoformat(attempt["finished_at"]).timestamp()))  # fmt: skip
+    assert max_running(spans) == 1
     assert sorted(line.split()[0] for line in record.read_text().splitlines()) == sorted(tasks)
     metrics = wait_for(
         lambda: dispatcher.api.get("/metrics").text, timeout=5, what="the dispatcher's metrics"
