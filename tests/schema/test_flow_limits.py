@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,7 @@ def complete(conn: psycopg.Connection[Row], row: Row, ended: str = "Completed") 
     assert [each["task_id"] for each in done] == [row["task_id"]]
 
 
-def create(conn: psycopg.Connection[Row], queue: str, keys: list[str | None],
+def create(conn: psycopg.Connection[Row], queue: str, keys: Sequence[str | None],
            priorities: list[int] | None = None) -> list[UUID]:  # fmt: skip
     rows = _run(conn, "create", queue=queue, keys=keys, priorities=priorities or [5] * len(keys))
     return [row["task_id"] for row in rows]
@@ -100,7 +101,7 @@ def counters_agree(conn: psycopg.Connection[Row], queue: str, counted: bool = Tr
 def overlaps(conn: psycopg.Connection[Row], queue: str) -> tuple[int, dict[str, int]]:
     rows = _run(conn, "intervals", queue=queue)
     by_key: dict[str, list[tuple[float, float | None]]] = {}
-    spans = [(_seconds(row["started_at"]), _seconds(row["finished_at"])) for row in rows]
+    spans = [(row["started_at"].timestamp(), _seconds(row["finished_at"])) for row in rows]
     for row, span in zip(rows, spans, strict=True):
         by_key.setdefault(row["key"], []).append(span)
     return max_running(spans), {key: max_running(each) for key, each in by_key.items()}
