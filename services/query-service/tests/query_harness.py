@@ -2,7 +2,8 @@
 migrated Postgres through a login user that is only a member of `taskplat_query`, and LocalStack's
 STS and S3; helpers that create datasets through the platform's own functions (the ones the
 dispatcher's DAG apply calls, never rows written here) and mint capability tokens as the
-dispatcher issues them.
+dispatcher issues them, each for an attempt that is running (`taskplat.devstack.attempts`): the
+database answers a token's reads only while its attempt runs (`taskplat_query_inputs`, 0029).
 
 Invariant: every AWS client here uses LocalStack's endpoint and its dummy credentials, never a
 developer's ~/.aws.
@@ -17,7 +18,7 @@ import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from taskplat.common.tokens.capability import (
     issue_capability_token,
 )
 from taskplat.common.tokens.keys import TokenKeySettings, private_key_pem
+from taskplat.devstack.attempts import running_attempt
 from taskplat.devstack.ports import free_port
 from taskplat.devstack.waiting import wait_for
 from taskplat.query_service.app import create_app
@@ -99,6 +101,7 @@ class Dataset:
     name: str
     kind: str
     table: str | None = None
+    database: str = field(default="", repr=False)  # the URL of the database it is in
 
     def pin(self) -> dict[str, Any]:
         return {
@@ -149,7 +152,7 @@ def buffered_dataset(
                 ),
                 list(values.values()),
             )
-    return Dataset(made.dataset_uuid, made.dataset_version, name, made.kind, table)
+    return replace(made, table=table, database=db_url)
 
 
 def s3_dataset(db_url: str, endpoint: str, name: str, select: str) -> Dataset:
@@ -159,7 +162,7 @@ def s3_dataset(db_url: str, endpoint: str, name: str, select: str) -> Dataset:
             conn, name, "s3", f"s3://{BUCKET}/dataset/{{dataset_uuid}}/version/{{dataset_version}}/"
         )
     put_parquet(endpoint, made.prefix_key + "part-0.parquet", select)
-    return made
+    return replace(made, database=db_url)
 
 
 def put_parquet(endpoint: str, key: str, select: str) -> None:
@@ -177,10 +180,16 @@ def mint(
     task_id: UUID | None = None,
     key: str = KEY,
 ) -> str:
-    """A capability token pinning `datasets`, as the dispatcher issues it at claim time."""
+    """A capability token pinning `datasets`, as the dispatcher issues it at claim time: for a
+    new running attempt pinning them, unless `task_id` names the task (attempt 1)."""
+    if task_id is None:
+        databases = {d.database for d in datasets}
+        assert len(databases) <= 1, "the datasets of one token are of one database"
+        pins = [d.pin() for d in datasets]
+        task_id = running_attempt(databases.pop(), pins) if databases else uuid.uuid4()
     ring = capability_key_ring(TokenKeySettings(keys={"q1": SecretStr(key)}, active_kid="q1"))
     capability = build_capability(
-        task_id or uuid.uuid4(),
+        task_id,
         1,
         [d.pin() for d in datasets],
         [],

@@ -17,6 +17,7 @@ import pytest
 from query_harness import (
     Dataset,
     ask,
+    buffered_dataset,
     mint,
     served,
     settings,
@@ -24,6 +25,7 @@ from query_harness import (
 
 from taskplat.common.clock import FakeClock
 from taskplat.common.tokens.keys import private_key_pem
+from taskplat.devstack.attempts import end_attempt, running_attempt
 from taskplat.devstack.waiting import wait_for
 
 # Runs for hours: a cross product of 3^24 rows of the alerts view (no table function needed).
@@ -221,15 +223,19 @@ def test_health_metrics_and_document(
     assert "/query" in service.get("/openapi.json").json()["paths"]
 
 
-def test_the_query_role_reads_dataset_tables_and_nothing_else(
-    reader_url: str, inputs: tuple[Dataset, Dataset]
+def test_the_query_role_reads_only_what_a_running_attempt_pins(
+    reader_url: str, db_url: str, inputs: tuple[Dataset, Dataset]
 ) -> None:
+    """The service's login has no right on any table; `taskplat_query_open` reads a version's
+    table only for the attempt running now whose task pins that version."""
     import psycopg
 
     alerts, _ = inputs
+    other = buffered_dataset(db_url, "other", [{"name": "n", "type": "bigint"}], [{"n": 1}])
+    task_id = running_attempt(db_url, [alerts.pin()])
     with psycopg.connect(reader_url, autocommit=True) as conn:
-        assert conn.execute(f'SELECT count(*) FROM "{alerts.table}"').fetchone() == (3,)
         for statement in (
+            f'SELECT count(*) FROM "{alerts.table}"',
             "SELECT * FROM tasks",
             "SELECT * FROM datasets",
             "SELECT * FROM dataset_tables",
@@ -240,6 +246,40 @@ def test_the_query_role_reads_dataset_tables_and_nothing_else(
         ):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute(statement)  # type: ignore[arg-type]
+
+        def rows_read(task: uuid.UUID, attempt: int, dataset: Dataset) -> int | None:
+            with conn.transaction():
+                opened = conn.execute(
+                    "SELECT taskplat_query_open(%s, %s, %s, %s)",
+                    (task, attempt, dataset.dataset_uuid, dataset.dataset_version),
+                ).fetchone()
+                assert opened is not None
+                if opened[0] is None:
+                    return None
+                return len(conn.execute(f'FETCH ALL FROM "{opened[0]}"').fetchall())  # type: ignore[arg-type]
+
+        assert rows_read(task_id, 1, alerts) == 3
+        assert rows_read(task_id, 2, alerts) is None  # not the attempt running
+        assert rows_read(task_id, 1, other) is None  # a version its task does not pin
+        assert rows_read(uuid.uuid4(), 1, alerts) is None  # no such task
+        end_attempt(db_url, task_id)
+        assert rows_read(task_id, 1, alerts) is None  # the attempt ended
+
+
+def test_a_token_reads_nothing_once_its_attempt_ended_or_beyond_its_tasks_pins(
+    service: httpx.Client, db_url: str, inputs: tuple[Dataset, Dataset]
+) -> None:
+    """A valid token is not enough: the database answers its reads only while its attempt runs
+    and only for what its task pins (a token stating more reads nothing more)."""
+    alerts, prices = inputs
+    task_id = running_attempt(db_url, [alerts.pin()])
+    wider = mint([alerts, prices], task_id=task_id)  # states an input its task does not pin
+    assert ask(service, wider, "SELECT count(*) FROM alerts").json()["rows"] == [[3]]
+    assert ask(service, wider, "SELECT count(*) FROM prices").status_code == 403
+    end_attempt(db_url, task_id)
+    ended = ask(service, wider, "SELECT count(*) FROM alerts")
+    assert ended.status_code == 403, ended.text
+    assert ended.json()["error"] == "attempt_not_running"
 
 
 def test_a_task_with_no_inputs_sees_nothing(service: httpx.Client) -> None:

@@ -6,7 +6,6 @@ are."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import httpx
@@ -17,6 +16,7 @@ from opentelemetry.trace import SpanKind
 from query_harness import Dataset, mint, served, settings
 
 from taskplat.common.telemetry import Telemetry
+from taskplat.devstack.attempts import running_attempt
 from taskplat.devstack.waiting import wait_for
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -57,7 +57,7 @@ def test_a_query_with_traceparent_is_a_span_of_that_trace(
     telemetry: Telemetry,
     exporter: InMemorySpanExporter,
 ) -> None:
-    task_id = uuid.uuid4()
+    task_id = running_attempt(inputs[0].database, [d.pin() for d in inputs])
     token = mint(inputs, task_id=task_id)
     answer = traced.post(
         "/query",

@@ -2,9 +2,11 @@
 
 Invariants:
   * Only the inputs the statement reads (`guard.Checked.views`) are read, each exactly at the
-    table or S3 prefix its pinned version names (`inputs.lookup`): a Postgres input through the
-    service's own pool (the `taskplat_query` login, read-only), an S3 input with the credentials
-    of the token narrowed to its input prefixes (`s3access`).
+    table or S3 prefix its pinned version names (`inputs.lookup`): a Postgres input through a
+    cursor `taskplat_query_open` opens on the service's own pool (the `taskplat_query` login has
+    no right on any table; the function checks again that the token's attempt is running and its
+    task pins that version), an S3 input with the credentials of the token narrowed to its input
+    prefixes (`s3access`).
   * Column types follow what DuckDB's Postgres scanner gave: integers, booleans, floats, text,
     dates and timestamps keep their type; `numeric` is a DOUBLE; `json`/`jsonb`, `uuid` and any
     other type arrive as text.
@@ -28,7 +30,7 @@ from psycopg_pool import ConnectionPool
 
 from taskplat.common.errors import TaskplatError, ValidationFailed
 from taskplat.common.tokens.capability import split_s3_uri
-from taskplat.query_service.inputs import InputView
+from taskplat.query_service.inputs import AttemptNotRunning, InputView
 from taskplat.query_service.s3access import S3Credentials
 
 FETCH_ROWS = 5000
@@ -69,20 +71,32 @@ def _column(values: list[Any], oid: int) -> pa.Array:
 
 
 def postgres_table(pool: ConnectionPool[Any], view: InputView, max_bytes: int) -> pa.Table:
-    """The whole table of `view`'s pinned version."""
+    """The whole table of `view`'s pinned version, while the attempt reading it runs."""
     assert view.table_name is not None
-    query = sql.SQL("SELECT * FROM {}").format(sql.Identifier(view.table_name))
     batches: list[pa.RecordBatch] = []
     size = 0
     with pool.connection() as conn, conn.transaction(), conn.cursor() as cursor:
         for name in ("json", "jsonb"):
             cursor.adapters.register_loader(name, TextLoader)
-        cursor.execute(query)
-        description = cursor.description or []
-        names = [column.name for column in description]
-        oids = [column.type_code for column in description]
+        opened = cursor.execute(
+            "SELECT taskplat_query_open(%s, %s, %s, %s)",
+            (view.task_id, view.attempt, view.dataset_uuid, view.dataset_version),
+        ).fetchone()
+        if opened is None or opened[0] is None:
+            raise AttemptNotRunning(
+                f"attempt {view.attempt} of task {view.task_id} is no longer running: "
+                f"input {view.name} ({view.dataset_uuid}) is not read"
+            )
+        portal = sql.Identifier(opened[0])
+        fetch = sql.SQL("FETCH {} FROM {}").format(sql.Literal(FETCH_ROWS), portal)
+        names: list[str] = []
+        oids: list[int] = []
         while True:
-            rows = cursor.fetchmany(FETCH_ROWS)
+            cursor.execute(fetch)
+            description = cursor.description or []
+            names = [column.name for column in description]
+            oids = [column.type_code for column in description]
+            rows = cursor.fetchall()
             if not rows:
                 break
             columns = list(zip(*rows, strict=True))

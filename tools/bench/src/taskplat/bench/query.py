@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -36,6 +35,7 @@ from taskplat.bench.config import Sizes
 from taskplat.bench.harness import BenchStack
 from taskplat.bench.probes import tree_cpu_seconds
 from taskplat.bench.stats import percentile
+from taskplat.devstack.attempts import running_attempt
 from taskplat.devstack.errors import DevstackError
 from taskplat.devstack.stack.data_services import DATA_BUCKET, capability_env
 
@@ -56,8 +56,10 @@ def _dag(dataset: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _minter(worker_token: str) -> Any:
-    """A function minting a capability token pinning one dataset version, as the dispatcher."""
+def _minter(worker_token: str, database_url: str) -> Any:
+    """A function minting a capability token pinning one dataset version, as the dispatcher:
+    each for a new attempt running now whose task pins that version (the database reads
+    nothing for any other)."""
     from pydantic import SecretStr
 
     from taskplat.common.tokens.capability import (
@@ -77,7 +79,8 @@ def _minter(worker_token: str) -> Any:
 
     def mint(dataset_uuid: str, version: str) -> str:
         pin = {"dataset_uuid": dataset_uuid, "dataset_version": version, "cursor": 0}
-        capability = build_capability(uuid.uuid4(), 1, [pin], [], layout=StorageLayout(DATA_BUCKET))
+        task_id = running_attempt(database_url, [pin])
+        capability = build_capability(task_id, 1, [pin], [], layout=StorageLayout(DATA_BUCKET))
         now = datetime.now(UTC)
         return issue_capability_token(
             ring, capability, now=now, expires_at=now + timedelta(minutes=30)
@@ -122,7 +125,7 @@ def measure_query(bs: BenchStack, sizes: Sizes, label: str) -> dict[str, Any]:
     if written[0]["n"] != sizes.w6_rows:
         raise DevstackError(f"W6 {label}: wrote {written[0]['n']} rows, not {sizes.w6_rows}")
     floor, expected = _postgres_floor(bs, table, sizes.w6_sequential)
-    mint = _minter(stack.info.worker_token)
+    mint = _minter(stack.info.worker_token, stack.info.database_url)
     pin = (view["dataset_uuid"], view["current_version"])
     statement = {"sql": STATEMENT.format(dataset)}
     pid = stack.pids()[SERVICE]

@@ -497,9 +497,6 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'taskplat_sink') THEN
         EXECUTE format('GRANT SELECT, INSERT ON %I TO taskplat_sink', p_table);
     END IF;
-    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'taskplat_query') THEN
-        EXECUTE format('GRANT SELECT ON %I TO taskplat_query', p_table);
-    END IF;
 END
 $_$;
 
@@ -1191,10 +1188,10 @@ END
 $$;
 
 --
--- Name: taskplat_query_inputs(uuid[], uuid[]); Type: FUNCTION; Schema: public; Owner: -
+-- Name: taskplat_query_inputs(uuid, integer, uuid[], uuid[]); Type: FUNCTION; Schema: public; Owner: -
 --
 
-CREATE FUNCTION public.taskplat_query_inputs(p_datasets uuid[], p_versions uuid[]) RETURNS TABLE(dataset_uuid uuid, dataset_version uuid, name text, kind text, table_name text)
+CREATE FUNCTION public.taskplat_query_inputs(p_task_id uuid, p_attempt integer, p_datasets uuid[], p_versions uuid[]) RETURNS TABLE(dataset_uuid uuid, dataset_version uuid, name text, kind text, table_name text)
     LANGUAGE sql STABLE SECURITY DEFINER
     SET search_path TO '$user', 'public'
     AS $$
@@ -1206,12 +1203,38 @@ CREATE FUNCTION public.taskplat_query_inputs(p_datasets uuid[], p_versions uuid[
                         '{dataset_uuid}', d.dataset_uuid::text),
                         '{dataset_version}', v.dataset_version::text) END
            END
-    FROM unnest(p_datasets, p_versions) AS p(dataset_uuid, dataset_version)
+    FROM tasks AS task
+    CROSS JOIN LATERAL taskplat_input_pins(task.inputs) AS pin
+    JOIN unnest(p_datasets, p_versions) AS p(dataset_uuid, dataset_version)
+      ON p.dataset_uuid = pin.dataset_uuid AND p.dataset_version = pin.dataset_version
     JOIN datasets AS d ON d.dataset_uuid = p.dataset_uuid
     JOIN dataset_versions AS v
       ON v.dataset_uuid = p.dataset_uuid AND v.dataset_version = p.dataset_version
     LEFT JOIN dataset_tables AS t
       ON t.dataset_uuid = v.dataset_uuid AND t.dataset_version = v.dataset_version
+    WHERE task.task_id = p_task_id AND task.status = 'Running' AND task.attempt = p_attempt
+$$;
+
+--
+-- Name: taskplat_query_open(uuid, integer, uuid, uuid); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_query_open(p_task_id uuid, p_attempt integer, p_dataset uuid, p_version uuid) RETURNS refcursor
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO '$user', 'public'
+    AS $$
+DECLARE
+    v_table text;
+    v_cursor refcursor;
+BEGIN
+    SELECT i.table_name INTO v_table
+    FROM taskplat_query_inputs(p_task_id, p_attempt, ARRAY[p_dataset], ARRAY[p_version]) AS i;
+    IF v_table IS NULL THEN
+        RETURN NULL;
+    END IF;
+    OPEN v_cursor NO SCROLL FOR EXECUTE format('SELECT * FROM %I', v_table);
+    RETURN v_cursor;
+END
 $$;
 
 --
