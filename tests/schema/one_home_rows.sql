@@ -32,3 +32,15 @@ SELECT * FROM tasks WHERE task_id = %(task_id)s
 
 -- name: wakeups
 SELECT held, available_at FROM outbox WHERE task_id = %(task_id)s AND kind = 'enqueue_task'
+
+-- name: explain_pick
+-- Claim-next's pick (taskplat_claim_next), planned with its parameters.
+EXPLAIN (VERBOSE, FORMAT JSON)
+SELECT t.task_id
+FROM tasks AS t
+WHERE t.status = 'Queued'
+  AND t.queue = 'q'
+  AND taskplat_claimable(t, now(), false, ARRAY['untrusted-op'])
+ORDER BY t.queue, t.priority, t.pass, t.queued_at
+LIMIT 10
+FOR UPDATE OF t SKIP LOCKED

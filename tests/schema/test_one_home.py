@@ -13,10 +13,16 @@ Likewise every cancel (by request, or by a dataset version that stops being curr
 taskplat_cancel_tasks, the fence of a write made while an attempt runs (its events, its steps) is
 taskplat_share_fence, and every output an accepted success commits (on time or late) is stored
 by taskplat_store_results.
+
+What makes a Queued task claimable of itself (unexpired, trusted unless the claimer holds
+capability keys) is taskplat_claimable, inlined by the planner where the claims call it (so
+claim-next keeps its index); that its queue is not paused is the admission trigger's
+(taskplat_admit_start), which every start passes.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -46,7 +52,15 @@ CANCELS = re.compile(r"\bstatus\s*=\s*'Canceled'\s*,", re.IGNORECASE)  # set, no
 STORES_OUTPUTS = re.compile(r"\binsert\s+into\s+(public\.)?task_outputs\b", re.IGNORECASE)
 # A write made while an attempt runs share-locks its fenced task.
 SHARES_FENCE = re.compile(r"status\s*=\s*'Running'[^;]{0,300}?\bFOR\s+SHARE\b", re.IGNORECASE)
+# The expiry test of a claim, or the trust test of a claimer (its capability keys).
+CLAIMABLE = re.compile(
+    r"expires_at\s*>\s*(?:[pv]_now|coalesce)|capability_keys\s+OR\s+NOT\s+taskplat_untrusted",
+    re.IGNORECASE,
+)
+# A start refused for its paused queue (reads of `paused` that report it are not this rule).
+PAUSED = re.compile(r"\bq\.paused\b(?!\s+AS\b)", re.IGNORECASE)
 ONE_HOME = {
+    "claimable": (CLAIMABLE, {"taskplat_claimable"}),
     "cancel": (CANCELS, {"taskplat_cancel_tasks"}),
     "share-fence": (SHARES_FENCE, {"taskplat_share_fence"}),
     "outputs": (STORES_OUTPUTS, {"taskplat_store_results"}),
@@ -91,6 +105,14 @@ def test_one_function_states_the_rule(db_url: str, rule: str) -> None:
         if pattern.search(path.read_text(encoding="utf-8"))
     ]
     assert offenders == []
+
+
+def test_only_the_admission_refuses_a_paused_queues_start(db_url: str) -> None:
+    """Of the schema's functions, only the admission trigger tests a task's queue for `paused`
+    (claim-next's early return reads the row it holds already)."""
+    with psycopg.connect(db_url, row_factory=dict_row) as conn:
+        functions = conn.execute(ROWS["function_sources"]).fetchall()
+    assert {f["name"] for f in functions if PAUSED.search(f["source"])} == {"taskplat_admit_start"}
 
 
 def test_no_statement_of_a_service_inserts_tasks_or_writes_wakeups() -> None:
@@ -147,3 +169,15 @@ def test_a_job_run_is_created_as_a_create_is(db_url: str, polled: bool) -> None:
         assert [(w["held"], w["available_at"]) for w in wakeups] == [(False, NOW)]
         assert heard == [("taskplat_outbox", "q")]
     assert again is not None and again["task_id"] is None  # the key is taken: nothing new
+
+
+def test_the_claimable_rule_is_inlined_where_it_is_called(db_url: str) -> None:
+    """taskplat_claimable is plain SQL: the planner replaces the call by its expression, so
+    claim-next's pick still reads the Queued index in order."""
+    with psycopg.connect(db_url, row_factory=dict_row) as conn:
+        conn.execute("SET enable_seqscan = off")
+        plan = conn.execute(ROWS["explain_pick"]).fetchone()
+    assert plan is not None
+    text = json.dumps(plan)
+    assert "taskplat_claimable" not in text
+    assert "tasks_queued_claim_idx" in text

@@ -138,6 +138,9 @@ DECLARE
 BEGIN
     PERFORM taskplat_limits_lock(NEW.queue);
     SELECT * INTO q FROM queues WHERE name = NEW.queue;
+    IF FOUND AND q.paused THEN
+        RETURN NULL;  -- Paused: the row is left as it was
+    END IF;
     IF NOT FOUND OR (q.concurrency_limit IS NULL AND q.key_concurrency_limit IS NULL
                      AND q.rate_per_second IS NULL) THEN
         RETURN NEW;
@@ -238,8 +241,7 @@ DECLARE
     v_now timestamptz := coalesce(p_now, now());
     v_locked uuid[];
 BEGIN
-    -- Guard: claimable (Queued, unexpired, queue not paused, trusted unless the claimer holds
-    -- capability keys; taskplat_start_attempts tests it).
+    -- Guard: claimable (Queued and `taskplat_claimable`; taskplat_start_attempts tests it).
     -- Several tasks are locked in task_id order first; one is locked by its UPDATE alone.
     IF cardinality(p_task_ids) = 1 THEN
         RETURN QUERY
@@ -254,9 +256,7 @@ BEGIN
         FROM tasks AS t
         WHERE t.task_id = ANY(p_task_ids)
           AND (t.status = 'Queued') IS TRUE  -- by primary key, never the Queued index (see top)
-          AND (t.expires_at IS NULL OR t.expires_at > v_now)
-          AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.name = t.queue AND q.paused)
-          AND (p_capability_keys OR NOT taskplat_untrusted(t.job, t.operator, p_untrusted_operators))
+          AND taskplat_claimable(t, v_now, p_capability_keys, p_untrusted_operators)
         ORDER BY t.task_id
         FOR UPDATE OF t);
     IF cardinality(v_locked) = 0 THEN
@@ -292,12 +292,15 @@ DECLARE
     v_picked uuid[];
     v_queue queues;
 BEGIN
-    -- Guard: claimable (Queued, unexpired, queue not paused, trusted unless the claimer holds
-    -- capability keys) and not a `runtime: lambda` job's task (the relay claims those for their
+    -- Guard: claimable (Queued and `taskplat_claimable`; nothing of a paused queue) and not a
+    -- `runtime: lambda` job's task (the relay claims those for their
     -- function); rows others are claiming are skipped. The limits themselves are decided by the
     -- start (taskplat_admit_start): what is read here only spares locking tasks that could not
     -- start.
     SELECT * INTO v_queue FROM queues WHERE name = p_queue;
+    IF FOUND AND v_queue.paused THEN
+        RETURN;  -- the start would refuse every task of it (taskplat_admit_start)
+    END IF;
     IF FOUND THEN
         IF v_queue.concurrency_limit IS NOT NULL THEN
             v_max := least(v_max, v_queue.concurrency_limit - v_queue.running);
@@ -317,14 +320,12 @@ BEGIN
         FROM tasks AS t
         WHERE t.status = 'Queued'
           AND t.queue = p_queue
-          AND (t.expires_at IS NULL OR t.expires_at > v_now)
-          AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.name = p_queue AND q.paused)
+          AND taskplat_claimable(t, v_now, p_capability_keys, p_untrusted_operators)
           AND (t.job IS NULL
                OR NOT EXISTS (SELECT 1 FROM jobs AS j
                               WHERE j.dag_name = t.job ->> 'dag_name'
                                 AND j.name = t.job ->> 'name'
                                 AND j.runtime = 'lambda'))
-          AND (p_capability_keys OR NOT taskplat_untrusted(t.job, t.operator, p_untrusted_operators))
           AND (v_key_limit IS NULL
                OR NOT EXISTS (SELECT 1 FROM queue_keys AS k
                               WHERE k.queue = p_queue
@@ -349,6 +350,87 @@ $$;
 --
 
 COMMENT ON FUNCTION public.taskplat_claim_next(p_queue text, p_max integer, p_worker_id text, p_lease_seconds double precision, p_default_timeout_seconds integer, p_now timestamp with time zone, p_capability_keys boolean, p_untrusted_operators text[]) IS 'Claims up to p_max claimable tasks of a queue, by priority, then pass (keys in turn), then oldest first, within its limits, skipping locked rows and the tasks of runtime: lambda jobs.';
+
+--
+-- Name: tasks; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.tasks (
+    task_id uuid NOT NULL,
+    status text NOT NULL,
+    queue text NOT NULL,
+    operator text NOT NULL,
+    job jsonb,
+    config jsonb DEFAULT '{}'::jsonb NOT NULL,
+    inputs jsonb DEFAULT '[]'::jsonb NOT NULL,
+    attempt integer DEFAULT 1 NOT NULL,
+    replay_offset integer DEFAULT 0 NOT NULL,
+    max_attempts integer NOT NULL,
+    backoff_base_seconds double precision NOT NULL,
+    backoff_max_seconds double precision NOT NULL,
+    timeout_seconds integer,
+    lease_token uuid,
+    lease_expires_at timestamp with time zone,
+    deadline_at timestamp with time zone,
+    worker_id text,
+    scheduled_for timestamp with time zone,
+    next_retry_at timestamp with time zone,
+    expires_at timestamp with time zone,
+    queued_at timestamp with time zone,
+    attempt_outcome text,
+    dead_reason text,
+    result jsonb,
+    last_error text,
+    idempotency_key text,
+    created_at timestamp with time zone NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    updated_at timestamp with time zone NOT NULL,
+    last_wakeup_at timestamp with time zone,
+    cancel_reason text,
+    processing_attempts integer DEFAULT 0 NOT NULL,
+    max_processing_attempts integer DEFAULT 10 NOT NULL,
+    on_exhausted text DEFAULT 'dead_letter'::text NOT NULL,
+    trace_context jsonb,
+    priority smallint DEFAULT 5 NOT NULL,
+    concurrency_key text,
+    pass bigint DEFAULT 0 NOT NULL,
+    CONSTRAINT tasks_attempt_check CHECK ((attempt >= 1)),
+    CONSTRAINT tasks_attempt_outcome_check CHECK ((attempt_outcome = ANY (ARRAY['Completed'::text, 'Failed'::text, 'LeaseExpired'::text, 'DeadlineExceeded'::text, 'Canceled'::text, 'Drained'::text]))),
+    CONSTRAINT tasks_backoff_base_seconds_check CHECK ((backoff_base_seconds >= (0)::double precision)),
+    CONSTRAINT tasks_backoff_max_seconds_check CHECK ((backoff_max_seconds >= (0)::double precision)),
+    CONSTRAINT tasks_cancel_reason_check CHECK ((cancel_reason = ANY (ARRAY['Requested'::text, 'VersionSuperseded'::text]))),
+    CONSTRAINT tasks_check CHECK (((status <> 'Running'::text) OR ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
+    CONSTRAINT tasks_check1 CHECK (((status <> 'Failed'::text) OR (next_retry_at IS NOT NULL))),
+    CONSTRAINT tasks_check2 CHECK (((status <> 'Scheduled'::text) OR (scheduled_for IS NOT NULL))),
+    CONSTRAINT tasks_concurrency_key_check CHECK ((concurrency_key ~ '^[[:print:]]{1,200}$'::text)),
+    CONSTRAINT tasks_dead_reason_check CHECK ((dead_reason = ANY (ARRAY['AttemptsExhausted'::text, 'Expired'::text, 'ProcessingAttemptsExceeded'::text, 'PermanentFailure'::text]))),
+    CONSTRAINT tasks_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 100))),
+    CONSTRAINT tasks_on_exhausted_check CHECK ((on_exhausted = ANY (ARRAY['dead_letter'::text, 'discard'::text]))),
+    CONSTRAINT tasks_priority_range CHECK (((priority >= 0) AND (priority <= 9))),
+    CONSTRAINT tasks_processing_attempts_check CHECK (((processing_attempts >= 0) AND ((max_processing_attempts >= 1) AND (max_processing_attempts <= 100)))),
+    CONSTRAINT tasks_replay_offset_check CHECK ((replay_offset >= 0)),
+    CONSTRAINT tasks_status_check CHECK ((status = ANY (ARRAY['Scheduled'::text, 'Queued'::text, 'Running'::text, 'Completed'::text, 'Failed'::text, 'Dead'::text, 'Canceled'::text]))),
+    CONSTRAINT tasks_timeout_seconds_check CHECK ((timeout_seconds > 0))
+)
+WITH (autovacuum_vacuum_scale_factor='0.05', autovacuum_analyze_scale_factor='0.02');
+
+--
+-- Name: taskplat_claimable(public.tasks, timestamp with time zone, boolean, text[]); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.taskplat_claimable(t public.tasks, p_now timestamp with time zone, p_capability_keys boolean, p_untrusted_operators text[]) RETURNS boolean
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT (t.expires_at IS NULL OR t.expires_at > p_now)
+       AND (p_capability_keys OR NOT taskplat_untrusted(t.job, t.operator, p_untrusted_operators))
+$$;
+
+--
+-- Name: FUNCTION taskplat_claimable(t public.tasks, p_now timestamp with time zone, p_capability_keys boolean, p_untrusted_operators text[]); Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON FUNCTION public.taskplat_claimable(t public.tasks, p_now timestamp with time zone, p_capability_keys boolean, p_untrusted_operators text[]) IS 'Whether a Queued task may start, of itself: unexpired, and trusted unless the claimer holds capability keys.';
 
 --
 -- Name: taskplat_complete_late(uuid, integer, uuid, jsonb, jsonb, timestamp with time zone, text, jsonb, jsonb); Type: FUNCTION; Schema: public; Owner: -
@@ -499,70 +581,6 @@ BEGIN
     END IF;
 END
 $_$;
-
---
--- Name: tasks; Type: TABLE; Schema: public; Owner: -
---
-
-CREATE TABLE public.tasks (
-    task_id uuid NOT NULL,
-    status text NOT NULL,
-    queue text NOT NULL,
-    operator text NOT NULL,
-    job jsonb,
-    config jsonb DEFAULT '{}'::jsonb NOT NULL,
-    inputs jsonb DEFAULT '[]'::jsonb NOT NULL,
-    attempt integer DEFAULT 1 NOT NULL,
-    replay_offset integer DEFAULT 0 NOT NULL,
-    max_attempts integer NOT NULL,
-    backoff_base_seconds double precision NOT NULL,
-    backoff_max_seconds double precision NOT NULL,
-    timeout_seconds integer,
-    lease_token uuid,
-    lease_expires_at timestamp with time zone,
-    deadline_at timestamp with time zone,
-    worker_id text,
-    scheduled_for timestamp with time zone,
-    next_retry_at timestamp with time zone,
-    expires_at timestamp with time zone,
-    queued_at timestamp with time zone,
-    attempt_outcome text,
-    dead_reason text,
-    result jsonb,
-    last_error text,
-    idempotency_key text,
-    created_at timestamp with time zone NOT NULL,
-    started_at timestamp with time zone,
-    finished_at timestamp with time zone,
-    updated_at timestamp with time zone NOT NULL,
-    last_wakeup_at timestamp with time zone,
-    cancel_reason text,
-    processing_attempts integer DEFAULT 0 NOT NULL,
-    max_processing_attempts integer DEFAULT 10 NOT NULL,
-    on_exhausted text DEFAULT 'dead_letter'::text NOT NULL,
-    trace_context jsonb,
-    priority smallint DEFAULT 5 NOT NULL,
-    concurrency_key text,
-    pass bigint DEFAULT 0 NOT NULL,
-    CONSTRAINT tasks_attempt_check CHECK ((attempt >= 1)),
-    CONSTRAINT tasks_attempt_outcome_check CHECK ((attempt_outcome = ANY (ARRAY['Completed'::text, 'Failed'::text, 'LeaseExpired'::text, 'DeadlineExceeded'::text, 'Canceled'::text, 'Drained'::text]))),
-    CONSTRAINT tasks_backoff_base_seconds_check CHECK ((backoff_base_seconds >= (0)::double precision)),
-    CONSTRAINT tasks_backoff_max_seconds_check CHECK ((backoff_max_seconds >= (0)::double precision)),
-    CONSTRAINT tasks_cancel_reason_check CHECK ((cancel_reason = ANY (ARRAY['Requested'::text, 'VersionSuperseded'::text]))),
-    CONSTRAINT tasks_check CHECK (((status <> 'Running'::text) OR ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
-    CONSTRAINT tasks_check1 CHECK (((status <> 'Failed'::text) OR (next_retry_at IS NOT NULL))),
-    CONSTRAINT tasks_check2 CHECK (((status <> 'Scheduled'::text) OR (scheduled_for IS NOT NULL))),
-    CONSTRAINT tasks_concurrency_key_check CHECK ((concurrency_key ~ '^[[:print:]]{1,200}$'::text)),
-    CONSTRAINT tasks_dead_reason_check CHECK ((dead_reason = ANY (ARRAY['AttemptsExhausted'::text, 'Expired'::text, 'ProcessingAttemptsExceeded'::text, 'PermanentFailure'::text]))),
-    CONSTRAINT tasks_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 100))),
-    CONSTRAINT tasks_on_exhausted_check CHECK ((on_exhausted = ANY (ARRAY['dead_letter'::text, 'discard'::text]))),
-    CONSTRAINT tasks_priority_range CHECK (((priority >= 0) AND (priority <= 9))),
-    CONSTRAINT tasks_processing_attempts_check CHECK (((processing_attempts >= 0) AND ((max_processing_attempts >= 1) AND (max_processing_attempts <= 100)))),
-    CONSTRAINT tasks_replay_offset_check CHECK ((replay_offset >= 0)),
-    CONSTRAINT tasks_status_check CHECK ((status = ANY (ARRAY['Scheduled'::text, 'Queued'::text, 'Running'::text, 'Completed'::text, 'Failed'::text, 'Dead'::text, 'Canceled'::text]))),
-    CONSTRAINT tasks_timeout_seconds_check CHECK ((timeout_seconds > 0))
-)
-WITH (autovacuum_vacuum_scale_factor='0.05', autovacuum_analyze_scale_factor='0.02');
 
 --
 -- Name: taskplat_create_tasks(public.taskplat_new_task[], timestamp with time zone, jsonb, double precision, boolean); Type: FUNCTION; Schema: public; Owner: -
@@ -1772,9 +1790,9 @@ CREATE FUNCTION public.taskplat_start_attempts(p_task_ids uuid[], p_now timestam
     AS $$
 #variable_conflict use_column
 BEGIN
-    -- Guard: only the named rows still claimable move (Queued, unexpired, queue not paused,
-    -- and trusted unless the claimer holds capability keys);
-    -- the UPDATE re-tests it on the newest version of each row it locks, so one claim wins.
+    -- Guard: only the named rows still claimable move (Queued and `taskplat_claimable`; a
+    -- paused queue's are skipped by the admission trigger); the UPDATE re-tests it on the
+    -- newest version of each row it locks, so one claim wins.
     -- p_lease_token: the lease of a single claimed task (a fresh one per task when NULL).
     RETURN QUERY
     WITH claimed AS (
@@ -1795,9 +1813,7 @@ BEGIN
             updated_at = p_now
         WHERE t.task_id = ANY(p_task_ids)
           AND (t.status = 'Queued') IS TRUE  -- by primary key, never the Queued index (top)
-          AND (t.expires_at IS NULL OR t.expires_at > p_now)
-          AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.name = t.queue AND q.paused)
-          AND (p_capability_keys OR NOT taskplat_untrusted(t.job, t.operator, p_untrusted_operators))
+          AND taskplat_claimable(t, p_now, p_capability_keys, p_untrusted_operators)
         RETURNING t.task_id, t.attempt, t.job, t.operator, t.queue, t.config, t.inputs,
                   t.timeout_seconds, t.deadline_at, t.lease_token, t.lease_expires_at,
                   t.worker_id, t.started_at, t.queued_at, t.created_at, t.replay_offset,

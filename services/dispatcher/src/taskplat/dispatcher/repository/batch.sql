@@ -23,12 +23,12 @@ SELECT * FROM taskplat_claim_next(%(queue)s::text, %(max)s::integer, %(worker_id
 -- Up to %(max)s Queued tasks of the queue a claim-next left because they run untrusted
 -- (taskplat_untrusted, migration 0024) and this dispatcher has no capability keys; never a
 -- `runtime: lambda` job's task (claim-next never takes those), none of a paused queue (left for
--- that).
+-- that): the tasks a claimer holding capability keys could start (taskplat_claimable).
 SELECT t.task_id
 FROM tasks AS t
 WHERE t.status = 'Queued'
   AND t.queue = %(queue)s
-  AND (t.expires_at IS NULL OR t.expires_at > coalesce(%(now)s::timestamptz, now()))
+  AND taskplat_claimable(t, coalesce(%(now)s::timestamptz, now()), true, '{}')
   AND NOT EXISTS (SELECT 1 FROM queues AS q WHERE q.name = %(queue)s AND q.paused)
   AND taskplat_untrusted(t.job, t.operator, %(untrusted_operators)s::text[])
   AND (t.job IS NULL
