@@ -107,6 +107,8 @@ def postgres_table(pool: ConnectionPool[Any], view: InputView, max_bytes: int) -
             if size > max_bytes:
                 raise _too_large(view, max_bytes)
             batches.append(batch)
+            if len(rows) < FETCH_ROWS:
+                break  # the cursor is spent: no FETCH for an empty answer
     schema = pa.schema(
         [pa.field(n, ARROW_TYPES.get(oid, pa.string())) for n, oid in zip(names, oids, strict=True)]
     )

@@ -17,7 +17,7 @@ from taskplat.devstack.errors import DevstackError
 
 
 def _cmd_chaos(args: argparse.Namespace) -> int:
-    from taskplat.chaos.config import VARIANTS, ChaosConfig
+    from taskplat.chaos.config import DEFAULT_VARIANTS, VARIANTS, ChaosConfig
     from taskplat.chaos.injector import FaultRates
     from taskplat.chaos.limits import ChaosLimits
     from taskplat.chaos.variants import main as run_chaos
@@ -52,11 +52,19 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
         sqs_endpoint_url=args.sqs_endpoint_url,
         limits=limits,
     )
-    variants = VARIANTS if args.variant == "both" else (args.variant,)
+    variants = (
+        DEFAULT_VARIANTS
+        if args.variant == "both"
+        else VARIANTS
+        if args.variant == "all"
+        else (args.variant,)
+    )
     return run_chaos(config, variants=variants)
 
 
 def parser() -> argparse.ArgumentParser:
+    from taskplat.chaos.config import VARIANTS
+
     chaos = argparse.ArgumentParser(
         prog="python -m taskplat.chaos",
         description="Runs N tasks through a private stack while a proxy in front of SQS loses, "
@@ -123,9 +131,10 @@ def parser() -> argparse.ArgumentParser:
     variants = chaos.add_mutually_exclusive_group()
     variants.add_argument(
         "--variant",
-        choices=["both", "waiting-claims", "no-waiting-claims"],
+        choices=["both", "all", *VARIANTS],
         default="both",
-        help="both (default): the waiting-claims run, then the no-waiting-claims one; or just one",
+        help="both (default): the waiting-claims run, then the no-waiting-claims one; all: those "
+        "and claims-ahead (SQS with claims ahead, no waiting claims); or just one",
     )
     variants.add_argument(
         "--no-waiting-claims",

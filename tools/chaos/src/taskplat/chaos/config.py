@@ -1,4 +1,5 @@
-"""The chaos run's settings: `ChaosConfig` and its two variants (with and without waiting claims).
+"""The chaos run's settings: `ChaosConfig` and its variants, the ways wrappers get work: waiting
+claims (the default), SQS alone, and SQS with claims ahead (without waiting claims).
 
 Invariants: a config is checked when made (`DevstackError` naming the bad value); each variant of a
 run gets its own directory and its own seed (`variant_configs`), so a variant run alone replays
@@ -16,11 +17,22 @@ from taskplat.devstack.errors import DevstackError
 
 WAITING_CLAIMS = "waiting-claims"
 NO_WAITING_CLAIMS = "no-waiting-claims"
-VARIANTS = (WAITING_CLAIMS, NO_WAITING_CLAIMS)
-# Without waiting claims, no claim bypasses SQS: no waiting claim and no claim ahead either.
-NO_WAITING_CLAIMS_ENV = {
-    "TASKPLAT_WORKER_POLL_DISPATCHER": "false",
-    "TASKPLAT_WORKER_CLAIM_AHEAD": "false",
+CLAIMS_AHEAD = "claims-ahead"
+VARIANTS = (WAITING_CLAIMS, NO_WAITING_CLAIMS, CLAIMS_AHEAD)  # seeds: base + index here
+DEFAULT_VARIANTS = (WAITING_CLAIMS, NO_WAITING_CLAIMS)
+# The wrappers' settings of each variant. Without waiting claims, no claim bypasses SQS: no
+# waiting claim and no claim ahead either. With claims ahead, a backlog is claimed from the
+# dispatcher while SQS brings the wake-ups.
+VARIANT_ENV: dict[str, dict[str, str]] = {
+    WAITING_CLAIMS: {},
+    NO_WAITING_CLAIMS: {
+        "TASKPLAT_WORKER_POLL_DISPATCHER": "false",
+        "TASKPLAT_WORKER_CLAIM_AHEAD": "false",
+    },
+    CLAIMS_AHEAD: {
+        "TASKPLAT_WORKER_POLL_DISPATCHER": "false",
+        "TASKPLAT_WORKER_CLAIM_AHEAD": "true",
+    },
 }
 
 
@@ -39,7 +51,7 @@ class ChaosConfig:
     postgres_restarts: int = 2
     workers: int = 2
     replicas: int = 2  # processes of each of REPLICATED
-    waiting_claims: bool = True  # False: NO_WAITING_CLAIMS_ENV on the wrappers
+    variant: str = WAITING_CLAIMS  # its VARIANT_ENV on the wrappers
     task_sleep: float = 0.005  # seconds each task's operator sleeps
     seed: int | None = None
     sqs_endpoint_url: str | None = None  # a running SQS endpoint to put the injector in front of
@@ -54,10 +66,12 @@ class ChaosConfig:
             raise DevstackError("chaos needs at least one worker wrapper")
         if self.replicas < 1:
             raise DevstackError("chaos needs at least one replica of each service")
+        if self.variant not in VARIANTS:
+            raise DevstackError(f"unknown chaos variant {self.variant!r}")
 
     @property
-    def variant(self) -> str:
-        return WAITING_CLAIMS if self.waiting_claims else NO_WAITING_CLAIMS
+    def waiting_claims(self) -> bool:
+        return self.variant == WAITING_CLAIMS
 
 
 def variant_configs(config: ChaosConfig, variants: tuple[str, ...]) -> list[ChaosConfig]:
@@ -72,7 +86,7 @@ def variant_configs(config: ChaosConfig, variants: tuple[str, ...]) -> list[Chao
         replace(
             config,
             run_dir=config.run_dir / name,
-            waiting_claims=name == WAITING_CLAIMS,
+            variant=name,
             seed=None if seed is None else seed + VARIANTS.index(name),
         )
         for name in variants

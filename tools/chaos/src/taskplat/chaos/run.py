@@ -54,7 +54,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from taskplat.chaos.balancer import DispatcherBalancer
-from taskplat.chaos.config import NO_WAITING_CLAIMS_ENV, ChaosConfig
+from taskplat.chaos.config import CLAIMS_AHEAD, VARIANT_ENV, ChaosConfig
 from taskplat.chaos.drain import drain
 from taskplat.chaos.injector import FaultRates, SqsFaultInjector
 from taskplat.chaos.limits import check as check_limits
@@ -141,8 +141,7 @@ class ChaosRun:
 
     def _worker_env(self, balancer_url: str) -> dict[str, str]:
         env = {"TASKPLAT_WORKER_DISPATCHER_URL": balancer_url}
-        if not self.config.waiting_claims:
-            env.update(NO_WAITING_CLAIMS_ENV)
+        env.update(VARIANT_ENV[self.config.variant])
         return env
 
     def _stack_config(self, sqs_url: str, dispatcher_port: int, balancer_url: str) -> StackConfig:
@@ -358,7 +357,13 @@ class ChaosRun:
         settings["TASKPLAT_WORKER_POLL_DISPATCHER"] = (
             "true" if self.config.waiting_claims else "false"
         )
-        settings["TASKPLAT_WORKER_CLAIM_AHEAD"] = "unset" if self.config.waiting_claims else "false"
+        settings["TASKPLAT_WORKER_CLAIM_AHEAD"] = (
+            "unset"
+            if self.config.waiting_claims
+            else "true"
+            if self.config.variant == CLAIMS_AHEAD
+            else "false"
+        )
         return settings
 
     def _missing(self, task_ids: set[str]) -> set[str]:
