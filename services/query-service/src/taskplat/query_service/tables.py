@@ -76,7 +76,7 @@ def postgres_table(pool: ConnectionPool[Any], view: InputView, max_bytes: int) -
     batches: list[pa.RecordBatch] = []
     size = 0
     with pool.connection() as conn, conn.transaction(), conn.cursor() as cursor:
-        for name in ("json", "jsonb"):
+        for name in ("json", "jsonb", "uuid"):  # text in the end: never parsed
             cursor.adapters.register_loader(name, TextLoader)
         opened = cursor.execute(
             "SELECT taskplat_query_open(%s, %s, %s, %s)",

@@ -23,8 +23,13 @@ CREATE FUNCTION taskplat_query_inputs(
     p_task_id uuid, p_attempt integer, p_datasets uuid[], p_versions uuid[]
 )
 RETURNS TABLE (dataset_uuid uuid, dataset_version uuid, name text, kind text, table_name text)
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path FROM CURRENT
 AS $$
+#variable_conflict use_column
+BEGIN
+    -- PL/pgSQL, not SQL: its plan is kept for the session (a SQL function that is not inlined,
+    -- as a SECURITY DEFINER one never is, is planned again on every call).
+    RETURN QUERY
     SELECT d.dataset_uuid, v.dataset_version, d.name, d.kind,
            CASE d.kind
                WHEN 'buffered_postgres' THEN t.table_name
@@ -42,7 +47,8 @@ AS $$
       ON v.dataset_uuid = p.dataset_uuid AND v.dataset_version = p.dataset_version
     LEFT JOIN dataset_tables AS t
       ON t.dataset_uuid = v.dataset_uuid AND t.dataset_version = v.dataset_version
-    WHERE task.task_id = p_task_id AND task.status = 'Running' AND task.attempt = p_attempt
+    WHERE task.task_id = p_task_id AND task.status = 'Running' AND task.attempt = p_attempt;
+END
 $$;
 
 -- A cursor over the whole table of one pinned version, for an attempt running now that pins it
