@@ -11,12 +11,13 @@ its children as they exit.
 
 Invariants of a child (one sandbox):
   * Its DuckDB is its own copy (by `fork`) of an in-memory database the fork server opened on one
-    thread and never queried nor gave data to; it locks it down (`engine.lock_down`) before it
-    says it is ready. It then decides the statement with the guard (on that DuckDB, holding no
-    data: DuckDB's parser never sees untrusted SQL in the service) and answers the views it
-    reads, or the refusal; given the inputs (a JSON header, then one Arrow IPC stream per input),
-    it registers each under its view names, runs the one statement, writes one answer (a JSON
-    header, then the body) and exits. It serves one query, never two.
+    thread, locked down (`engine.lock_down`: done once there, so a sandbox is locked from its first
+    instruction and no child pays for it), and never queried nor gave data to. It then decides the
+    statement with the guard (on that DuckDB, holding no data: DuckDB's parser never sees untrusted
+    SQL in the service) and answers the views it reads, or the refusal; given the inputs (a JSON
+    header, then one Arrow IPC stream per input), it registers each under its view names, runs the
+    one statement, writes one answer (a JSON header, then the body) and exits. It serves one query,
+    never two.
   * It holds no secret, no database connection and no AWS credential: the service reads the
     inputs and hands them over as Arrow. Whatever runs inside it can reach only those tables,
     and no host: the fork server installs `seccomp.deny_network()` first thing, inherited by
@@ -64,10 +65,9 @@ def _failure(code: str, message: str) -> bytes:
 def serve(
     sock: socket.socket, limits: engine.Limits, conn: duckdb.DuckDBPyConnection, guarded: bool
 ) -> None:
-    """One sandbox: lock `conn` (this process's copy of a never-used database) down, say ready,
+    """One sandbox: say ready on `conn` (this process's copy of a locked, never-used database),
     decide one statement (the guard; unguarded only in tests of the lockdown alone), then, given
     its inputs, answer it."""
-    engine.lock_down(conn, limits)
     frames.send(sock, READY)
     asked: dict[str, Any] = json.loads(frames.receive(sock, MAX_REQUEST))
     sql, views = str(asked["sql"]), [str(v) for v in asked["views"]]
@@ -139,7 +139,7 @@ def main(argv: list[str]) -> int:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     seccomp.deny_network()  # no socket but AF_UNIX, here and in every sandbox
     _warm_up()
-    template = engine.open_database(limits)  # never queried here: each child gets its own copy
+    template = engine.connect(limits)  # locked down, never queried: each child gets its copy
     signal.signal(signal.SIGCHLD, _reap)
     while True:
         try:
