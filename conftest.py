@@ -16,7 +16,8 @@ import pytest
 
 from taskplat.testkit.testdb import TemplateDatabases
 
-pytest_plugins = ["taskplat.testkit.fixtures", "taskplat.testkit.prebuild"]
+# tutorial_stack (tests/docs): the tutorials' code blocks as tests, run by Sybil.
+pytest_plugins = ["taskplat.testkit.fixtures", "taskplat.testkit.prebuild", "tutorial_stack"]
 
 
 @pytest.fixture(scope="session")

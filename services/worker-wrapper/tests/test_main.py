@@ -174,3 +174,12 @@ def test_the_event_loop_setting_picks_the_loop() -> None:
     assert cloexec_all_supported()
     assert loop_factory("auto") is uvloop.new_event_loop
     assert loop_factory("uvloop") is uvloop.new_event_loop
+
+
+def test_here_in_a_command_is_the_operators_files_directory(tmp_path: Path) -> None:
+    folder = tmp_path / "team"
+    folder.mkdir()
+    path = folder / "operators.yaml"
+    path.write_text('operators:\n  count:\n    command: ["{python}", "{here}/count.py"]\n')
+    (spec,) = load_operators(path).values()
+    assert spec.argv("/usr/bin/python3") == ["/usr/bin/python3", f"{folder.resolve()}/count.py"]

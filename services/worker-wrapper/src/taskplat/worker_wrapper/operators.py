@@ -8,7 +8,9 @@ Invariants:
     allow-list cannot name); the allow-list can never name the worker token nor any other
     `TASKPLAT_WORKER_*` setting nor an AWS credential variable, so operator code never sees the
     wrapper's dispatcher or AWS credentials.
-  * `{python}` in a command stands for the wrapper's own interpreter (`sys.executable`).
+  * `{python}` in a command stands for the wrapper's own interpreter (`sys.executable`), and
+    `{here}` for the directory of the operators file (resolved, absolute): an operator's working
+    directory is its task's scratch directory, so a path next to the file is named through it.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ class OperatorSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     command: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] = Field(
-        description="argv of the operator; `{python}` is replaced by the wrapper's interpreter."
+        description="argv of the operator; `{python}` is replaced by the wrapper's interpreter, "
+        "`{here}` by the directory of the operators file."
     )
     env: tuple[EnvName, ...] = Field(
         (), description="Names of variables passed through from the wrapper's environment."
@@ -163,7 +166,13 @@ def load_operators(path: Path | None = None) -> Mapping[str, OperatorSpec]:
         parsed = OperatorsFile.model_validate(data)
     except ValidationError as exc:
         raise OperatorsFileError(f"operators file {path}: {summarize(exc)}") from exc
-    return dict(parsed.operators)
+    here = str(path.resolve().parent)
+    return {
+        name: spec.model_copy(
+            update={"command": [part.replace("{here}", here) for part in spec.command]}
+        )
+        for name, spec in parsed.operators.items()
+    }
 
 
 def summarize(exc: ValidationError, limit: int = 3) -> str:
