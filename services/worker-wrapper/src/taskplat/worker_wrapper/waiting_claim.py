@@ -8,8 +8,9 @@ Invariants:
     lost NOTIFY, a poll that failed): an idle wrapper's poll leaves one free slot to what SQS
     brings (unless it has only one), and a message that arrives while the poll holds every free
     slot waits for a slot (its visibility renewed as usual) before any new poll starts.
-  * Under a backlog (the last poll came back full, two or more tasks) the loop gathers free slots
-    as claim-ahead does, so one call fills them all; claim-ahead itself is not used.
+  * Under a backlog (the last poll came back full: two or more tasks, or every task it asked for
+    when it was made under a backlog already) the loop gathers free slots as claim-ahead does, so
+    one call fills them all; claim-ahead itself is not used.
   * With `claim_with_completions` (`build_wrapper` gives the completion batcher this loop's
     `claim_along`), under a backlog the claim goes along with the completion call about to be
     sent instead of a claim-next of its own: the completion batcher asks (`claim_along`) as it
@@ -171,7 +172,9 @@ class WaitingClaimLoop:
                 asked = poll.slots
                 claimed = poll.take()
                 slots.start_claimed(claimed)
-                full = asked if self._along else max(asked, 2)
+                # Under a backlog (or along with completions) a poll that brought all it asked
+                # for keeps the backlog, even one task; otherwise one task is no sign of one.
+                full = asked if self._along or self._backlog else max(asked, 2)
                 self._backlog = bool(claimed) and len(claimed) >= full
             if receive is not None and receive.done():
                 finished, receive = receive, None
