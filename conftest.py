@@ -3,7 +3,8 @@
 Invariants: tests never touch a database another test uses: each test gets its own database cloned
 from a migrated template; the Postgres server and the SQS endpoint come from
 `taskplat.testkit.fixtures` (private processes on free ports, or DATABASE_URL / SQS_ENDPOINT_URL
-from the environment when set).
+from the environment when set); a metric recorded in-process with a label its declaration does not
+name fails the test that recorded it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from taskplat.common.metrics import clear_undeclared_labels, undeclared_labels
 from taskplat.testkit.testdb import TemplateDatabases
 
 # tutorial_stack (tests/docs): the tutorials' code blocks as tests, run by Sybil.
@@ -29,6 +31,19 @@ def template_databases(database_url: str) -> Iterator[TemplateDatabases]:
     databases.create_template(apply_migrations)
     yield databases
     databases.drop_all()
+
+
+@pytest.fixture(autouse=True)
+def metrics_record_only_declared_labels() -> Iterator[None]:
+    """Fails a test during which an instrument of this process met a label its declaration
+    (a service's metric_specs module) does not name."""
+    clear_undeclared_labels()
+    yield
+    found = undeclared_labels()
+    clear_undeclared_labels()
+    if found:
+        listed = "; ".join(f"{metric}: {', '.join(labels)}" for metric, labels in found)
+        pytest.fail(f"metrics recorded with labels they do not declare: {listed}")
 
 
 _counter = itertools.count()

@@ -5,8 +5,9 @@ Checked: each service task (platform and worker pool, upcoming services included
 collector sidecar that scrapes the port the service serves /metrics on, under the ECS service's
 name, and receives the OTLP traces the service sends; the collector config parses in both export
 modes and fits an SSM standard parameter; each application metric a policy or alarm reads is an
-instrument in a service's code, listed in docs/operations.md, and published by the collector
-config with the dimensions the policy or alarm uses.
+instrument in a service's code, declared in its package's metric_specs (so listed in the generated
+metrics reference), and published by the collector config with the dimensions the policy or alarm
+uses.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import deploy_model
 import pytest
 import yaml
 from deploy_model import REPO, SPECS, Container
+
+from taskplat.common.metric_spec import declared_metrics
 
 Templates = dict[str, dict[str, Any]]
 OTLP_RECEIVER = "127.0.0.1:4318"
@@ -179,15 +182,15 @@ def test_policies_and_alarms_read_metrics_the_services_export(cfn_templates: Tem
         "taskplat_sqs_send_errors_total",
     }
     instruments = _instrument_names()
-    operations = (REPO / "docs" / "operations.md").read_text(encoding="utf-8")
+    declared = {metric.exposed_name for _, metrics in declared_metrics() for metric in metrics}
     for template_name, logical_id, metric, _ in used:
         upcoming = UPCOMING_METRICS.get(metric)
         if upcoming is not None and not (REPO / "services" / upcoming).is_dir():
             continue
         base = re.sub(r"_(total|seconds)$", "", metric)
         assert base in instruments, f"{template_name} {logical_id}: no service exports {metric}"
-        assert f"`{metric}`" in operations or f"`{base}" in operations, (
-            f"{metric} is not listed in docs/operations.md"
+        assert metric in declared or base in declared, (
+            f"{metric} is declared in no metric_specs module (nor in the metrics reference)"
         )
 
 

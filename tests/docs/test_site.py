@@ -38,6 +38,11 @@ def test_the_site_builds_strictly_with_every_reference_page(tmp_path: Path) -> N
     api = (tmp_path / "site" / "reference" / "http-api" / "index.html").read_text(encoding="utf-8")
     missing = [f"{s.method} {s.path}" for s in ALL_ROUTES if f"{s.method} {s.path}" not in api]
     assert not missing, f"the HTTP API page lacks these routes: {missing}"
+    from taskplat.common.metric_spec import declared_metrics
+
+    metrics = (tmp_path / "site" / "reference" / "metrics" / "index.html").read_text("utf-8")
+    exposed = [metric.exposed_name for _, each in declared_metrics() for metric in each]
+    assert [name for name in exposed if f"<code>{name}</code>" not in metrics] == []
     cli = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text(encoding="utf-8")
     assert "taskplat submit" in cli
     assert (tmp_path / "site" / "reference" / "openapi.json").is_file()

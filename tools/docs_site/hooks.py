@@ -7,6 +7,10 @@ Generated pages (they exist only in the built site, never in docs/):
 - reference/http-api.md: every route of the dispatcher, from the OpenAPI document it serves
   (`taskplat.dispatcher.openapi.build_openapi`, the same function behind `GET /openapi.json`); the
   document itself is written beside it as reference/openapi.json.
+- reference/metrics.md: every metric of every service, from the declarations its instruments are
+  created from (each package's `metric_specs` module, listed in
+  `taskplat.common.metric_spec.CATALOGS`): the exposed name, the Prometheus type, the labels and
+  the meaning.
 
 The command line's page (docs/reference/cli.md) is rendered by mkdocs-click from the click commands.
 """
@@ -45,6 +49,15 @@ SERVICES: tuple[tuple[str, str, str], ...] = (
     ("Query service", "taskplat.query_service.settings", "QuerySettings"),
 )
 METHODS = ("get", "put", "post", "patch", "delete")
+METRICS_INTRO = """\
+Every service serves its metrics in the Prometheus text format on `GET /metrics` (the loops on
+their ops port); see [Operating Taskplat](../operations.md) for the endpoints, the questions the
+metrics answer and the alerts worth setting. Counters end in `_total`; durations are histograms
+in seconds (`_seconds_bucket`, `_sum`, `_count`). Labels never carry a task id, so cardinality stays
+bounded by queues, operators and reasons. A metric is exposed once it has a measurement. A metric
+two services export (`taskplat_tasks_failed_total`, ...) is listed under each, with the labels that
+service records.
+"""
 
 
 def settings_class(module: str, name: str) -> type[BaseSettings]:
@@ -95,6 +108,33 @@ def settings_page() -> str:
         for field, info in cls.model_fields.items():
             meaning = _cell(info.description or "")
             lines.append(f"| `{env_name(cls, field)}` | {_default(cls, field)} | {meaning} |")
+    return "\n".join(lines) + "\n"
+
+
+def metrics_page() -> str:
+    from taskplat.common.metric_spec import declared_metrics
+
+    lines = [
+        "# Metrics",
+        "",
+        "This page is generated from the metrics' declarations in the code when the site is built.",
+        "",
+        METRICS_INTRO,
+    ]
+    for title, metrics in declared_metrics():
+        lines += [
+            "",
+            f"## {title}",
+            "",
+            "| metric | type | labels | meaning |",
+            "|---|---|---|---|",
+        ]
+        for metric in metrics:
+            labels = ", ".join(f"`{label}`" for label in metric.labels) or "-"
+            meaning = _cell(metric.doc or metric.description)
+            lines.append(
+                f"| `{metric.exposed_name}` | {metric.prometheus_type} | {labels} | {meaning} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -205,6 +245,7 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
         "reference/settings.md": settings_page(),
         "reference/http-api.md": http_api_page(document),
         "reference/openapi.json": json.dumps(document, indent=2) + "\n",
+        "reference/metrics.md": metrics_page(),
     }
     for src_uri, content in generated.items():
         files.append(File.generated(config, src_uri, content=content))

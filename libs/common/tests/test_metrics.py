@@ -12,7 +12,7 @@ import pytest
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from taskplat.common import metrics
-from taskplat.common.telemetry import SIZE_BUCKETS, Telemetry
+from taskplat.common.telemetry import SIZE_BUCKETS, Metric, Telemetry
 
 EXPECTED = """\
 # HELP taskplat_tasks_created_total Tasks created.
@@ -191,3 +191,31 @@ def test_an_unhashable_attribute_value_is_a_json_label() -> None:
     counter.add(1, {"tags": ["a", "b"]})
     counter.add(1, {"tags": ["a", "b"]})
     assert 'taskplat_c_total{tags="[\\"a\\", \\"b\\"]"} 2.0' in telemetry.prometheus_text().decode()
+
+
+def test_a_label_the_declaration_does_not_name_is_noted_and_still_recorded() -> None:
+    telemetry = Telemetry("metrics-test")
+    declared = Metric("taskplat.declared", "counter", "Declared.", labels=("queue",))
+    counter = telemetry.counter(declared)
+    gauge = Metric("taskplat.gauge", "observable_gauge", "Gauge.", labels=("queue",))
+    telemetry.observable_gauge(gauge, [lambda _: [Observation(1, {"queue": "q", "id": "7"})]])
+    try:
+        counter.add(1, {"queue": "q"})
+        counter.add(1, {"queue": "q", "worker": None})  # a None attribute is no label
+        assert metrics.undeclared_labels() == []
+        counter.add(1, {"queue": "q", "task_id": "t1"})
+        counter.add(1, {"queue": "q", "task_id": "t2"})  # noted once
+        text = telemetry.prometheus_text().decode()
+        assert metrics.undeclared_labels() == [
+            ("taskplat_declared", ("task_id",)),
+            ("taskplat_gauge", ("id",)),
+        ]
+        assert 'taskplat_declared_total{queue="q",task_id="t2"} 1.0' in text
+    finally:
+        metrics.clear_undeclared_labels()  # noted on purpose: not this test's failure
+
+
+def test_a_declaration_of_another_kind_is_refused() -> None:
+    telemetry = Telemetry("metrics-test")
+    with pytest.raises(ValueError, match="declared a histogram"):
+        telemetry.counter(Metric("taskplat.h", "histogram", "H.", unit="s"))

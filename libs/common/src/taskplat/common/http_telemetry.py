@@ -24,6 +24,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from taskplat.common.metric_specs import HTTP_SERVER_DURATION
 from taskplat.common.telemetry import Telemetry, extract
 
 UNMATCHED = "unmatched"
@@ -67,9 +68,7 @@ class HttpTelemetryMiddleware:
         self._app = app
         self._telemetry = telemetry
         self._routes = routes
-        self._duration = telemetry.histogram(
-            "taskplat.http.server.duration", description="HTTP request durations by route."
-        )
+        self._duration = telemetry.histogram(HTTP_SERVER_DURATION)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

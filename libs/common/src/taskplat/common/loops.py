@@ -24,6 +24,12 @@ from dataclasses import asdict, is_dataclass
 from typing import Any, Protocol
 
 from taskplat.common.logging import get_logger
+from taskplat.common.metric_specs import (
+    LOOP_BATCH_DURATION,
+    LOOP_BATCH_SIZE,
+    LOOP_BATCHES,
+    LOOP_ERRORS,
+)
 from taskplat.common.telemetry import SIZE_BUCKETS, Telemetry
 
 
@@ -77,22 +83,10 @@ class LoopMetrics:
 
     def __init__(self, telemetry: Telemetry, loop: str) -> None:
         self._attributes = {"loop": loop}
-        self._duration = telemetry.histogram(
-            "taskplat.loop.batch.duration", description="Duration of one loop batch."
-        )
-        self._items = telemetry.histogram(
-            "taskplat.loop.batch.size",
-            unit="1",
-            buckets=SIZE_BUCKETS,
-            description="Items a batch handled, by kind (a field of the batch result).",
-        )
-        self._batches = telemetry.counter(
-            "taskplat.loop.batches",
-            description="Loop batches completed, by full (true: the batch hit its limit).",
-        )
-        self._errors = telemetry.counter(
-            "taskplat.loop.errors", description="Loop batches that raised an error."
-        )
+        self._duration = telemetry.histogram(LOOP_BATCH_DURATION)
+        self._items = telemetry.histogram(LOOP_BATCH_SIZE, buckets=SIZE_BUCKETS)
+        self._batches = telemetry.counter(LOOP_BATCHES)
+        self._errors = telemetry.counter(LOOP_ERRORS)
 
     def batch(self, seconds: float, fields: dict[str, Any], *, full: bool = False) -> None:
         self._duration.record(seconds, self._attributes)

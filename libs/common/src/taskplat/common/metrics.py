@@ -20,6 +20,10 @@ Invariants:
     bounded whatever a caller passes.
   * Every method is thread-safe; a gauge callback runs only at a scrape, and one that raises is
     logged and skipped without failing the scrape.
+  * An instrument given its declared labels (`taskplat.common.metric_spec.Metric`) checks each new
+    label set against them (off the hot path: only when a label set is first met); a label it did
+    not declare is logged once and kept in `undeclared_labels()`, and the measurement is still
+    recorded, so a metric never fails its caller. The test suite fails on any (conftest.py).
 """
 
 from __future__ import annotations
@@ -52,6 +56,42 @@ Labels = tuple[tuple[str, str], ...]
 GaugeCallback = Callable[[CallbackOptions], Iterable[Observation]]
 
 _log = logging.getLogger(__name__)
+
+_undeclared: dict[tuple[str, tuple[str, ...]], None] = {}
+_undeclared_lock = threading.Lock()
+
+
+def undeclared_labels() -> list[tuple[str, tuple[str, ...]]]:
+    """(metric, label names) of every measurement so far that carried labels its metric's
+    declaration does not name, in the order first met."""
+    with _undeclared_lock:
+        return list(_undeclared)
+
+
+def clear_undeclared_labels() -> None:
+    """Forget what `undeclared_labels()` lists (tests: between one test and the next)."""
+    with _undeclared_lock:
+        _undeclared.clear()
+
+
+def _declared(labels: Sequence[str] | None) -> frozenset[str] | None:
+    if labels is None:
+        return None
+    return frozenset({_label_name(label) for label in labels} | {_OVERFLOW[0][0]})
+
+
+def _check_labels(metric: str, declared: frozenset[str] | None, labels: Labels) -> None:
+    """Note the labels of a new label set that `declared` (None: no declaration) lacks."""
+    if declared is None:
+        return
+    extra = tuple(name for name, _ in labels if name not in declared)
+    if not extra:
+        return
+    with _undeclared_lock:
+        if (metric, extra) in _undeclared:
+            return
+        _undeclared[(metric, extra)] = None
+    _log.warning("metric %s: labels %s not declared", metric, ", ".join(extra))
 
 
 def metric_name(name: str) -> str:
@@ -96,9 +136,10 @@ def _labels(attributes: Attributes) -> Labels:
 class _Series:
     """The label sets of one instrument and their cells, bounded by CARDINALITY_LIMIT."""
 
-    def __init__(self, new_cell: Callable[[], list[Any]]) -> None:
+    def __init__(self, new_cell: Callable[[], list[Any]], check: Callable[[Labels], None]) -> None:
         self.lock = threading.Lock()
         self._new_cell = new_cell
+        self._check = check
         self._by_raw: dict[tuple[Any, ...], list[Any]] = {}
         self._by_labels: dict[Labels, list[Any]] = {}
 
@@ -115,6 +156,7 @@ class _Series:
         labels = _labels(attributes)
         found = self._by_labels.get(labels)
         if found is None:
+            self._check(labels)
             if len(self._by_labels) >= CARDINALITY_LIMIT - 1 and labels != _OVERFLOW:
                 labels = _OVERFLOW
                 found = self._by_labels.get(labels)
@@ -143,10 +185,16 @@ def _label_rows(
 
 
 class _Instrument:
-    def __init__(self, name: str, unit: str, description: str) -> None:
+    def __init__(
+        self, name: str, unit: str, description: str, labels: Sequence[str] | None = None
+    ) -> None:
         self.name = metric_name(name)
         self.unit = unit_suffix(unit)
         self.description = description
+        self._declared = _declared(labels)
+
+    def _check(self, labels: Labels) -> None:
+        _check_labels(self.name, self._declared, labels)
 
     def collect(self) -> Metric | None:
         raise NotImplementedError
@@ -155,9 +203,11 @@ class _Instrument:
 class Counter(_Instrument):
     """A monotonic sum."""
 
-    def __init__(self, name: str, unit: str, description: str) -> None:
-        super().__init__(name, unit, description)
-        self._series = _Series(lambda: [0])
+    def __init__(
+        self, name: str, unit: str, description: str, labels: Sequence[str] | None = None
+    ) -> None:
+        super().__init__(name, unit, description, labels)
+        self._series = _Series(lambda: [0], self._check)
 
     _family: type[CounterMetricFamily | GaugeMetricFamily] = CounterMetricFamily
 
@@ -197,13 +247,20 @@ class UpDownCounter(Counter):
 class Histogram(_Instrument):
     """Explicit-bucket histogram: a value lands in the first bucket whose bound is >= it."""
 
-    def __init__(self, name: str, unit: str, description: str, buckets: Sequence[float]) -> None:
-        super().__init__(name, unit, description)
+    def __init__(
+        self,
+        name: str,
+        unit: str,
+        description: str,
+        buckets: Sequence[float],
+        labels: Sequence[str] | None = None,
+    ) -> None:
+        super().__init__(name, unit, description, labels)
         self._bounds = tuple(buckets)
         self._les = [f"{bound}" for bound in self._bounds] + ["+Inf"]
         width = len(self._bounds) + 1
         # cell: [sum, count of bucket 0, ..., count of the +Inf bucket]
-        self._series = _Series(lambda: [0] + [0] * width)
+        self._series = _Series(lambda: [0] + [0] * width, self._check)
 
     def record(self, amount: float, attributes: Attributes = None) -> None:
         if not 0 <= amount < math.inf:  # also false for NaN
@@ -236,9 +293,14 @@ class ObservableGauge(_Instrument):
     """A gauge whose values the callbacks observe at each scrape."""
 
     def __init__(
-        self, name: str, unit: str, description: str, callbacks: Sequence[GaugeCallback]
+        self,
+        name: str,
+        unit: str,
+        description: str,
+        callbacks: Sequence[GaugeCallback],
+        labels: Sequence[str] | None = None,
     ) -> None:
-        super().__init__(name, unit, description)
+        super().__init__(name, unit, description, labels)
         self._callbacks = list(callbacks)
 
     def collect(self) -> Metric | None:
@@ -251,6 +313,8 @@ class ObservableGauge(_Instrument):
                 _log.exception("metric %s: gauge callback failed", self.name)
         if not observed:
             return None
+        for labels in observed:
+            self._check(labels)
         names, rows = _label_rows(list(observed.items()))
         family = GaugeMetricFamily(self.name, self.description, labels=names, unit=self.unit)
         for values, value in rows:

@@ -8,6 +8,9 @@ Invariants:
     OpenTelemetry metrics SDK (too costly per measurement on the hot paths); the exposition is the
     one the OpenTelemetry Prometheus exporter wrote. Creating an instrument whose name exists
     returns the existing one (as the SDK did); the same name with another kind is refused.
+  * The services create every instrument from its declaration (`Metric`, in their package's
+    `metric_specs` module), which names its labels (taskplat.common.metric_spec); a bare name is
+    accepted (tests), with no labels declared to check against.
   * Tracing is off and free unless an OTLP endpoint is configured (or a span exporter is passed in,
     as tests do): the tracer is then a no-op and `inject()` writes nothing.
   * Trace context crosses process boundaries only as W3C `traceparent`/`tracestate` strings: in HTTP
@@ -32,6 +35,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from taskplat.common.metric_spec import Kind, Metric
 from taskplat.common.metrics import (
     Counter,
     GaugeCallback,
@@ -62,6 +66,7 @@ __all__ = [
     "SIZE_BUCKETS",
     "Counter",
     "Histogram",
+    "Metric",
     "ObservableGauge",
     "Telemetry",
     "TelemetrySettings",
@@ -126,41 +131,59 @@ class Telemetry:
     def tracing(self) -> bool:
         return self._tracer_provider is not None
 
-    def counter(self, name: str, *, unit: str = "1", description: str = "") -> Counter:
-        return self._instrument(Counter, name, unit, lambda: Counter(name, unit, description))
+    def counter(self, name: str | Metric, *, unit: str = "1", description: str = "") -> Counter:
+        """The counter of a declaration (or, in tests, of a bare name)."""
+        spec = _spec(name, "counter", unit, description)
+        return self._instrument(
+            Counter,
+            spec.name,
+            spec.unit,
+            lambda: Counter(spec.name, spec.unit, spec.description, _labels(name)),
+        )
 
     def up_down_counter(
-        self, name: str, *, unit: str = "1", description: str = ""
+        self, name: str | Metric, *, unit: str = "1", description: str = ""
     ) -> UpDownCounter:
+        spec = _spec(name, "up_down_counter", unit, description)
         return self._instrument(
-            UpDownCounter, name, unit, lambda: UpDownCounter(name, unit, description)
+            UpDownCounter,
+            spec.name,
+            spec.unit,
+            lambda: UpDownCounter(spec.name, spec.unit, spec.description, _labels(name)),
         )
 
     def histogram(
         self,
-        name: str,
+        name: str | Metric,
         *,
         unit: str = "s",
         description: str = "",
         buckets: Sequence[float] = LATENCY_BUCKETS,
     ) -> Histogram:
+        spec = _spec(name, "histogram", unit, description)
         return self._instrument(
-            Histogram, name, unit, lambda: Histogram(name, unit, description, buckets)
+            Histogram,
+            spec.name,
+            spec.unit,
+            lambda: Histogram(spec.name, spec.unit, spec.description, buckets, _labels(name)),
         )
 
     def observable_gauge(
         self,
-        name: str,
+        name: str | Metric,
         callbacks: Sequence[GaugeCallback],
         *,
         unit: str = "1",
         description: str = "",
     ) -> ObservableGauge:
+        spec = _spec(name, "observable_gauge", unit, description)
         return self._instrument(
             ObservableGauge,
-            name,
-            unit,
-            lambda: ObservableGauge(name, unit, description, callbacks),
+            spec.name,
+            spec.unit,
+            lambda: ObservableGauge(
+                spec.name, spec.unit, spec.description, callbacks, _labels(name)
+            ),
         )
 
     def _instrument(
@@ -192,6 +215,20 @@ class Telemetry:
     def shutdown(self) -> None:
         if self._tracer_provider is not None:
             self._tracer_provider.shutdown()
+
+
+def _spec(name: str | Metric, kind: Kind, unit: str, description: str) -> Metric:
+    """The declaration of an instrument: `name` itself, or one made of a bare name's arguments."""
+    if isinstance(name, Metric):
+        if name.kind != kind:
+            raise ValueError(f"metric {name.name!r} is declared a {name.kind}, not a {kind}")
+        return name
+    return Metric(name, kind, description, unit=unit)
+
+
+def _labels(name: str | Metric) -> tuple[str, ...] | None:
+    """The declared labels (None for a bare name: nothing declared to check against)."""
+    return name.labels if isinstance(name, Metric) else None
 
 
 def _otlp_exporter(endpoint: str | None) -> SpanExporter | None:

@@ -53,6 +53,7 @@ from taskplat.common.http_telemetry import HttpTelemetryMiddleware
 from taskplat.common.logging import get_logger
 from taskplat.common.telemetry import PROMETHEUS_CONTENT_TYPE, Telemetry
 from taskplat.common.tokens.capability import capability_key_ring, verify_capability_token
+from taskplat.credential_broker.metric_specs import BROKER_REQUESTS
 from taskplat.credential_broker.policy import packed, session_policy, session_seconds
 from taskplat.credential_broker.ratelimit import RateLimiter
 from taskplat.credential_broker.settings import BrokerSettings
@@ -103,9 +104,7 @@ class Broker:
             settings.rate_limit_per_task, settings.rate_limit_window_seconds
         )
         self._tracer = telemetry.tracer
-        self._answers = telemetry.counter(
-            "taskplat.broker.requests", description="POST /credentials answers by outcome"
-        )
+        self._answers = telemetry.counter(BROKER_REQUESTS)
 
     async def credentials(self, request: Request) -> Response:
         try:

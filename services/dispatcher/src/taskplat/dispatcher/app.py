@@ -37,6 +37,7 @@ from taskplat.dispatcher.claim_waits import QueuedListener
 from taskplat.dispatcher.dags import DagService
 from taskplat.dispatcher.datasets import DatasetService
 from taskplat.dispatcher.errors import EXCEPTION_HANDLERS
+from taskplat.dispatcher.metric_specs import CLAIMS_WAITING
 from taskplat.dispatcher.openapi import build_openapi
 from taskplat.dispatcher.operations import Operations, QueueRegistry
 from taskplat.dispatcher.recorder import Recorder
@@ -106,11 +107,7 @@ def create_app(
     recorder = Recorder(telemetry)
     registry = QueueRegistry(pool, clock, settings.queues)
     listener = QueuedListener(settings.database_url.get_secret_value())
-    telemetry.observable_gauge(
-        "taskplat.claims.waiting",
-        [listener.observe],
-        description="task-claim-next calls now waiting for a task of the queue (wait_seconds).",
-    )
+    telemetry.observable_gauge(CLAIMS_WAITING, [listener.observe])
     app.state.settings = settings
     app.state.pool = pool
     app.state.clock = clock

@@ -20,7 +20,28 @@ from datetime import datetime
 from typing import Any
 
 from taskplat.common.logging import get_logger, info_events, info_lines
+from taskplat.common.metric_specs import CLAIMS_REFUSED
 from taskplat.common.telemetry import Telemetry
+from taskplat.dispatcher.metric_specs import (
+    BULK_REPLAYS,
+    CLAIMS_LIMITED,
+    CLAIMS_NOT_CLAIMED,
+    DAGS_APPLIED,
+    EVENTS_RECEIVED,
+    HEARTBEATS,
+    QUEUE_PAUSES,
+    TASK_ENQUEUE_TO_START,
+    TASK_RUN_TIME,
+    TASK_SCHEDULE_LAG,
+    TASKS_CANCELED,
+    TASKS_CLAIMED,
+    TASKS_COMPLETED,
+    TASKS_CREATED,
+    TASKS_DEAD,
+    TASKS_FAILED,
+    TASKS_REPLAYED,
+    WORKER_CALLS_REJECTED,
+)
 
 Row = dict[str, Any]
 
@@ -49,57 +70,25 @@ class Recorder:
 
     def __init__(self, telemetry: Telemetry) -> None:
         counter = telemetry.counter
-        self._created = counter("taskplat.tasks.created", description="Tasks created.")
-        self._claimed = counter("taskplat.tasks.claimed", description="Attempts started.")
-        self._completed = counter(
-            "taskplat.tasks.completed", description="Attempts that completed their task."
-        )
-        self._failed = counter("taskplat.tasks.failed", description="Attempts that failed.")
-        self._dead = counter("taskplat.tasks.dead", description="Tasks that became Dead.")
-        self._canceled = counter("taskplat.tasks.canceled", description="Tasks canceled.")
-        self._replayed = counter("taskplat.tasks.replayed", description="Tasks replayed.")
-        self._not_claimed = counter(
-            "taskplat.claims.not_claimed", description="Claims answered NotClaimed."
-        )
-        self._refused = counter(
-            "taskplat.claims.refused",
-            description="Untrusted tasks a claim left Queued because this process has no "
-            "capability keys (`setting`: the missing one).",
-        )
-        self._limited = counter(
-            "taskplat.claims.limited",
-            description="Claims a limit of the queue held back (`reason`: ConcurrencyLimited, "
-            "KeyConcurrencyLimited or RateLimited; a waiting claim counts each time it waits "
-            "for one).",
-        )
-        self._rejected = counter(
-            "taskplat.worker_calls.rejected", description="Stale worker calls refused."
-        )
-        self._heartbeats = counter("taskplat.heartbeats", description="Accepted heartbeats.")
-        self._events = counter(
-            "taskplat.events.received",
-            description="Events stored (a repeat of a stored event is not counted).",
-        )
-        self._dags_applied = counter(
-            "taskplat.dags.applied", description="DAG documents applied that changed a DAG."
-        )
-        self._queue_pauses = counter(
-            "taskplat.queue.pauses", description="Queues paused or resumed (`action`)."
-        )
-        self._bulk_replays = counter(
-            "taskplat.bulk_replays", description="Bulk replay calls (`by`: ids or filter)."
-        )
-        self._schedule_lag = telemetry.histogram(
-            "taskplat.task.schedule_lag",
-            description="Claim time minus the time the task became Queued.",
-        )
-        self._enqueue_to_start = telemetry.histogram(
-            "taskplat.task.enqueue_to_start",
-            description="First claim of a task minus its creation.",
-        )
-        self._run_time = telemetry.histogram(
-            "taskplat.task.run_time", description="Completion minus the attempt's start."
-        )
+        self._created = counter(TASKS_CREATED)
+        self._claimed = counter(TASKS_CLAIMED)
+        self._completed = counter(TASKS_COMPLETED)
+        self._failed = counter(TASKS_FAILED)
+        self._dead = counter(TASKS_DEAD)
+        self._canceled = counter(TASKS_CANCELED)
+        self._replayed = counter(TASKS_REPLAYED)
+        self._not_claimed = counter(CLAIMS_NOT_CLAIMED)
+        self._refused = counter(CLAIMS_REFUSED)
+        self._limited = counter(CLAIMS_LIMITED)
+        self._rejected = counter(WORKER_CALLS_REJECTED)
+        self._heartbeats = counter(HEARTBEATS)
+        self._events = counter(EVENTS_RECEIVED)
+        self._dags_applied = counter(DAGS_APPLIED)
+        self._queue_pauses = counter(QUEUE_PAUSES)
+        self._bulk_replays = counter(BULK_REPLAYS)
+        self._schedule_lag = telemetry.histogram(TASK_SCHEDULE_LAG)
+        self._enqueue_to_start = telemetry.histogram(TASK_ENQUEUE_TO_START)
+        self._run_time = telemetry.histogram(TASK_RUN_TIME)
 
     # ---- public API ------------------------------------------------------------------------
 

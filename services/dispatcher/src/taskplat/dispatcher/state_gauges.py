@@ -27,6 +27,16 @@ from psycopg_pool import AsyncConnectionPool
 from taskplat.common.clock import Clock
 from taskplat.common.logging import get_logger
 from taskplat.common.telemetry import Telemetry
+from taskplat.dispatcher.metric_specs import (
+    OUTBOX_OLDEST_AGE,
+    OUTBOX_PENDING,
+    QUEUE_OLDEST_AGE,
+    QUEUE_RUNNING,
+    QUEUES_SQS_MISSING,
+    TASKS_CURRENT,
+    TASKS_DEAD_LAST_HOUR,
+    WORKERS_SEEN,
+)
 from taskplat.dispatcher.repository.access import workers_per_queue
 from taskplat.dispatcher.repository.metrics import GaugeRows, read_gauges
 from taskplat.dispatcher.repository.queues import sqs_missing_queues
@@ -86,50 +96,14 @@ class StateGauges:
         self.sqs_missing = _Series(())
         self.queue_running = _Series(("queue",))
         gauge = telemetry.observable_gauge
-        gauge(
-            "taskplat.tasks.current",
-            [self.tasks_current.observe],
-            description="Tasks now Scheduled, Queued, Running or Failed (retry pending).",
-        )
-        gauge(
-            "taskplat.queue.oldest_age",
-            [self.queue_oldest_age.observe],
-            unit="s",
-            description="Seconds since the oldest Queued task of the queue became Queued.",
-        )
-        gauge(
-            "taskplat.outbox.pending",
-            [self.outbox_pending.observe],
-            description="Outbox rows not yet sent to SQS.",
-        )
-        gauge(
-            "taskplat.outbox.oldest_age",
-            [self.outbox_oldest_age.observe],
-            unit="s",
-            description="Seconds since the oldest pending outbox row was written.",
-        )
-        gauge(
-            "taskplat.tasks.dead_last_hour",
-            [self.dead_last_hour.observe],
-            description="Tasks that became Dead in the last hour, by reason.",
-        )
-        gauge(
-            "taskplat.queues.sqs_missing",
-            [self.sqs_missing.observe],
-            description="Queues the relay holds because their SQS queue does not exist: none of "
-            "their wake-ups is sent until a probe finds it (docs/operations.md).",
-        )
-        gauge(
-            "taskplat.queue.running",
-            [self.queue_running.observe],
-            description="Tasks of the queue Running now, across all workers (what its "
-            "`concurrency_limit` bounds, docs/flow-control.md).",
-        )
-        gauge(
-            "taskplat.workers.seen",
-            [self.workers_seen.observe],
-            description="Workers of the queue that reported within `worker_lost_seconds`.",
-        )
+        gauge(TASKS_CURRENT, [self.tasks_current.observe])
+        gauge(QUEUE_OLDEST_AGE, [self.queue_oldest_age.observe])
+        gauge(OUTBOX_PENDING, [self.outbox_pending.observe])
+        gauge(OUTBOX_OLDEST_AGE, [self.outbox_oldest_age.observe])
+        gauge(TASKS_DEAD_LAST_HOUR, [self.dead_last_hour.observe])
+        gauge(QUEUES_SQS_MISSING, [self.sqs_missing.observe])
+        gauge(QUEUE_RUNNING, [self.queue_running.observe])
+        gauge(WORKERS_SEEN, [self.workers_seen.observe])
 
     def _fresh(self) -> bool:
         return self._read_at is not None and (

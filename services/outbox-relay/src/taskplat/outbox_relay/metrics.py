@@ -42,6 +42,18 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from taskplat.common.sqs_wire import WireSqs
 from taskplat.common.telemetry import Telemetry, extract, inject
+from taskplat.outbox_relay.metric_specs import (
+    EVENTS_ROUTED,
+    EVENTS_ROUTING_LAG,
+    EVENTS_TASKS_CREATED,
+    OUTBOX_DEFERRED,
+    OUTBOX_HELD,
+    OUTBOX_RELAYED,
+    OUTBOX_SKIPPED,
+    SQS_REQUESTS,
+    SQS_SEND_ERRORS,
+    SQS_SENT,
+)
 from taskplat.outbox_relay.outbox import OutboxRow
 from taskplat.outbox_relay.routing import RoutedEvent
 
@@ -64,45 +76,16 @@ class RelayMetrics:
         self._routed_tasks: Any = None
         self._routing_lag: Any = None
         if telemetry is not None:
-            self._routed = telemetry.counter(
-                "taskplat.events.routed",
-                description="Events routed (outcome routed) or not (outcome = the reason).",
-            )
-            self._routed_tasks = telemetry.counter(
-                "taskplat.events.tasks_created", description="Downstream tasks created by routing."
-            )
-            self._routing_lag = telemetry.histogram(
-                "taskplat.events.routing_lag",
-                description="Seconds from an event stored to its downstream tasks created.",
-            )
-            self._sent = telemetry.counter(
-                "taskplat.sqs.sent", description="Messages SQS accepted, by task queue and kind."
-            )
-            self._errors = telemetry.counter(
-                "taskplat.sqs.send_errors",
-                description="Outbox rows whose send failed (retried later), by queue and kind.",
-            )
-            self._relayed = telemetry.counter(
-                "taskplat.outbox.relayed",
-                description="Outbox rows marked sent (sent or skipped), by kind.",
-            )
-            self._skipped = telemetry.counter(
-                "taskplat.outbox.skipped",
-                description="Wake-ups marked sent unsent: the task was no longer Queued, by kind.",
-            )
-            self._held = telemetry.counter(
-                "taskplat.outbox.held",
-                description="Wake-ups held back (left pending, due again later): their task is "
-                "deep in a backlog its queue's workers claim ahead, by kind.",
-            )
-            self._deferred = telemetry.counter(
-                "taskplat.outbox.deferred",
-                description="Wake-ups deferred to the next probe of their queue, held because its "
-                "SQS queue does not exist (still pending), by queue.",
-            )
-            self._requests = telemetry.counter(
-                "taskplat.sqs.requests", description="SQS API calls, by operation."
-            )
+            self._routed = telemetry.counter(EVENTS_ROUTED)
+            self._routed_tasks = telemetry.counter(EVENTS_TASKS_CREATED)
+            self._routing_lag = telemetry.histogram(EVENTS_ROUTING_LAG)
+            self._sent = telemetry.counter(SQS_SENT)
+            self._errors = telemetry.counter(SQS_SEND_ERRORS)
+            self._relayed = telemetry.counter(OUTBOX_RELAYED)
+            self._skipped = telemetry.counter(OUTBOX_SKIPPED)
+            self._held = telemetry.counter(OUTBOX_HELD)
+            self._deferred = telemetry.counter(OUTBOX_DEFERRED)
+            self._requests = telemetry.counter(SQS_REQUESTS)
 
     def watch_sqs(self, client: Any) -> None:
         """Count every API call `client` makes in `taskplat.sqs.requests{op}` (one client per

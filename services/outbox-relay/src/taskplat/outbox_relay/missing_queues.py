@@ -31,6 +31,7 @@ from psycopg_pool import ConnectionPool
 
 from taskplat.common.logging import get_logger
 from taskplat.common.telemetry import Telemetry
+from taskplat.outbox_relay.metric_specs import QUEUE_SQS_HOLDS, QUEUE_SQS_PROBES
 from taskplat.outbox_relay.outbox import Failure, Q
 from taskplat.outbox_relay.sender import Sender
 from taskplat.outbox_relay.settings import RelaySettings
@@ -59,14 +60,8 @@ class MissingQueues:
         self._holds: Any = None
         self._probes: Any = None
         if telemetry is not None:
-            self._holds = telemetry.counter(
-                "taskplat.queue.sqs_holds",
-                description="Task queues held because their SQS queue does not exist.",
-            )
-            self._probes = telemetry.counter(
-                "taskplat.queue.sqs_probes",
-                description="Probes (GetQueueUrl) of held queues, by whether SQS found the queue.",
-            )
+            self._holds = telemetry.counter(QUEUE_SQS_HOLDS)
+            self._probes = telemetry.counter(QUEUE_SQS_PROBES)
 
     def hold(
         self, conn: Conn, queues: Iterable[str], failures: list[Failure], now: datetime | None

@@ -68,6 +68,7 @@ from taskplat.query_service.contracts import QueryRequest, openapi
 from taskplat.query_service.engine import QueryTimeout
 from taskplat.query_service.inputs import InputView, lookup, view_names
 from taskplat.query_service.limits import Admission, TokenKey
+from taskplat.query_service.metric_specs import QUERY_DURATION, QUERY_ENGINES_OPENED, QUERY_REQUESTS
 from taskplat.query_service.pool import SandboxPool
 from taskplat.query_service.s3access import CredentialSource, S3Credentials
 from taskplat.query_service.settings import QuerySettings
@@ -147,16 +148,9 @@ class QueryService:
         )
         self.sandboxes = SandboxPool(settings.sandboxes, self._limits)
         self._tracer = telemetry.tracer
-        self._answers = telemetry.counter(
-            "taskplat.query.requests", description="POST /query answers by outcome"
-        )
-        self._engines = telemetry.counter(
-            "taskplat.query.engines_opened",
-            description="Sandboxes given inputs (one per query that passed the guard)",
-        )
-        self._duration = telemetry.histogram(
-            "taskplat.query.duration", unit="s", description="Run time of admitted queries"
-        )
+        self._answers = telemetry.counter(QUERY_REQUESTS)
+        self._engines = telemetry.counter(QUERY_ENGINES_OPENED)
+        self._duration = telemetry.histogram(QUERY_DURATION)
 
     def start(self) -> None:
         self.sandboxes.start()

@@ -23,6 +23,15 @@ from typing import Any, Literal
 
 from taskplat.common.logging import get_logger
 from taskplat.common.telemetry import Telemetry
+from taskplat.reaper.metric_specs import (
+    DEADLINES_EXCEEDED,
+    LEASES_EXPIRED,
+    OUTBOX_PRUNED,
+    TASKS_DEAD,
+    TASKS_EXPIRED,
+    TASKS_FAILED,
+    TASKS_PRUNED,
+)
 
 Row = dict[str, Any]
 TimeoutKind = Literal["lease", "deadline"]
@@ -48,30 +57,13 @@ def add_grouped(
 
 class _Counters:
     def __init__(self, telemetry: Telemetry) -> None:
-        self.failed = telemetry.counter(
-            "taskplat.tasks.failed",
-            description="Attempts that failed, by reason (a retry follows unless the task died).",
-        )
-        self.dead = telemetry.counter(
-            "taskplat.tasks.dead", description="Tasks that became Dead, by dead_reason."
-        )
-        self.leases_expired = telemetry.counter(
-            "taskplat.leases.expired",
-            description="Running attempts whose lease ran out (a lost or stuck worker).",
-        )
-        self.deadlines_exceeded = telemetry.counter(
-            "taskplat.deadlines.exceeded",
-            description="Running attempts timed out past their hard deadline plus grace.",
-        )
-        self.expired = telemetry.counter(
-            "taskplat.tasks.expired", description="Tasks past expires_at before they started."
-        )
-        self.tasks_pruned = telemetry.counter(
-            "taskplat.tasks.pruned", description="Finished tasks deleted after the retention."
-        )
-        self.outbox_pruned = telemetry.counter(
-            "taskplat.outbox.pruned", description="Sent outbox rows deleted after the retention."
-        )
+        self.failed = telemetry.counter(TASKS_FAILED)
+        self.dead = telemetry.counter(TASKS_DEAD)
+        self.leases_expired = telemetry.counter(LEASES_EXPIRED)
+        self.deadlines_exceeded = telemetry.counter(DEADLINES_EXCEEDED)
+        self.expired = telemetry.counter(TASKS_EXPIRED)
+        self.tasks_pruned = telemetry.counter(TASKS_PRUNED)
+        self.outbox_pruned = telemetry.counter(OUTBOX_PRUNED)
 
 
 class ReaperMetrics:

@@ -17,6 +17,12 @@ from typing import Any
 
 from taskplat.common.logging import get_logger
 from taskplat.common.telemetry import Telemetry
+from taskplat.scheduler.metric_specs import (
+    SCHEDULES_RUNS_STARTED,
+    TASKS_PROMOTED,
+    TASKS_REPUBLISHED,
+    TASKS_RETRIED,
+)
 
 Row = dict[str, Any]
 
@@ -41,31 +47,19 @@ class SchedulerMetrics:
             return
         self._counters = {
             PROMOTED: (
-                telemetry.counter(
-                    "taskplat.tasks.promoted",
-                    description="Scheduled tasks that became due and were queued.",
-                ),
+                telemetry.counter(TASKS_PROMOTED),
                 ("queue", "operator"),
             ),
             RETRIED: (
-                telemetry.counter(
-                    "taskplat.tasks.retried",
-                    description="Failed tasks queued again for their next attempt.",
-                ),
+                telemetry.counter(TASKS_RETRIED),
                 ("queue", "operator"),
             ),
             RUN_STARTED: (
-                telemetry.counter(
-                    "taskplat.schedules.runs_started",
-                    description="Runs of scheduled jobs started (one per job and cron tick).",
-                ),
+                telemetry.counter(SCHEDULES_RUNS_STARTED),
                 ("queue", "operator"),
             ),
             REPUBLISHED: (
-                telemetry.counter(
-                    "taskplat.tasks.republished",
-                    description="Fresh wake-ups written for Queued tasks nobody claimed.",
-                ),
+                telemetry.counter(TASKS_REPUBLISHED),
                 ("queue",),
             ),
         }

@@ -20,6 +20,14 @@ from typing import Any
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from taskplat.common.telemetry import Telemetry
+from taskplat.sink.metric_specs import (
+    SINK_BUFFER_AGE,
+    SINK_BUFFER_MESSAGES,
+    SINK_DEAD_LETTERED,
+    SINK_DUPLICATES_SKIPPED,
+    SINK_EVENTS,
+    SINK_RECORDS_WRITTEN,
+)
 
 
 class SinkMetrics:
@@ -33,29 +41,12 @@ class SinkMetrics:
         self._age: Any = None
         if telemetry is None:
             return
-        self._written = telemetry.counter(
-            "taskplat.sink.records_written", description="Rows the sink inserted."
-        )
-        self._duplicates = telemetry.counter(
-            "taskplat.sink.duplicates_skipped",
-            description="Records skipped: their (org_id, dedupe_key) was already written.",
-        )
-        self._dead = telemetry.counter(
-            "taskplat.sink.dead_lettered",
-            description="Buffer messages moved to the DLQ, by reason.",
-        )
-        self._events = telemetry.counter(
-            "taskplat.sink.events", description="Dataset events the sink stored."
-        )
-        self._age = telemetry.histogram(
-            "taskplat.sink.buffer_age",
-            description="Seconds from a message sent to the buffer to its records written.",
-        )
-        telemetry.observable_gauge(
-            "taskplat.sink.buffer_messages",
-            [self._observe],
-            description="Messages waiting in the buffer queues (summed).",
-        )
+        self._written = telemetry.counter(SINK_RECORDS_WRITTEN)
+        self._duplicates = telemetry.counter(SINK_DUPLICATES_SKIPPED)
+        self._dead = telemetry.counter(SINK_DEAD_LETTERED)
+        self._events = telemetry.counter(SINK_EVENTS)
+        self._age = telemetry.histogram(SINK_BUFFER_AGE)
+        telemetry.observable_gauge(SINK_BUFFER_MESSAGES, [self._observe])
 
     def _observe(self, _options: CallbackOptions) -> Iterable[Observation]:
         with self._lock:

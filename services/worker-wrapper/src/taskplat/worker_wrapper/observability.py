@@ -24,7 +24,22 @@ from opentelemetry import trace
 from opentelemetry.metrics import NoOpMeter
 
 from taskplat.common.loops import LoopHealth
-from taskplat.common.telemetry import Telemetry
+from taskplat.common.telemetry import Metric, Telemetry
+from taskplat.worker_wrapper.metric_specs import (
+    DISPATCHER_CALL_ERRORS,
+    DISPATCHER_CALLS,
+    OPERATOR_CRASHES,
+    OPERATOR_KILLS,
+    OPERATOR_RUN_TIME,
+    OPERATOR_STARTS,
+    SQS_DELETED,
+    SQS_ERRORS,
+    SQS_RECEIVED,
+    SQS_REQUESTS,
+    WORKER_BUSY,
+    WORKER_CLAIMS,
+    WORKER_TASKS,
+)
 
 SERVICE = "worker-wrapper"
 
@@ -48,58 +63,28 @@ class WrapperTelemetry:
         )
         noop = NoOpMeter("taskplat.worker-wrapper")
 
-        def counter(name: str, description: str) -> Any:
+        def counter(spec: Metric) -> Any:
             if telemetry is None:
-                return noop.create_counter(name)
-            return telemetry.counter(name, description=description)
+                return noop.create_counter(spec.name)
+            return telemetry.counter(spec)
 
-        self._received = counter("taskplat.sqs.received", "SQS messages received.")
-        self._deleted = counter(
-            "taskplat.sqs.deleted",
-            "SQS messages deleted, by why: not_claimed, completed, rejected, poison.",
-        )
-        self._sqs_requests = counter(
-            "taskplat.sqs.requests",
-            "SQS API requests made, by op: receive, delete, delete_batch, change_visibility.",
-        )
-        self._sqs_errors = counter(
-            "taskplat.sqs.errors", "Failed SQS calls, by op: receive, delete, change_visibility."
-        )
-        self._claims = counter(
-            "taskplat.worker.claims", "Claim answers, by result: Claimed or the NotClaimed reason."
-        )
-        self._tasks = counter(
-            "taskplat.worker.tasks",
-            "Claimed attempts ended, by outcome: Completed, Failed, Canceled (accepted by the "
-            "dispatcher) or Stopped (no accepted report).",
-        )
-        self._starts = counter("taskplat.operator.starts", "Operator processes started.")
-        self._crashes = counter(
-            "taskplat.operator.crashes",
-            "Operator processes that exited non-zero or without a result envelope.",
-        )
-        self._kills = counter(
-            "taskplat.operator.kills", "Operator process groups killed by the wrapper, by reason."
-        )
-        self._calls = counter(
-            "taskplat.dispatcher.calls", "Dispatcher HTTP calls answered, by route and status."
-        )
-        self._call_errors = counter(
-            "taskplat.dispatcher.call_errors",
-            "Dispatcher HTTP calls that got no answer (network errors), by route.",
-        )
-        run_time = "taskplat.operator.run_time"
-        busy = "taskplat.worker.busy"
+        self._received = counter(SQS_RECEIVED)
+        self._deleted = counter(SQS_DELETED)
+        self._sqs_requests = counter(SQS_REQUESTS)
+        self._sqs_errors = counter(SQS_ERRORS)
+        self._claims = counter(WORKER_CLAIMS)
+        self._tasks = counter(WORKER_TASKS)
+        self._starts = counter(OPERATOR_STARTS)
+        self._crashes = counter(OPERATOR_CRASHES)
+        self._kills = counter(OPERATOR_KILLS)
+        self._calls = counter(DISPATCHER_CALLS)
+        self._call_errors = counter(DISPATCHER_CALL_ERRORS)
         if telemetry is None:
-            self._run_time: Any = noop.create_histogram(run_time)
-            self._busy: Any = noop.create_up_down_counter(busy)
+            self._run_time: Any = noop.create_histogram(OPERATOR_RUN_TIME.name)
+            self._busy: Any = noop.create_up_down_counter(WORKER_BUSY.name)
         else:
-            self._run_time = telemetry.histogram(
-                run_time, description="Operator run time of one attempt, by outcome."
-            )
-            self._busy = telemetry.up_down_counter(
-                busy, description="Claimed tasks this wrapper runs now."
-            )
+            self._run_time = telemetry.histogram(OPERATOR_RUN_TIME)
+            self._busy = telemetry.up_down_counter(WORKER_BUSY)
 
     # ---- SQS ----------------------------------------------------------------------------
 

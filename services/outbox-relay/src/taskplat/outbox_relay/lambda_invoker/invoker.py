@@ -76,6 +76,7 @@ from taskplat.common.db.notify import INVOKE_CHANNEL, PgNotifyWaker
 from taskplat.common.db.queries import load_queries
 from taskplat.common.logging import get_logger
 from taskplat.common.loops import LoopHealth, run_loop
+from taskplat.common.metric_specs import CLAIMS_REFUSED
 from taskplat.common.telemetry import Telemetry
 from taskplat.common.tokens.attempt import attempt_key_ring
 from taskplat.common.tokens.capability import StorageLayout, capability_key_ring
@@ -87,6 +88,7 @@ from taskplat.outbox_relay.lambda_invoker.client import (
     invocation_payload,
     invoke_async,
 )
+from taskplat.outbox_relay.metric_specs import LAMBDA_INVOCATIONS
 from taskplat.outbox_relay.metrics import RelayMetrics
 from taskplat.outbox_relay.outbox import Failure, OutboxRow
 from taskplat.outbox_relay.settings import RelaySettings
@@ -149,22 +151,9 @@ class Invoker:
         self._telemetry = telemetry
         self._metrics = RelayMetrics(telemetry)
         self._invocations: Any = (
-            telemetry.counter(
-                "taskplat.lambda.invocations",
-                description="invoke_lambda rows performed, by outcome (invoked, failed, skipped).",
-            )
-            if telemetry is not None
-            else None
+            telemetry.counter(LAMBDA_INVOCATIONS) if telemetry is not None else None
         )
-        self._refused: Any = (
-            telemetry.counter(
-                "taskplat.claims.refused",
-                description="Untrusted tasks a claim left Queued because this process has no "
-                "capability keys (`setting`: the missing one).",
-            )
-            if telemetry is not None
-            else None
-        )
+        self._refused: Any = telemetry.counter(CLAIMS_REFUSED) if telemetry is not None else None
         self._log = get_logger().bind(loop=LOOP_NAME)
 
     def run_once(self) -> InvokerBatch:
