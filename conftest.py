@@ -16,7 +16,8 @@ import pytest
 
 from taskplat.testkit.testdb import TemplateDatabases
 
-pytest_plugins = ["taskplat.testkit.fixtures", "taskplat.testkit.prebuild"]
+# tutorials_plugin (tests/docs) runs the code of docs/tutorials/*.md with Sybil.
+pytest_plugins = ["taskplat.testkit.fixtures", "taskplat.testkit.prebuild", "tutorials_plugin"]
 
 
 @pytest.fixture(scope="session")
