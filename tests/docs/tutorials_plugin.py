@@ -53,8 +53,14 @@ COMMAND_TIMEOUT = 600.0
 # The operators the tutorials add to operators.yaml, as they show them.
 TUTORIAL_OPERATORS: dict[str, dict[str, Any]] = {
     "severity": {"command": ["{python}", f"{READER_DIR}/severity.py"], "mode": "per-task"},
-    "count-ts": {"command": ["node", f"{READER_DIR}/count-ts/count.mjs"], "mode": "per-task"},
-    "count-rs": {"command": [f"{READER_DIR}/count-rs/target/debug/count"], "mode": "per-task"},
+    "severity-ts": {
+        "command": ["node", f"{READER_DIR}/severity-ts/severity.mjs"],
+        "mode": "per-task",
+    },
+    "severity-rs": {
+        "command": [f"{READER_DIR}/severity-rs/target/debug/severity"],
+        "mode": "per-task",
+    },
 }
 
 
