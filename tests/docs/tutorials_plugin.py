@@ -17,7 +17,8 @@ How each block of a tutorial is treated:
 Invariants:
 - One stack per test process (an xdist worker), started at its first tutorial and shared by the
   tutorials it runs; its operators file is the default one plus `TUTORIAL_OPERATORS`, which is
-  what the tutorials tell the reader to add (with the working directory for `/home/me/tutorial`).
+  what the tutorials tell the reader to add (with the working directory for `/home/me/tutorial`;
+  tests/docs/test_tutorial_operators.py checks that they show each entry).
 - Every tutorial of a process runs in one working directory (the operators file names paths in
   it); the environment and cwd each block runs with are undone after it.
 - The tutorials' tests are end-to-end tests (marker `e2e`); operator-ts-rust.md also waits for
