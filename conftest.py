@@ -18,8 +18,8 @@ import pytest
 from taskplat.common.metrics import clear_undeclared_labels, undeclared_labels
 from taskplat.testkit.testdb import TemplateDatabases
 
-# tutorial_stack (tests/docs): the tutorials' code blocks as tests, run by Sybil.
-pytest_plugins = ["taskplat.testkit.fixtures", "taskplat.testkit.prebuild", "tutorial_stack"]
+# tutorials_plugin (tests/docs) runs the code of docs/tutorials/*.md with Sybil.
+pytest_plugins = ["taskplat.testkit.fixtures", "taskplat.testkit.prebuild", "tutorials_plugin"]
 
 
 @pytest.fixture(scope="session")
