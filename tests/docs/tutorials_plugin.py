@@ -17,10 +17,11 @@ How each block of a tutorial is treated:
 Invariants:
 - One stack per test process (an xdist worker), started at its first tutorial and shared by the
   tutorials it runs; its operators file is the default one plus `TUTORIAL_OPERATORS`, which is
-  what the tutorials tell the reader to add (with the working directory for `/home/me/tutorial`;
-  tests/docs/test_tutorial_operators.py checks that they show each entry).
-- Every tutorial of a process runs in one working directory (the operators file names paths in
-  it); the environment and cwd each block runs with are undone after it.
+  what the tutorials tell the reader to add (tests/docs/test_tutorial_operators.py checks that
+  they show each entry). The file is written to the tutorials' working directory (the reader's
+  `/home/me/tutorial`), so its `{here}` paths name the operators the tutorials write there.
+- Every tutorial of a process runs in that one working directory; the environment and cwd each
+  block runs with are undone after it.
 - The tutorials' tests are end-to-end tests (marker `e2e`); operator-ts-rust.md also waits for
   the TypeScript and Rust runtimes' builds (`taskplat.testkit.runtime_builds`), started in the
   background as the session begins.
@@ -49,20 +50,13 @@ from sybil.typing import Parser
 from taskplat.testkit.runtime_builds import ROOT, build_js, build_rust
 
 TUTORIALS = ROOT / "docs" / "tutorials"
-READER_DIR = "/home/me/tutorial"  # the working directory the tutorials' operators.yaml names
 RUNTIMES_TUTORIAL = "operator-ts-rust.md"
 COMMAND_TIMEOUT = 600.0
 # The operators the tutorials add to operators.yaml, as they show them.
 TUTORIAL_OPERATORS: dict[str, dict[str, Any]] = {
-    "severity": {"command": ["{python}", f"{READER_DIR}/severity.py"], "mode": "per-task"},
-    "severity-ts": {
-        "command": ["node", f"{READER_DIR}/severity-ts/severity.mjs"],
-        "mode": "per-task",
-    },
-    "severity-rs": {
-        "command": [f"{READER_DIR}/severity-rs/target/debug/severity"],
-        "mode": "per-task",
-    },
+    "severity": {"command": ["{python}", "{here}/severity.py"], "mode": "per-task"},
+    "severity-ts": {"command": ["node", "{here}/severity-ts/severity.mjs"], "mode": "per-task"},
+    "severity-rs": {"command": ["{here}/severity-rs/target/debug/severity"], "mode": "per-task"},
 }
 
 
@@ -138,9 +132,8 @@ def tutorial_stack(
 
     text = resources.files("taskplat.worker_wrapper").joinpath("operators.yaml").read_text()
     document = yaml.safe_load(text)
-    rendered = yaml.safe_dump(TUTORIAL_OPERATORS).replace(READER_DIR, str(tutorial_dir))
-    document["operators"].update(yaml.safe_load(rendered))
-    operators = tmp_path_factory.mktemp("tutorial-operators") / "operators.yaml"
+    document["operators"].update(TUTORIAL_OPERATORS)
+    operators = tutorial_dir / "operators.yaml"  # where the reader keeps it: `{here}` is there
     operators.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
     with e2e_stack(
         "tutorials",
