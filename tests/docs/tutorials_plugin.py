@@ -38,8 +38,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import yaml
+from psycopg import sql
 from sybil import Example, Region, Sybil
 from sybil.document import Document
 from sybil.integration import pytest as sybil_pytest
@@ -47,11 +49,15 @@ from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser
 from sybil.parsers.markdown.lexers import RawFencedCodeBlockLexer
 from sybil.typing import Parser
 
+from taskplat.devstack.stack import Stack, StackConfig
 from taskplat.testkit.runtime_builds import ROOT, build_js, build_rust
+from taskplat.testkit.testdb import with_database
 
 TUTORIALS = ROOT / "docs" / "tutorials"
 RUNTIMES_TUTORIAL = "operator-ts-rust.md"
 COMMAND_TIMEOUT = 600.0
+# A stopping wrapper waits for its open waiting claim and SQS receive: short ones stop it quickly.
+QUICK_STOP = {"TASKPLAT_WORKER_POLL_WAIT_SECONDS": "1", "TASKPLAT_WORKER_WAIT_TIME_SECONDS": "1"}
 # The operators the tutorials add to operators.yaml, as they show them.
 TUTORIAL_OPERATORS: dict[str, dict[str, Any]] = {
     "severity": {"command": ["{python}", "{here}/severity.py"], "mode": "per-task"},
@@ -128,24 +134,33 @@ def tutorial_stack(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[dict[str, str]]:
     """A running stack with the tutorials' operators: the environment `.run/stack.env` gives."""
-    from e2e_stack import e2e_stack  # tests/e2e, on the pytest pythonpath
-
     text = resources.files("taskplat.worker_wrapper").joinpath("operators.yaml").read_text()
     document = yaml.safe_load(text)
     document["operators"].update(TUTORIAL_OPERATORS)
     operators = tutorial_dir / "operators.yaml"  # where the reader keeps it: `{here}` is there
     operators.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
-    with e2e_stack(
-        "tutorials",
-        tmp_path_factory.mktemp("stack-tutorials"),
-        database_server_url=database_url,
-        sqs_endpoint_url=sqs_endpoint_url,
-        workers=1,
-        env={"TASKPLAT_WORKER_OPERATORS_FILE": str(operators)},
-        data_services=True,
-    ) as stack:
-        api_key = stack.api.headers["Authorization"].removeprefix("Bearer ")
-        yield {"TASKPLAT_URL": str(stack.api.base_url).rstrip("/"), "TASKPLAT_API_KEY": api_key}
+    database = f"tutorials_{os.getpid()}"  # one per test process, on the session's server
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+    prefix = f"tutorials{os.getpid()}-"
+    stack = Stack(
+        StackConfig(  # what `make up` runs, on the session's Postgres and SQS endpoint
+            run_dir=tmp_path_factory.mktemp("stack-tutorials"),
+            workers=1,
+            dispatcher_port=None,
+            database_url=with_database(database_url, database),
+            sqs_endpoint_url=sqs_endpoint_url,
+            queue_prefix=prefix,
+            dead_letter_queue=f"{prefix}dead-letters",
+            env={**QUICK_STOP, "TASKPLAT_WORKER_OPERATORS_FILE": str(operators)},
+            data_services=True,
+        )
+    )
+    info = stack.start()
+    try:
+        yield {"TASKPLAT_URL": info.dispatcher_url, "TASKPLAT_API_KEY": info.api_key}
+    finally:
+        stack.stop()
 
 
 @pytest.fixture(scope="session")

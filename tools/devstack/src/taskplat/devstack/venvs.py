@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -255,11 +256,30 @@ def install_workspace_package(
         log_path,
         f"creating {venv_dir}",
     )
-    # The exported file names workspace members by paths relative to the workspace root.
+    # The exported file names workspace members by paths relative to the workspace root. uv
+    # keeps a wheel it built from a local directory until that directory's pyproject.toml
+    # changes, not its code: the members are rebuilt every time (`--refresh-package`), so the
+    # copy is the checkout as it is now.
+    refresh = [
+        flag
+        for name in _workspace_members(root, requirements)
+        for flag in ("--refresh-package", name)
+    ]
     _run_logged(
         [uv_exe, "pip", "install", "--python", str(venv_python(venv_dir)),
-         "--no-sources", "--directory", str(root), "-r", str(requirements)],
+         "--no-sources", "--directory", str(root), *refresh, "-r", str(requirements)],
         log_path,
         f"installing {package} into {venv_dir}",
     )  # fmt: skip
     return venv_python(venv_dir)
+
+
+def _workspace_members(root: Path, requirements: Path) -> list[str]:
+    """The project names of the workspace members an exported requirements file installs (the
+    lines that are paths)."""
+    names = []
+    for line in requirements.read_text(encoding="utf-8").splitlines():
+        if line.startswith("./"):
+            project = tomllib.loads((root / line / "pyproject.toml").read_text(encoding="utf-8"))
+            names.append(str(project["project"]["name"]))
+    return names
