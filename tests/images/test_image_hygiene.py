@@ -22,8 +22,8 @@ SBOM_DIR = REPO / ".artifacts" / "images"
 SPECS = [*build.IMAGES, build.EXAMPLE]
 IMAGES = [f"localhost/{spec.name}:{TAG}" for spec in SPECS]
 # Programs no runtime image may hold, and distributions no virtualenv of one may hold.
-FORBIDDEN_PROGRAMS = ("gcc", "cc", "c++", "g++", "clang", "make", "pip", "pip3", "uv", "uvx")
-FORBIDDEN_PROGRAMS += ("rustc", "cargo", "ld", "npm", "npx", "corepack", "tsc", "yarn")
+FORBIDDEN_PROGRAMS: tuple[str, ...] = ("gcc", "cc", "c++", "g++", "clang", "make", "pip", "pip3")
+FORBIDDEN_PROGRAMS += ("uv", "uvx", "rustc", "cargo", "ld", "npm", "npx", "corepack", "tsc", "yarn")
 FORBIDDEN_DISTRIBUTIONS = ("pip", "pytest", "mypy", "ruff", "hypothesis", "setuptools", "uv")
 # The only npm packages an image may hold (in an operator's node_modules): the operator runtime.
 ALLOWED_NODE_MODULES = {"@taskplat"}

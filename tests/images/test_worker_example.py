@@ -38,12 +38,12 @@ def _job_tasks(api: httpx.Client, dag: str, job: str) -> list[dict[str, Any]]:
 
 
 def _finished(api: httpx.Client, dag: str, job: str, count: int) -> list[dict[str, Any]]:
-    def done() -> list[dict[str, Any]] | None:
+    def done() -> bool:
         tasks = _job_tasks(api, dag, job)
-        finished = len(tasks) >= count and all(t["status"] in TERMINAL for t in tasks)
-        return tasks if finished else None
+        return len(tasks) >= count and all(t["status"] in TERMINAL for t in tasks)
 
-    tasks = wait_for(done, timeout=120, what=f"{count} finished {job} tasks", interval=0.5)
+    wait_for(done, timeout=120, what=f"{count} finished {job} tasks", interval=0.5)
+    tasks = _job_tasks(api, dag, job)
     return [_ok(api.get(f"/tasks/{task['task_id']}")) for task in tasks]
 
 
@@ -54,11 +54,14 @@ def _dataset(api: httpx.Client, name: str) -> dict[str, Any]:
 
 
 def _wait_task(api: httpx.Client, task_id: str) -> dict[str, Any]:
-    def done() -> dict[str, Any] | None:
-        task: dict[str, Any] = _ok(api.get(f"/tasks/{task_id}"))
-        return task if task["status"] in TERMINAL else None
+    def task() -> dict[str, Any]:
+        found: dict[str, Any] = _ok(api.get(f"/tasks/{task_id}"))
+        return found
 
-    return wait_for(done, timeout=120, what=f"task {task_id}", interval=0.5)
+    wait_for(
+        lambda: task()["status"] in TERMINAL, timeout=120, what=f"task {task_id}", interval=0.5
+    )
+    return task()
 
 
 def test_the_three_language_pipeline_runs_on_the_example_image(
