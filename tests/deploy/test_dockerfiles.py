@@ -252,7 +252,7 @@ def test_example_worker_image_extends_the_base() -> None:
     assert stage.all("USER")[-1] == "10001:10001"
     # From the build: the built operators and the node binary only.
     froms = [copy.split()[:2] for copy in stage.all("COPY") if copy.startswith("--from=")]
-    assert froms == [["--from=node", "/usr/local/bin/node"], ["--from=build", "/out/"]]
+    assert froms == [["--from=build", "/runtime/node"], ["--from=build", "/out/"]]
     copies = {copy.split()[-1]: copy.split()[0] for copy in stage.all("COPY")}
     env = stage.env()
     operators_file = env["TASKPLAT_WORKER_OPERATORS_FILE"]
