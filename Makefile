@@ -7,6 +7,9 @@ SHELL := /bin/bash
 
 UV_VERSION ?= 0.13.9
 UP_IMAGES_ARGS ?=
+# make up-images UP_IMAGES_WORKERS=example: the workers run the example worker image
+# (deploy/worker-example), untrusted operators as its second user.
+UP_IMAGES_WORKERS ?= base
 PYTHON ?= python3
 TOOLS := .tools
 UV := $(TOOLS)/bin/uv
@@ -162,10 +165,11 @@ images-deps: ## Install buildah, podman, runc and mmdebstrap for images without 
 	@scripts/install_image_deps.sh || [ "$$CI" != "true" ]
 
 # make images IMAGES_ARGS=...: options of `python -m taskplat.devstack.images build` (--bases
-# debian|public|auto, --refresh-base, --example, --no-sbom, --only <image>).
+# debian|public|auto, --refresh-base, --no-example, --no-sbom, --only <image>). The example worker
+# image (deploy/worker-example, taskplat-worker-example) is built after the worker base.
 IMAGES_ARGS ?=
 .PHONY: images
-images: venv ## Build every service image and the worker base: Docker where an engine answers, else buildah (SBOMs and sizes in .artifacts/images)
+images: venv ## Build every service image, the worker base and the example worker image: Docker where an engine answers, else buildah (SBOMs and sizes in .artifacts/images)
 	@if command -v docker >/dev/null && docker info >/dev/null 2>&1; then \
 	  $(MAKE) --no-print-directory docker-images; \
 	else \
@@ -173,7 +177,7 @@ images: venv ## Build every service image and the worker base: Docker where an e
 	fi
 
 .PHONY: docker-images
-docker-images: ## Build every service image with Docker (worker -> taskplat-worker-base)
+docker-images: ## Build every service image with Docker (worker -> taskplat-worker-base), then the example worker image
 	@command -v docker >/dev/null || { echo "images: the docker client is not installed" >&2; exit 1; }
 	@docker info >/dev/null 2>&1 || { echo "images: no Docker engine answers; start one first" >&2; exit 1; }
 	@echo "building taskplat-worker-base:$(IMAGE_TAG)"
@@ -182,10 +186,14 @@ docker-images: ## Build every service image with Docker (worker -> taskplat-work
 	  echo "building taskplat-$(svc):$(IMAGE_TAG)" && \
 	  docker build -f $(PYTHON_SERVICE_DOCKERFILE) $(addprefix --build-arg ,$(IMAGE_ARGS_$(svc))) \
 	    -t taskplat-$(svc):$(IMAGE_TAG) . &&) true
+	@echo "building taskplat-worker-example:$(IMAGE_TAG)"
+	@docker build --build-context taskplat-libs=libs --build-arg BASE_IMAGE=taskplat-worker-base:$(IMAGE_TAG) \
+	  -t taskplat-worker-example:$(IMAGE_TAG) deploy/worker-example
 
 .PHONY: up-images
 up-images: venv sqs-deps ## The platform from the images with podman (Postgres and SQS on the host, each container as its ECS task definition says); Ctrl-C stops it
-	@$(RUN) python -m taskplat.devstack.images up --tag $(IMAGE_TAG) $(UP_IMAGES_ARGS)
+	@$(RUN) python -m taskplat.devstack.images up --tag $(IMAGE_TAG) \
+	  $(if $(filter example,$(UP_IMAGES_WORKERS)),--example-workers) $(UP_IMAGES_ARGS)
 
 # make test-images: the images built at HEAD (`make images`), then tests/images against them
 # (hygiene, the stack from images, podman kill of each service); sizes and start-to-healthy printed.

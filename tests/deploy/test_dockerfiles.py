@@ -236,15 +236,24 @@ def test_worker_image_holds_no_database_driver() -> None:
 
 
 def test_example_worker_image_extends_the_base() -> None:
+    from taskplat.devstack.images.build import NODE_VERSION, PUBLIC_PYTHON
+
     dockerfile = deploy_model.parse_dockerfile(EXAMPLE / "Dockerfile")
-    assert dockerfile.args == {"BASE_IMAGE": ""}, (
-        "the base image must be named (pinned) by the build"
-    )
-    assert [stage.base for stage in dockerfile.stages] == ["${BASE_IMAGE}"]
+    assert dockerfile.args["BASE_IMAGE"] == "", "the base image must be named (pinned) by the build"
+    # A pinned Node.js (the version `make images` fetches where the node image cannot be pulled)
+    # and the same Debian release as the base for the build stage.
+    assert dockerfile.args["NODE_VERSION"] == NODE_VERSION
+    assert dockerfile.args["NODE_IMAGE"] == "node:${NODE_VERSION}-bookworm-slim"
+    assert dockerfile.args["PYTHON_IMAGE"] == PUBLIC_PYTHON
+    bases = [stage.base for stage in dockerfile.stages]
+    assert bases == ["${NODE_IMAGE}", "${PYTHON_IMAGE}", "${BASE_IMAGE}"]
     stage = dockerfile.final
     assert not stage.all("CMD") and not stage.all("ENTRYPOINT"), "keep the base image's CMD"
-    assert not stage.all("USER") or stage.all("USER")[-1] == "10001:10001"
-    copies = {copy.split()[1]: copy.split()[0] for copy in stage.all("COPY")}
+    assert stage.all("USER")[-1] == "10001:10001"
+    # From the build: the built operators and the node binary only.
+    froms = [copy.split()[:2] for copy in stage.all("COPY") if copy.startswith("--from=")]
+    assert froms == [["--from=build", "/runtime/node"], ["--from=build", "/out/"]]
+    copies = {copy.split()[-1]: copy.split()[0] for copy in stage.all("COPY")}
     env = stage.env()
     operators_file = env["TASKPLAT_WORKER_OPERATORS_FILE"]
     assert copies[operators_file] == "operators.yaml"
@@ -253,13 +262,13 @@ def test_example_worker_image_extends_the_base() -> None:
 
 
 def _example_operators(tmp_path: Path) -> Path:
-    """The example's operators.yaml with its in-image paths mapped to this checkout."""
+    """The example's operators.yaml with its in-image paths of the Python operators mapped to
+    this checkout."""
     dockerfile = deploy_model.parse_dockerfile(EXAMPLE / "Dockerfile")
     text = (EXAMPLE / "operators.yaml").read_text(encoding="utf-8")
-    for copy in dockerfile.final.all("COPY"):
-        source, destination = copy.split()
-        if source.endswith("/"):
-            text = text.replace(destination, f"{EXAMPLE / source}/".replace("//", "/"))
+    (copy,) = [copy for copy in dockerfile.final.all("COPY") if copy.startswith("operators/*.py")]
+    destination = copy.split()[-1]
+    text = text.replace(f"{destination}word_count.py", str(EXAMPLE / "operators/word_count.py"))
     path = tmp_path / "operators.yaml"
     path.write_text(text, encoding="utf-8")
     return path
@@ -269,7 +278,8 @@ def test_example_operators_file_is_valid_and_its_operator_runs(tmp_path: Path) -
     from taskplat.worker_wrapper.operators import load_operators
 
     specs = load_operators(_example_operators(tmp_path))
-    assert set(specs) == {"word-count"}
+    assert set(specs) == {"word-count", "report", "scatter", "square", "top-words", "echo"}
+    assert specs["top-words"].untrusted and specs["top-words"].mode == "per-task"
     argv = specs["word-count"].argv(sys.executable)
     assert Path(argv[1]).is_file(), argv
     task = {

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import deploy_model
 import pytest
@@ -14,7 +15,7 @@ from deploy_model import SPECS
 
 from taskplat.devstack.images import build, cfn
 from taskplat.devstack.images.podman import RunPlan, run_args
-from taskplat.devstack.images.stack import ImageStack, ImageStackConfig, secret_arn
+from taskplat.devstack.images.stack import ImageStack, ImageStackConfig, WorkerPool, secret_arn
 
 KEYS = {"TASKPLAT_CAPABILITY_TOKEN_ACTIVE_KID": "k1"}
 
@@ -147,3 +148,43 @@ def test_worker_pool_gives_the_data_services_urls_and_a_read_only_root() -> None
     missing = {k: v for k, v in imports.items() if k != "p-QueryServiceUrl"}
     with pytest.raises(cfn.TemplateError, match="p-QueryServiceUrl"):
         cfn.task_containers(cfn.Resolver(template, parameters, missing))
+
+
+def test_the_example_image_builds_on_the_base_with_the_runtimes_as_a_named_context() -> None:
+    repo = deploy_model.REPO
+    bases = build.Bases("localhost/debian:x", "localhost/uv:y", "localhost/taskplat-node:z")
+    args = {**bases.args(), "BASE_IMAGE": "localhost/taskplat-worker-base:dev"}
+    argv = build.build_argv(build.EXAMPLE, repo=repo, tag="dev", build_args=args, ca=None)
+    assert argv[argv.index("--build-context") + 1] == f"taskplat-libs={repo / 'libs'}"
+    assert argv[-1] == str(repo / "deploy" / "worker-example")
+    assert "NODE_IMAGE=localhost/taskplat-node:z" in argv
+    assert "BASE_IMAGE=localhost/taskplat-worker-base:dev" in argv
+    # The public bases: the Dockerfiles' own defaults, no build argument names them.
+    assert build.Bases(None, None).args() == {}
+
+
+def test_a_further_worker_pool_serves_its_own_registered_queue(tmp_path: Path) -> None:
+    pool = WorkerPool("example-worker", "localhost/example:dev", "example", capabilities=("KILL",))
+    stack = ImageStack(ImageStackConfig(run_dir=tmp_path, pools=(pool,)))
+    assert stack.parameters(KEYS)["TaskQueues"] == "default,example"
+    names = ["SqsQueuePrefix", "InternalDispatcherUrl", "WorkerTokenSecretArn"]
+    names += ["CredentialBrokerUrl", "QueryServiceUrl", "CollectorConfigParameterArn"]
+    imports = {f"taskplat-{name}": f"value-of-{name}" for name in names}
+    imports["taskplat-queue-TaskQueue"] = pool.queue
+    parameters = {**stack.worker_parameters(), "WorkerImage": pool.image}
+    template = cfn.load_template(deploy_model.TEMPLATE_DIR / "worker-pool.yaml")
+    containers = cfn.task_containers(cfn.Resolver(template, parameters, imports))
+    (worker,) = [c for c in containers if c.name == "worker"]
+    assert worker.image == "localhost/example:dev"
+    plan = RunPlan(
+        container_name="c",
+        image=worker.image,
+        extra_env={},
+        secrets={name: "s" for name in worker.secrets},
+        host_ports={port: port for port in worker.ports},
+        volume_names={volume: volume for volume in worker.volumes},
+        stack_id="t",
+        cap_add=pool.capabilities,
+    )
+    argv = run_args(worker, plan)
+    assert argv[argv.index("--cap-add") + 1] == "KILL"

@@ -1,5 +1,8 @@
 """Fixtures of `make test-images`: the platform from its images (taskplat.devstack.images), one
 stack for the session, supervised like an ECS service (a container that exits is started again).
+Its workers: two of the worker base on the task queue `default`, and a pool of the example worker
+image (deploy/worker-example) on its own queue `example` (EXAMPLE_QUEUE), with the capabilities to
+run untrusted operators as the image's second user.
 
 Invariants: these tests run only under `make test-images` (TASKPLAT_IMAGES_TESTS=1), never in
 `make test`: they need podman and the images `make images` built with tag IMAGE_TAG. What they
@@ -16,9 +19,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from images_support import REPORT, TAG
+from images_support import EXAMPLE_QUEUE, REPORT, TAG
 
-from taskplat.devstack.images.stack import ImageStack, ImageStackConfig
+from taskplat.devstack.images.stack import (
+    EXAMPLE_WORKER_IMAGE,
+    USER_SWITCHING_CAPABILITIES,
+    ImageStack,
+    ImageStackConfig,
+    WorkerPool,
+)
 
 if os.environ.get("TASKPLAT_IMAGES_TESTS") != "1":
     collect_ignore_glob = ["test_*.py"]
@@ -27,11 +36,18 @@ if os.environ.get("TASKPLAT_IMAGES_TESTS") != "1":
 @pytest.fixture(scope="session")
 def image_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ImageStack]:
     run_dir: Path = tmp_path_factory.mktemp("images-run")
-    stack = ImageStack(ImageStackConfig(run_dir=run_dir, tag=TAG, workers=2))
+    example = WorkerPool(
+        "example-worker",
+        f"{EXAMPLE_WORKER_IMAGE}:{TAG}",
+        EXAMPLE_QUEUE,
+        count=1,
+        capabilities=USER_SWITCHING_CAPABILITIES,
+    )
+    stack = ImageStack(ImageStackConfig(run_dir=run_dir, tag=TAG, workers=2, pools=(example,)))
     stack.start()
     for name, running in sorted(stack.containers.items()):
         REPORT["healthy"].append(
-            f"{name:<18} {running.definition.image:<45} healthy after "
+            f"{name:<18} {running.definition.image:<48} healthy after "
             f"{running.healthy_after or 0:.1f} s"
         )
     stop = threading.Event()

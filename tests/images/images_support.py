@@ -8,4 +8,5 @@ from __future__ import annotations
 import os
 
 TAG = os.environ.get("IMAGE_TAG", "dev")
+EXAMPLE_QUEUE = "example"  # the task queue of the example worker image's pool
 REPORT: dict[str, list[str]] = {"sizes": [], "healthy": []}

@@ -1,5 +1,7 @@
-"""Every image `make images` built: a non-root user, no compiler, pip, uv, test or dev dependency,
-labels naming the source revision and version, a CycloneDX SBOM beside it; sizes are printed.
+"""Every image `make images` built (the example worker image included): a non-root user, no
+compiler, pip, uv, npm, cargo, test or dev dependency (an operator's node_modules holds the
+operator runtime only), labels naming the source revision and version, a CycloneDX SBOM beside
+it; sizes are printed.
 """
 
 from __future__ import annotations
@@ -16,10 +18,15 @@ from taskplat.devstack.images.podman import PODMAN, ULIMITS
 
 REPO = Path(__file__).resolve().parents[2]
 SBOM_DIR = REPO / ".artifacts" / "images"
-IMAGES = [f"localhost/{spec.name}:{TAG}" for spec in build.IMAGES]
+# Every service image, the worker base and the example worker image (deploy/worker-example).
+SPECS = [*build.IMAGES, build.EXAMPLE]
+IMAGES = [f"localhost/{spec.name}:{TAG}" for spec in SPECS]
 # Programs no runtime image may hold, and distributions no virtualenv of one may hold.
-FORBIDDEN_PROGRAMS = ("gcc", "cc", "c++", "g++", "clang", "make", "pip", "pip3", "uv", "uvx")
+FORBIDDEN_PROGRAMS: tuple[str, ...] = ("gcc", "cc", "c++", "g++", "clang", "make", "pip", "pip3")
+FORBIDDEN_PROGRAMS += ("uv", "uvx", "rustc", "cargo", "ld", "npm", "npx", "corepack", "tsc", "yarn")
 FORBIDDEN_DISTRIBUTIONS = ("pip", "pytest", "mypy", "ruff", "hypothesis", "setuptools", "uv")
+# The only npm packages an image may hold (in an operator's node_modules): the operator runtime.
+ALLOWED_NODE_MODULES = {"@taskplat"}
 
 
 def _sh(image: str, script: str) -> str:
@@ -57,14 +64,25 @@ def test_holds_no_build_tool_nor_test_dependency(image: str) -> None:
     assert not names & set(FORBIDDEN_DISTRIBUTIONS), (
         f"{image}: {names & set(FORBIDDEN_DISTRIBUTIONS)}"
     )
+    # No npm, no compiler toolchain nor dev package of npm's or Rust's anywhere.
+    found = _sh(
+        image,
+        "find / -xdev \\( -name node_modules -o -name .cargo -o -name .rustup \\) -prune -print "
+        '| while read -r d; do echo "$d"; ls -A "$d"; done',
+    )
+    lines = found.split()
+    dirs = [line for line in lines if line.startswith("/")]
+    assert not [d for d in dirs if not d.endswith("/node_modules")], f"{image}: {dirs}"
+    assert set(lines) - set(dirs) <= ALLOWED_NODE_MODULES, f"{image}: {found}"
 
 
-@pytest.mark.parametrize("spec", build.IMAGES, ids=lambda spec: spec.name)
+@pytest.mark.parametrize("spec", SPECS, ids=lambda spec: spec.name)
 def test_has_a_cyclonedx_sbom_of_its_packages(spec: build.ImageSpec) -> None:
     path = SBOM_DIR / f"{spec.name}.cdx.json"
     assert path.is_file(), f"no SBOM at {path}: run `make images`"
     document = json.loads(path.read_text())
     assert document["bomFormat"] == "CycloneDX"
     names = {component["name"] for component in document.get("components", [])}
-    package = "taskplat-worker-wrapper" if spec.name == "taskplat-worker-base" else spec.name
+    worker = spec.name in ("taskplat-worker-base", build.EXAMPLE.name)
+    package = "taskplat-worker-wrapper" if worker else spec.name
     assert package in names, sorted(names)[:20]

@@ -243,6 +243,33 @@ def test_a_root_wrapper_runs_an_untrusted_operator_as_its_own_user(
     assert json.dumps(result).count(WORKER_TOKEN) == 0
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="granting capabilities needs root")
+def test_a_wrapper_with_the_user_switching_capabilities_hands_over_a_private_scratch_dir(
+    shared_dir: Path, wrapper_python: str, wrapper_user: RunAs | None
+) -> None:
+    """Not root but with only the capabilities user switching asks for (as a container given
+    them runs the wrapper): each scratch directory is 0700 and owned by the operator user."""
+    assert wrapper_user is not None
+    operator = ensure_user(OPERATOR_USER)
+    base = shared_dir / "scratch-capabilities"
+    base.mkdir()
+    os.chown(base, wrapper_user.uid, wrapper_user.gid)
+    code = (
+        "import sys; from pathlib import Path; "
+        "from taskplat.worker_wrapper.isolation import OperatorIdentity, make_scratch_dir; "
+        "identity = OperatorIdentity.detect(sys.argv[2]); "
+        "path = make_scratch_dir(Path(sys.argv[1]), identity); "
+        "print(identity is not None, path.stat().st_uid, oct(path.stat().st_mode & 0o777))"
+    )
+    caps = "+chown,+dac_override,+kill,+setgid,+setuid"
+    argv = ["setpriv", f"--reuid={wrapper_user.uid}", f"--regid={wrapper_user.gid}"]
+    argv += ["--clear-groups", f"--inh-caps={caps}", f"--ambient-caps={caps}"]
+    argv += [wrapper_python, "-c", code, str(base), operator.name]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=shared_dir, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", str(operator.uid), "0o700"]
+
+
 def test_take_secrets_blanks_them_in_the_initial_environment_block(tmp_path: Path) -> None:
     """In a fresh process: the values are gone from os.environ and overwritten in the block
     `/proc/self/environ` reads; other variables are untouched."""

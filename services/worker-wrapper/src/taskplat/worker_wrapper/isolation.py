@@ -168,9 +168,11 @@ def make_scratch_dir(base: Path, identity: OperatorIdentity | None) -> Path:
     base.mkdir(mode=0o711, parents=True, exist_ok=True)
     path = Path(tempfile.mkdtemp(prefix="task-", dir=base))
     try:
+        # Mode first: once the operator user owns it, a wrapper that is not root may no longer
+        # change its mode (that needs CAP_FOWNER, which user switching does not ask for).
+        os.chmod(path, 0o700)
         if identity is not None:
             os.chown(path, identity.uid, identity.gid)
-        os.chmod(path, 0o700)
     except OSError:
         remove_scratch_dir(path)
         raise

@@ -32,11 +32,15 @@ def _cmd_build(args: argparse.Namespace) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     log = out_dir / "build.log"
     log.write_text("")
-    specs = [spec for spec in build.IMAGES if not args.only or spec.name in args.only]
-    if args.example:
-        specs.append(build.EXAMPLE)
+    candidates = [*build.IMAGES, *([build.EXAMPLE] if args.example else [])]
+    specs = [spec for spec in candidates if not args.only or spec.name in args.only]
     bases = build.choose_bases(
-        args.bases, uv=args.uv, uv_version=args.uv_version, log=log, refresh=args.refresh_base
+        args.bases,
+        uv=args.uv,
+        uv_version=args.uv_version,
+        log=log,
+        refresh=args.refresh_base,
+        node=build.EXAMPLE in specs,
     )
     build.build_all(
         specs,
@@ -72,7 +76,12 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--bases", choices=("auto", "public", "debian"), default="auto")
     b.add_argument("--refresh-base", action="store_true", help="make the Debian base again")
     b.add_argument("--only", action="append", default=[], help="build only this image")
-    b.add_argument("--example", action="store_true", help="also the example worker image")
+    b.add_argument(
+        "--example",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also the example worker image, taskplat-worker-example (default: yes)",
+    )
     b.add_argument("--no-sbom", dest="sbom", action="store_false")
     b.add_argument("--uv", type=Path, default=REPO / ".tools" / "bin" / "uv")
     b.add_argument("--uv-version", required=True)
@@ -83,6 +92,12 @@ def parser() -> argparse.ArgumentParser:
     u.add_argument("--run-dir", type=Path, default=REPO / ".run")
     u.add_argument("--workers", type=int, default=2)
     u.add_argument("--worker-image", default="", help="default: localhost/taskplat-worker-base")
+    u.add_argument(
+        "--example-workers",
+        action="store_true",
+        help="workers from localhost/taskplat-worker-example, with the capabilities to run "
+        "untrusted operators as its second user",
+    )
     u.set_defaults(func=_cmd_up)
     return p
 

