@@ -15,7 +15,8 @@ from deploy_model import SPECS
 
 from taskplat.devstack.images import build, cfn
 from taskplat.devstack.images.podman import RunPlan, run_args
-from taskplat.devstack.images.stack import ImageStack, ImageStackConfig, WorkerPool, secret_arn
+from taskplat.devstack.images.stack import ImageStack, secret_arn
+from taskplat.devstack.images.stack_config import ImageStackConfig, WorkerPool
 
 KEYS = {"TASKPLAT_CAPABILITY_TOKEN_ACTIVE_KID": "k1"}
 

@@ -21,10 +21,10 @@ import httpx
 import pytest
 from images_support import EXAMPLE_QUEUE, REPORT, TAG
 
-from taskplat.devstack.images.stack import (
+from taskplat.devstack.images.stack import ImageStack
+from taskplat.devstack.images.stack_config import (
     EXAMPLE_WORKER_IMAGE,
     USER_SWITCHING_CAPABILITIES,
-    ImageStack,
     ImageStackConfig,
     WorkerPool,
 )

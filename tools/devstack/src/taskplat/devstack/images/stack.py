@@ -38,16 +38,17 @@ import json
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 from taskplat.devstack.errors import DevstackError
-from taskplat.devstack.images import cfn
-from taskplat.devstack.images.podman import HOST_ADDRESS, PODMAN, STACK_LABEL, RunPlan, run_args
+from taskplat.devstack.images import cfn, containers
+from taskplat.devstack.images.podman import HOST_ADDRESS, PODMAN, RunPlan, run_args
+from taskplat.devstack.images.stack_config import ImageStackConfig
 from taskplat.devstack.ports import free_port
 from taskplat.devstack.postgres import PrivatePostgres
+from taskplat.devstack.procs import read_tail
 from taskplat.devstack.sqs import LocalSqs
 from taskplat.devstack.stack import bootstrap, data_services
 from taskplat.devstack.stack.config import StackConfig
@@ -70,35 +71,6 @@ _PLACEHOLDER_IMPORTS = (
     f"{QUEUE_STACK}-QueueName",
 )
 _LOCAL_AWS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
-# What the worker wrapper needs to run untrusted operators as another user (docs/security.md).
-USER_SWITCHING_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "KILL", "SETGID", "SETUID")
-EXAMPLE_WORKER_IMAGE = "localhost/taskplat-worker-example"
-
-
-@dataclass(frozen=True)
-class WorkerPool:
-    """A further worker pool: containers `<name>-1` .. `<name>-<count>` of `image` serving the
-    task queue `queue`, with `capabilities` added (e.g. USER_SWITCHING_CAPABILITIES)."""
-
-    name: str
-    image: str
-    queue: str
-    count: int = 1
-    capabilities: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class ImageStackConfig:
-    run_dir: Path
-    tag: str = "dev"
-    workers: int = 2
-    worker_image: str = ""  # default: localhost/taskplat-worker-base:<tag>
-    worker_capabilities: tuple[str, ...] = ()  # e.g. USER_SWITCHING_CAPABILITIES
-    queue: str = "default"
-    pools: tuple[WorkerPool, ...] = ()
-    worker_parameters: dict[str, str] = field(default_factory=dict)
-    platform_parameters: dict[str, str] = field(default_factory=dict)
-    healthy_timeout_seconds: float = 180.0
 
 
 def secret_arn(name: str) -> str:
@@ -168,7 +140,7 @@ class ImageStack:
         self._sqs = LocalSqs(self.run_dir / "images-sqs", die_with_parent=True)
         endpoint = self._sqs.start()
         bootstrap.create_queues(local, endpoint)
-        create_bucket(endpoint, local.aws_region, DATA_BUCKET)
+        data_services.create_bucket(endpoint, local.aws_region, DATA_BUCKET)
         inside_db = database_url.replace("@127.0.0.1:", f"@{HOST_ADDRESS}:")
         keys = data_services.capability_env(secrets.worker_token)
         self._secret_values = {
@@ -244,7 +216,9 @@ class ImageStack:
             for name in names:
                 running = self.containers[name]
                 timeout = running.definition.stop_timeout or 10
-                _podman("stop", "--time", str(timeout), running.plan.container_name, check=False)
+                containers.podman(
+                    "stop", "--time", str(timeout), running.plan.container_name, check=False
+                )
             self.containers.clear()
         for logger in self._loggers:
             logger.terminate()
@@ -397,29 +371,18 @@ class ImageStack:
         log = self.log_dir / f"{MIGRATE}.log"
         with log.open("wb") as out:
             code = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT).returncode
-        _podman("rm", "--force", plan.container_name, check=False)
+        containers.podman("rm", "--force", plan.container_name, check=False)
         if code != 0:
-            raise DevstackError(f"the migration task exited {code}:\n{tail(log)}")
+            raise DevstackError(f"the migration task exited {code}:\n{read_tail(log)}")
 
     def healthy(self, name: str) -> bool:
         running = self.containers[name]
         if running.definition.health is None:
             return self.state(name) == "running"
-        return _podman("healthcheck", "run", running.plan.container_name, check=False) == 0
+        return containers.passes_health_check(running.plan.container_name)
 
     def state(self, name: str) -> str:
-        out = subprocess.run(
-            [
-                *PODMAN,
-                "inspect",
-                "--format",
-                "{{.State.Status}}",
-                self.containers[name].plan.container_name,
-            ],
-            capture_output=True,
-            text=True,
-        )
-        return out.stdout.strip() or "missing"
+        return containers.state(self.containers[name].plan.container_name)
 
     def wait_all_healthy(self, names: list[str] | None = None) -> None:
         """Run each container's check (every half second) until it passes; record the time."""
@@ -432,11 +395,12 @@ class ImageStack:
                     running.healthy_after = time.monotonic() - running.started_at
                     pending.discard(name)
                 elif self.state(name) not in ("running", "created", "configured"):
-                    raise DevstackError(f"{name} exited:\n{tail(self.log_dir / f'{name}.log')}")
+                    log = self.log_dir / f"{name}.log"
+                    raise DevstackError(f"{name} exited:\n{read_tail(log)}")
             if pending and time.monotonic() > deadline:
                 name = sorted(pending)[0]
                 raise DevstackError(
-                    f"{name} did not become healthy:\n{tail(self.log_dir / f'{name}.log')}"
+                    f"{name} did not become healthy:\n{read_tail(self.log_dir / f'{name}.log')}"
                 )
             if pending:
                 time.sleep(0.5)
@@ -447,7 +411,7 @@ class ImageStack:
         with self._lock:
             for name, running in self.containers.items():
                 if self.state(name) in ("exited", "stopped"):
-                    _podman("start", running.plan.container_name, check=False)
+                    containers.podman("start", running.plan.container_name, check=False)
                     running.restarts += 1
                     running.started_at = time.monotonic()
                     running.healthy_after = None
@@ -459,53 +423,5 @@ class ImageStack:
     def _remove_leftovers(self) -> None:
         """Containers, volumes and secrets of this run directory's stack (an earlier run killed
         before it could clean up included)."""
-        label = f"label={STACK_LABEL}={self.stack_id}"
-        ids = subprocess.run(
-            [*PODMAN, "ps", "--all", "--quiet", "--filter", label], capture_output=True, text=True
-        ).stdout.split()
-        if ids:
-            _podman("rm", "--force", "--time", "0", *ids, check=False)
-        prefix = f"taskplat-{self.stack_id}-"
-        for kind in ("volume", "secret"):
-            listed = subprocess.run(
-                [*PODMAN, kind, "ls", "--format", "{{.Name}}"], capture_output=True, text=True
-            ).stdout.split()
-            mine = [name for name in listed if name.startswith(prefix)]
-            if mine:
-                _podman(kind, "rm", *mine, check=False)
+        containers.remove_stack(self.stack_id)
         self._podman_secrets.clear()
-
-
-def create_bucket(endpoint_url: str, region: str, bucket: str) -> None:
-    import boto3
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    s3: Any = boto3.session.Session().client(
-        "s3",
-        endpoint_url=endpoint_url,
-        region_name=region,
-        aws_access_key_id="test",
-        aws_secret_access_key="test",
-    )
-    try:
-        names = [b["Name"] for b in s3.list_buckets().get("Buckets", [])]
-        if bucket not in names:
-            s3.create_bucket(Bucket=bucket)
-    except (BotoCoreError, ClientError) as exc:
-        raise DevstackError(f"cannot create the S3 bucket {bucket}: {exc}") from exc
-    finally:
-        s3.close()
-
-
-def _podman(*args: str, check: bool = True) -> int:
-    out = subprocess.run([*PODMAN, *args], capture_output=True, text=True)
-    if check and out.returncode != 0:
-        raise DevstackError(f"podman {' '.join(args[:2])} failed: {out.stderr.strip()}")
-    return out.returncode
-
-
-def tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return f"(no log at {path})"

@@ -15,10 +15,10 @@ import sys
 import threading
 from types import FrameType
 
-from taskplat.devstack.images.stack import (
+from taskplat.devstack.images.stack import ImageStack
+from taskplat.devstack.images.stack_config import (
     EXAMPLE_WORKER_IMAGE,
     USER_SWITCHING_CAPABILITIES,
-    ImageStack,
     ImageStackConfig,
 )
 

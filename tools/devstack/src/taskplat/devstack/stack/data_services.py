@@ -99,7 +99,8 @@ def create_query_user(database_url: str, worker_token: str) -> str:
     return make_conninfo(database_url, user=QUERY_USER, password=password)
 
 
-def create_bucket(endpoint_url: str, region: str) -> None:
+def create_bucket(endpoint_url: str, region: str, bucket: str = DATA_BUCKET) -> None:
+    """`bucket` on the local S3 endpoint, unless it exists."""
     import boto3
     from botocore.exceptions import BotoCoreError, ClientError
 
@@ -112,10 +113,10 @@ def create_bucket(endpoint_url: str, region: str) -> None:
     )
     try:
         names = [b["Name"] for b in s3.list_buckets().get("Buckets", [])]
-        if DATA_BUCKET not in names:
-            s3.create_bucket(Bucket=DATA_BUCKET)
+        if bucket not in names:
+            s3.create_bucket(Bucket=bucket)
     except (BotoCoreError, ClientError) as exc:
-        raise DevstackError(f"cannot create the S3 bucket {DATA_BUCKET}: {exc}") from exc
+        raise DevstackError(f"cannot create the S3 bucket {bucket}: {exc}") from exc
     finally:
         s3.close()
 
