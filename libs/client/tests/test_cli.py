@@ -119,6 +119,35 @@ def test_dead_replay_by_ids_all_and_filter(dispatcher: Dispatcher) -> None:
     assert_one_line_error(taskplat(url, "dead", "replay"), "give task IDs")
 
 
+def test_retry_and_dead_replay_repin_a_task_pinned_to_a_superseded_version(
+    dispatcher: Dispatcher,
+) -> None:
+    url = dispatcher.base_url
+    source = {"operator": "emit", "outputs": [{"index": 0, "dataset": "b"}]}
+    sink = {"operator": "echo", "inputs": [{"from": {"dataset": "b"}}]}
+    doc = {"jobs": {"source": source, "sink": sink}}
+    assert dispatcher.api.put("/dags/pinned", json=doc).status_code in (200, 201)
+    (dataset,) = dispatcher.api.get("/datasets").json()["datasets"]
+
+    def pinned_task() -> str:
+        body = {"operator": "echo", "job": {"dag_name": "pinned", "name": "sink"},
+                "inputs": [{"dataset_uuid": dataset["dataset_uuid"]}]}  # fmt: skip
+        return str(dispatcher.api.post("/tasks", json=body).json()["task_id"])
+
+    first, second = pinned_task(), pinned_task()
+    moved = dispatcher.api.post(f"/datasets/{dataset['dataset_uuid']}/versions", json={})
+    current = moved.json()["dataset"]["current_version"]
+    refused = taskplat(url, "retry", first)
+    assert refused.returncode == 1 and "PinnedVersionNotCurrent" in refused.stderr
+    replayed = as_json(taskplat(url, "retry", first, "--repin", "--json"))
+    assert replayed["inputs"][0]["dataset_version"] == current
+    skipped = taskplat(url, "dead", "replay", second, "--json")  # exit 1: one was skipped
+    assert skipped.returncode == 1
+    assert json.loads(skipped.stdout)["skipped"][0]["reason"] == "PinnedVersionNotCurrent"
+    again = as_json(taskplat(url, "dead", "replay", second, "--repin", "--json"))
+    assert again == {"replayed": [second], "skipped": []}
+
+
 def test_submit_wait_shows_progress_and_ends_with_the_task(dispatcher: Dispatcher) -> None:
     process = subprocess.Popen(
         [sys.executable, "-m", "taskplat.client", "submit", "echo", "--wait", "--json"],

@@ -174,13 +174,20 @@ def cancel(task_id: str) -> None:
     emit(task, lambda: OUT.print(f"{task.task_id} {task.status}"))
 
 
+REPIN_HELP = (
+    "Re-pin tasks pinned to a dataset version that is no longer current to the current versions "
+    "(without it they are refused: PinnedVersionNotCurrent)."
+)
+
+
 @main.command()
 @click.argument("task_id")
+@click.option("--repin", is_flag=True, help=REPIN_HELP)
 @common
-def retry(task_id: str) -> None:
+def retry(task_id: str, repin: bool) -> None:
     """Replay a Dead or Canceled task as a new attempt with a fresh budget."""
     with open_client() as client:
-        task = client.retry(task_id)
+        task = client.retry(task_id, repin=repin)
     emit(task, lambda: OUT.print(f"{task.task_id} {task.status} (attempt {task.attempt})"))
 
 
@@ -218,6 +225,7 @@ def dead_list(queue: str | None, operator: str | None, limit: int) -> None:
 @click.option("--dag", help="Only Dead tasks of this DAG.")
 @click.option("--job", help="Only Dead tasks of this job.")
 @click.option("--limit", "-n", type=click.IntRange(1), help="Replay at most this many.")
+@click.option("--repin", is_flag=True, help=REPIN_HELP)
 @common
 def dead_replay(
     task_ids: tuple[str, ...],
@@ -227,10 +235,12 @@ def dead_replay(
     dag: str | None,
     job: str | None,
     limit: int | None,
+    repin: bool,
 ) -> None:
     """Replay Dead tasks: the IDs given, or with --all (or a filter) every matching one."""
     filters: dict[str, Any] = {"queue": queue, "operator": operator, "dag": dag, "job": job}
     filtered = any(value is not None for value in filters.values())
+    repinning = {"repin": True} if repin else {}
     if task_ids and (all_ or filtered or limit):
         raise click.UsageError("give task IDs or --all/a filter, not both")
     if not task_ids and not (all_ or filtered):
@@ -239,13 +249,13 @@ def dead_replay(
     skipped: list[dict[str, Any]] = []
     with open_client() as client:
         if task_ids:
-            answer = client.retry_many(list(task_ids))
+            answer = client.retry_many(list(task_ids), **repinning)
             replayed = [str(task_id) for task_id in answer.replayed]
             skipped = [item.model_dump(mode="json") for item in answer.skipped]
         else:
             while limit is None or len(replayed) < limit:
                 batch = 1000 if limit is None else min(1000, limit - len(replayed))
-                answer = client.retry_many(status="Dead", limit=batch, **filters)
+                answer = client.retry_many(status="Dead", limit=batch, **filters, **repinning)
                 replayed += [str(task_id) for task_id in answer.replayed]
                 if len(answer.replayed) < batch:
                     break
