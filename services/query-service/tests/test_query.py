@@ -25,7 +25,7 @@ from query_harness import (
 
 from taskplat.common.clock import FakeClock
 from taskplat.common.tokens.keys import private_key_pem
-from taskplat.devstack.attempts import end_attempt, running_attempt
+from taskplat.devstack.attempts import end_attempts, running_attempt
 from taskplat.devstack.waiting import wait_for
 
 # Runs for hours: a cross product of 3^24 rows of the alerts view (no table function needed).
@@ -262,7 +262,7 @@ def test_the_query_role_reads_only_what_a_running_attempt_pins(
         assert rows_read(task_id, 2, alerts) is None  # not the attempt running
         assert rows_read(task_id, 1, other) is None  # a version its task does not pin
         assert rows_read(uuid.uuid4(), 1, alerts) is None  # no such task
-        end_attempt(db_url, task_id)
+        end_attempts(db_url, [task_id])
         assert rows_read(task_id, 1, alerts) is None  # the attempt ended
 
 
@@ -276,7 +276,7 @@ def test_a_token_reads_nothing_once_its_attempt_ended_or_beyond_its_tasks_pins(
     wider = mint([alerts, prices], task_id=task_id)  # states an input its task does not pin
     assert ask(service, wider, "SELECT count(*) FROM alerts").json()["rows"] == [[3]]
     assert ask(service, wider, "SELECT count(*) FROM prices").status_code == 403
-    end_attempt(db_url, task_id)
+    end_attempts(db_url, [task_id])
     ended = ask(service, wider, "SELECT count(*) FROM alerts")
     assert ended.status_code == 403, ended.text
     assert ended.json()["error"] == "attempt_not_running"

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -35,7 +36,7 @@ from taskplat.bench.config import Sizes
 from taskplat.bench.harness import BenchStack
 from taskplat.bench.probes import tree_cpu_seconds
 from taskplat.bench.stats import percentile
-from taskplat.devstack.attempts import running_attempt
+from taskplat.devstack.attempts import end_attempts, running_attempt
 from taskplat.devstack.errors import DevstackError
 from taskplat.devstack.stack.data_services import DATA_BUCKET, capability_env
 
@@ -56,10 +57,10 @@ def _dag(dataset: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _minter(worker_token: str, database_url: str) -> Any:
+def _minter(worker_token: str, database_url: str) -> tuple[Any, list[uuid.UUID]]:
     """A function minting a capability token pinning one dataset version, as the dispatcher:
     each for a new attempt running now whose task pins that version (the database reads
-    nothing for any other)."""
+    nothing for any other); and the tasks of those attempts, to end once measured."""
     from pydantic import SecretStr
 
     from taskplat.common.tokens.capability import (
@@ -77,16 +78,19 @@ def _minter(worker_token: str, database_url: str) -> Any:
         TokenKeySettings(keys={k: SecretStr(v) for k, v in keys.items()}, active_kid=kid)
     )
 
+    minted: list[uuid.UUID] = []
+
     def mint(dataset_uuid: str, version: str) -> str:
         pin = {"dataset_uuid": dataset_uuid, "dataset_version": version, "cursor": 0}
         task_id = running_attempt(database_url, [pin])
+        minted.append(task_id)
         capability = build_capability(task_id, 1, [pin], [], layout=StorageLayout(DATA_BUCKET))
         now = datetime.now(UTC)
         return issue_capability_token(
             ring, capability, now=now, expires_at=now + timedelta(minutes=30)
         )
 
-    return mint
+    return mint, minted
 
 
 GROUPS = 4
@@ -125,7 +129,24 @@ def measure_query(bs: BenchStack, sizes: Sizes, label: str) -> dict[str, Any]:
     if written[0]["n"] != sizes.w6_rows:
         raise DevstackError(f"W6 {label}: wrote {written[0]['n']} rows, not {sizes.w6_rows}")
     floor, expected = _postgres_floor(bs, table, sizes.w6_sequential)
-    mint = _minter(stack.info.worker_token, stack.info.database_url)
+    mint, minted = _minter(stack.info.worker_token, stack.info.database_url)
+    try:
+        return _measure(query_url, stack, sizes, mint, dataset, view, floor, expected)
+    finally:  # the attempts the tokens were minted for would hold the stack's tasks Running
+        end_attempts(stack.info.database_url, minted)
+
+
+def _measure(
+    query_url: str,
+    stack: Any,
+    sizes: Sizes,
+    mint: Any,
+    dataset: str,
+    view: dict[str, Any],
+    floor: dict[str, float],
+    expected: list[list[Any]],
+) -> dict[str, Any]:
+    """The measured part of W6, with `mint` for the tokens."""
     pin = (view["dataset_uuid"], view["current_version"])
     statement = {"sql": STATEMENT.format(dataset)}
     pid = stack.pids()[SERVICE]

@@ -41,7 +41,7 @@ def running_attempt(database_url: str, pins: Sequence[Mapping[str, Any]]) -> UUI
     return task_id
 
 
-def end_attempt(database_url: str, task_id: UUID) -> None:
-    """Cancel `task_id`: its attempt ends (`taskplat_cancel_tasks`)."""
+def end_attempts(database_url: str, task_ids: Sequence[UUID]) -> None:
+    """Cancel `task_ids`: their attempts end (`taskplat_cancel_tasks`)."""
     with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute("SELECT taskplat_cancel_tasks(ARRAY[%s]::uuid[], 'Requested')", (task_id,))
+        conn.execute("SELECT taskplat_cancel_tasks(%s::uuid[], 'Requested')", (list(task_ids),))
