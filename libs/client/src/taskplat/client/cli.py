@@ -240,7 +240,7 @@ def dead_replay(
     """Replay Dead tasks: the IDs given, or with --all (or a filter) every matching one."""
     filters: dict[str, Any] = {"queue": queue, "operator": operator, "dag": dag, "job": job}
     filtered = any(value is not None for value in filters.values())
-    repinning = {"repin": True} if repin else {}
+    repinning = True if repin else None  # sent only when asked for
     if task_ids and (all_ or filtered or limit):
         raise click.UsageError("give task IDs or --all/a filter, not both")
     if not task_ids and not (all_ or filtered):
@@ -249,13 +249,13 @@ def dead_replay(
     skipped: list[dict[str, Any]] = []
     with open_client() as client:
         if task_ids:
-            answer = client.retry_many(list(task_ids), **repinning)
+            answer = client.retry_many(list(task_ids), repin=repinning)
             replayed = [str(task_id) for task_id in answer.replayed]
             skipped = [item.model_dump(mode="json") for item in answer.skipped]
         else:
             while limit is None or len(replayed) < limit:
                 batch = 1000 if limit is None else min(1000, limit - len(replayed))
-                answer = client.retry_many(status="Dead", limit=batch, **filters, **repinning)
+                answer = client.retry_many(status="Dead", limit=batch, repin=repinning, **filters)
                 replayed += [str(task_id) for task_id in answer.replayed]
                 if len(answer.replayed) < batch:
                     break
