@@ -594,6 +594,7 @@ CREATE FUNCTION public.taskplat_create_tasks(p_tasks public.taskplat_new_task[],
 DECLARE
     v_now constant timestamptz := coalesce(p_now, now());
     v_ids uuid[];
+    v_rows tasks[];
 BEGIN
     IF coalesce(cardinality(p_tasks), 0) = 0 THEN
         RETURN;
@@ -638,15 +639,17 @@ BEGIN
         JOIN groups AS g ON g.queue = n.queue AND g.key = n.key
         ORDER BY n.position
         ON CONFLICT (idempotency_key) DO NOTHING
-        RETURNING t.task_id, t.job, t.inputs
+        RETURNING t AS task
     ),
     pinned AS (  -- runs although nothing reads it (a data-modifying CTE)
         INSERT INTO task_pins (dataset_uuid, dataset_version, task_id)
-        SELECT p.dataset_uuid, p.dataset_version, i.task_id
+        SELECT p.dataset_uuid, p.dataset_version, (i.task).task_id
         FROM inserted AS i,
-             taskplat_input_pins(CASE WHEN i.job IS NOT NULL THEN i.inputs END) AS p
+             taskplat_input_pins(CASE WHEN (i.task).job IS NOT NULL THEN (i.task).inputs END)
+                 AS p
     )
-    SELECT array_agg(i.task_id) INTO v_ids FROM inserted AS i;
+    SELECT array_agg((i.task).task_id), array_agg(i.task) INTO v_ids, v_rows
+    FROM inserted AS i;
     IF v_ids IS NULL THEN
         RETURN;
     END IF;
@@ -661,12 +664,11 @@ BEGIN
         FROM (SELECT DISTINCT w.queue, w.held FROM woken AS w) AS x
         WHERE NOT x.held OR p_notify_held
     )
-    SELECT t, coalesce(w.held, false)
+    SELECT r, coalesce(w.held, false)  -- the rows as inserted: no read of `tasks`
     FROM unnest(p_tasks) WITH ORDINALITY AS n
-    JOIN tasks AS t ON t.task_id = n.task_id
+    JOIN unnest(v_rows) AS r ON r.task_id = n.task_id
     LEFT JOIN woken AS w ON w.task_id = n.task_id
     CROSS JOIN notified
-    WHERE n.task_id = ANY (v_ids)
     ORDER BY n.ordinality;
 END
 $$;
