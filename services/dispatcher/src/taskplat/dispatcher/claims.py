@@ -26,9 +26,10 @@ Invariants:
   * A waiting claim may be claimed for by a create of its queue on this dispatcher: the same
     statement in the create's transaction (`claim_next_in`), whose rows the waiting claim answers
     (`claim_next_answer`) once that transaction committed.
-  * A claim-next carried by a completion batch (`claim_next_in`) is the same statement, run in
-    the batch's transaction, which commits the completions and the claim together; it never
-    waits, and it is answered, recorded and stamped (`claim_next_answer`) only after that commit.
+  * A claim-next carried by a completion batch (`start_claim_next_in`) is the same statement,
+    run in the batch's transaction, which commits the completions and the claim together; it
+    never waits, and it is read, answered, recorded and stamped (`claim_next_answer`) only
+    after that commit.
   * Each claim and each NotClaimed answer is recorded after the statement committed.
   * Every Claimed answer carries the attempt token of the attempt it claimed (and, for an
     untrusted task, its capability token), issued from the committed row.
@@ -55,7 +56,7 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import psycopg
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, AsyncCursor
 from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool
 
@@ -290,6 +291,12 @@ class Claims:
         """The claim-next statement in the caller's transaction (no wait); the claimed rows,
         to be answered with `claim_next_answer` once that transaction committed."""
         return await batch.claim_next(conn, self.claim_next_params(queue, worker_id, limit))
+
+    async def start_claim_next_in(
+        self, conn: Conn, queue: str, worker_id: str, limit: int
+    ) -> AsyncCursor[DictRow]:
+        """`claim_next_in` sent, its rows not read (read them once the transaction committed)."""
+        return await batch.start_claim_next(conn, self.claim_next_params(queue, worker_id, limit))
 
     async def claim_next_answer(
         self, conn: Conn | None, queue: str, limit: int, rows: list[Row]

@@ -17,9 +17,12 @@ Invariants:
     is rolled back and every completion of the batch is retried on its own.
   * A batch may carry one more statement (`also`, the claim-next of a combined call) that runs in
     the batch's transaction after its completions: the completions and it commit together or
-    not at all. When the batch is retried completion by completion, `also` runs after them in a
-    transaction of its own; a batch that fails otherwise fails the whole call, having claimed
-    nothing.
+    not at all, and its rows are read only with the COMMIT's answer. When the batch is retried
+    completion by completion, `also` runs after them in a transaction of its own; a batch that
+    fails otherwise fails the whole call, having claimed nothing.
+  * The batch's transaction is pipelined (`pipelined_transaction`): BEGIN goes to Postgres with
+    the completions, COMMIT with `also`; a batch whose completions all matched their guard is
+    two round trips.
   * A transition is recorded (metrics, one log event) only after its transaction committed.
 """
 
@@ -30,12 +33,12 @@ import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 from uuid import UUID
 
 import psycopg
 import structlog
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, AsyncCursor
 from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool
 
@@ -47,6 +50,7 @@ from taskplat.common.contracts import (
     ErrorResponse,
     RejectedResponse,
 )
+from taskplat.common.db.round_trip import pipelined_transaction
 from taskplat.common.errors import Rejected, ValidationFailed
 from taskplat.common.telemetry import inject
 from taskplat.dispatcher.recorder import Recorder
@@ -58,7 +62,7 @@ from taskplat.dispatcher.settings import DispatcherSettings
 BATCH_ROUTE = "/internal/task-complete-batch"
 Conn = AsyncConnection[DictRow]
 Row = dict[str, Any]
-T = TypeVar("T")
+Also = Callable[[AsyncConnection[DictRow]], Awaitable[AsyncCursor[DictRow]]]
 # Errors after which a batch is retried completion by completion (nothing of it committed).
 _RETRY_ALONE = (psycopg.DataError, psycopg.errors.DeadlockDetected)
 
@@ -122,10 +126,11 @@ class Completions:
         return results
 
     async def complete_batch_and(
-        self, requests: list[CompleteRequest], also: Callable[[Conn], Awaitable[T]] | None
-    ) -> tuple[list[CompleteBatchResult], T | None]:
-        """The batch, then `also` (given the connection) in the same transaction; each
-        completion's result and what `also` returned (None without it)."""
+        self, requests: list[CompleteRequest], also: Also | None
+    ) -> tuple[list[CompleteBatchResult], list[Row] | None]:
+        """The batch, then `also` (given the connection, it executes one statement and returns
+        its cursor, unread) in the same transaction; each completion's result and the rows of
+        `also`'s statement (None without it)."""
         results: dict[int, CompleteBatchResult] = {}
         pending: list[_Prepared] = []
         for index, request in enumerate(requests):
@@ -135,24 +140,28 @@ class Completions:
                 results[index] = _error_result(request, exc)
         pending.sort(key=lambda item: (item.request.task_id, item.index))
         settled: list[tuple[_Prepared, _Settled]] = []
-        extra: T | None = None
+        extra: list[Row] | None = None
         try:
-            async with self._pool.connection() as conn, conn.transaction():
-                for item, outcome in await self._complete_all_in(conn, pending):
-                    if isinstance(outcome, Rejected):
-                        results[item.index] = self._rejected_result(item.request, outcome)
-                    else:
-                        settled.append((item, outcome))
-                        results[item.index] = _ok_result(item.request, outcome.response)
-                if also is not None:
-                    extra = await also(conn)
+            async with self._pool.connection() as conn:
+                also_cursor = None
+                async with pipelined_transaction(conn):
+                    for item, outcome in await self._complete_all_in(conn, pending):
+                        if isinstance(outcome, Rejected):
+                            results[item.index] = self._rejected_result(item.request, outcome)
+                        else:
+                            settled.append((item, outcome))
+                            results[item.index] = _ok_result(item.request, outcome.response)
+                    if also is not None:
+                        also_cursor = await also(conn)
+                if also_cursor is not None:  # read with the COMMIT's answer: committed
+                    extra = await also_cursor.fetchall()
         except _RETRY_ALONE:
             settled.clear()
             for item in pending:
                 results[item.index] = await self._complete_alone(item.request)
             if also is not None:
                 async with self._pool.connection() as conn, conn.transaction():
-                    extra = await also(conn)
+                    extra = await (await also(conn)).fetchall()
         self._record_all(settled)  # committed
         return [results[index] for index in range(len(requests))], extra
 

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, AsyncCursor
 from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
@@ -422,8 +422,10 @@ class TaskService:
             results = await self._completions.complete_batch(list(request.completions))
             return CompleteBatchResponse(results=results)
 
-        async def claim_next(conn: AsyncConnection[DictRow]) -> list[dict[str, Any]]:
-            return await self._claims.claim_next_in(conn, claim.queue, claim.worker_id, claim.max)
+        async def claim_next(conn: AsyncConnection[DictRow]) -> AsyncCursor[DictRow]:
+            return await self._claims.start_claim_next_in(
+                conn, claim.queue, claim.worker_id, claim.max
+            )
 
         results, rows = await self._completions.complete_batch_and(
             list(request.completions), claim_next

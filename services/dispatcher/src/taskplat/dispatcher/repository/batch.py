@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, AsyncCursor
 from psycopg.rows import DictRow
 
 from taskplat.common.db.queries import load_queries
@@ -45,6 +45,12 @@ async def complete_many(conn: Conn, params: dict[str, Any]) -> list[Row]:
 async def claim_next(conn: Conn, params: dict[str, Any]) -> list[Row]:
     """Claim up to `max` free Queued tasks of `queue`, oldest first; the claimed rows."""
     return await _all(conn, "claim_next", params)
+
+
+async def start_claim_next(conn: Conn, params: dict[str, Any]) -> AsyncCursor[DictRow]:
+    """`claim_next` sent, its rows not read: in a pipelined transaction, the cursor is read
+    once the transaction committed."""
+    return await conn.execute(Q["claim_next"], params)
 
 
 async def read_fences(

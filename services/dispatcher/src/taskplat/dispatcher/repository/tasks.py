@@ -14,11 +14,13 @@ from typing import Any
 from uuid import UUID
 
 from psycopg import AsyncConnection
+from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
 from taskplat.common.contracts import CompleteRequest, Event
 from taskplat.common.db.queries import load_queries
+from taskplat.common.db.round_trip import transaction_in_one_round_trip
 
 Q = load_queries("taskplat.dispatcher.repository", "tasks.sql")
 batch_queries = load_queries("taskplat.dispatcher.repository", "batch.sql")
@@ -85,14 +87,20 @@ async def insert_task_and_claim_next(
 ) -> tuple[Row | None, list[Row]]:
     """`insert_task`, then `claim_next` of `batch.sql` (which sees the new task), in a transaction
     of their own, committed on return (a savepoint inside the caller's transaction): the new
-    task's row (None: its idempotency key exists) and the rows claimed. BEGIN, both statements
-    and the COMMIT go to Postgres in one pipeline sync, so one round trip; an error in either
-    statement rolls both back."""
-    async with conn.pipeline():
-        async with conn.transaction():
-            inserting = await conn.execute(Q["insert_tasks"], params)
-            claiming = await conn.execute(batch_queries["claim_next"], claim_params)
-        return await inserting.fetchone(), await claiming.fetchall()
+    task's row (None: its idempotency key exists) and the rows claimed. On an autocommit
+    connection outside a transaction, BEGIN, both statements and the COMMIT go to Postgres
+    together (`transaction_in_one_round_trip`): one round trip. An error in either statement
+    rolls both back."""
+    if conn.info.transaction_status != TransactionStatus.IDLE:
+        async with conn.pipeline():
+            async with conn.transaction():  # a savepoint in the caller's transaction
+                inserting = await conn.execute(Q["insert_tasks"], params)
+                claiming = await conn.execute(batch_queries["claim_next"], claim_params)
+            return await inserting.fetchone(), await claiming.fetchall()
+    inserted, claimed = await transaction_in_one_round_trip(
+        conn, [(Q["insert_tasks"], params), (batch_queries["claim_next"], claim_params)]
+    )
+    return (inserted[0] if inserted else None), claimed
 
 
 async def notify_outbox(conn: Conn, queue: str) -> None:
