@@ -1,6 +1,6 @@
 """The dispatcher's task lifecycle: each public or internal call as one transaction. Claims live
-in `claims`, completions in `completions`, bulk creation in `creation`; this class is the one
-entry point the routes call.
+in `claims`, completions in `completions`, bulk creation in `creation`, the internal worker calls
+in `worker_calls` (inherited); this class is the one entry point the routes call.
 
 Invariants:
   * A state change commits together with its attempt record, outputs, events and outbox rows.
@@ -21,46 +21,25 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import json
 import random
-from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
-from psycopg import AsyncConnection, AsyncCursor
+from psycopg import AsyncConnection
 from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from taskplat.common.clock import Clock
 from taskplat.common.contracts import (
-    ClaimBatchRequest,
-    ClaimBatchResponse,
-    ClaimedResponse,
-    ClaimNextRequest,
-    ClaimNextResponse,
-    ClaimRequest,
-    CompleteBatchRequest,
-    CompleteBatchResponse,
-    CompleteRequest,
-    CompleteResponse,
     CreatedTask,
     CreateTaskRequest,
     CreateTasksRequest,
     CreateTasksResponse,
-    EventsAcceptedResponse,
-    EventsRequest,
-    FetchResponse,
-    HeartbeatRequest,
-    HeartbeatResponse,
-    NotClaimedItem,
-    NotClaimedResponse,
-    StepRequest,
-    StepResponse,
     TaskList,
     TaskView,
 )
-from taskplat.common.errors import Conflict, NotFound, PinnedVersionNotCurrent, ValidationFailed
+from taskplat.common.errors import Conflict, NotFound, PinnedVersionNotCurrent
 from taskplat.common.telemetry import inject
 from taskplat.dispatcher import audit, pins
 from taskplat.dispatcher.audit import AuditCall
@@ -73,13 +52,13 @@ from taskplat.dispatcher.recorder import Recorder
 from taskplat.dispatcher.repository import tasks as repo
 from taskplat.dispatcher.service_rules import (
     ListFilters,
-    classify_rejection,
     decode_cursor,
     encode_cursor,
 )
 from taskplat.dispatcher.settings import DispatcherSettings
 from taskplat.dispatcher.tokens import TokenIssuer
-from taskplat.dispatcher.views import claim_task_payload, task_view
+from taskplat.dispatcher.views import task_view
+from taskplat.dispatcher.worker_calls import WorkerCalls
 
 
 async def _write_task(
@@ -92,7 +71,7 @@ async def _write_task(
     return await repo.insert_task_and_claim_next(conn, params, claim)
 
 
-class TaskService:
+class TaskService(WorkerCalls):
     def __init__(
         self,
         pool: AsyncConnectionPool[AsyncConnection[DictRow]],
@@ -270,172 +249,6 @@ class TaskService:
         assert view is not None
         return task_view(view)
 
-    # ---- internal worker API -------------------------------------------------------------
-
-    async def claim(self, request: ClaimRequest) -> ClaimedResponse | NotClaimedResponse:
-        return await self._claims.claim(request.task_id, request.worker_id)
-
-    async def claim_batch(self, request: ClaimBatchRequest) -> ClaimBatchResponse:
-        answers = await self._claims.claim_batch(request.task_ids, request.worker_id)
-        return ClaimBatchResponse(
-            claimed=[answer for answer in answers if isinstance(answer, ClaimedResponse)],
-            not_claimed=[
-                NotClaimedItem(
-                    task_id=task_id,
-                    reason=answer.reason,
-                    detail=answer.detail,
-                    retry_after_ms=answer.retry_after_ms,
-                )
-                for task_id, answer in zip(request.task_ids, answers, strict=True)
-                if isinstance(answer, NotClaimedResponse)
-            ],
-        )
-
-    async def claim_next(
-        self, request: ClaimNextRequest, gone: asyncio.Future[object] | None = None
-    ) -> ClaimNextResponse:
-        """`gone` completes when the caller went away: a waiting claim then claims no more, and
-        what it claimed as the caller went is handed back (its answer can no longer arrive)."""
-        claimed = await self._claims.claim_next(
-            request.queue,
-            request.worker_id,
-            request.max,
-            wait_seconds=request.wait_seconds,
-            gone=gone,
-        )
-        if claimed and gone is not None and gone.done():
-            await self._hand_back(claimed)
-            return ClaimNextResponse(claimed=[])
-        refused = await self._claims.refused(
-            request.queue, request.worker_id, request.max - len(claimed)
-        )
-        return ClaimNextResponse(claimed=claimed, not_claimed=refused)
-
-    async def _hand_back(self, claimed: Sequence[ClaimedResponse]) -> None:
-        """End the attempts a waiting claim took for a client that went away before its answer:
-        failed `Drained` (not the task's fault, retried at once), as the stopping wrapper would
-        have reported them."""
-        await self._completions.complete_batch(
-            [
-                CompleteRequest(
-                    task_id=answer.task.task_id,
-                    attempt=answer.attempt,
-                    lease_token=answer.lease_token,
-                    status="Failed",
-                    reason="Drained",
-                    error_message="the waiting claim's client went away before its answer",
-                )
-                for answer in claimed
-            ]
-        )
-
-    async def fetch(self, task_id: UUID) -> FetchResponse:
-        async with self._pool.connection() as conn:
-            row = await repo.fetch_task(conn, task_id)
-        if row is None:
-            raise NotFound(f"task {task_id} not found")
-        return FetchResponse(
-            status=row["status"], task=claim_task_payload(row, trust=self.tokens.trust(row))
-        )
-
-    async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:
-        params = {
-            "task_id": request.task_id,
-            "attempt": request.attempt,
-            "lease_token": request.lease_token,
-            "lease_seconds": self._settings.lease_ttl_seconds,
-            "now": self._clock.sql_now(),
-        }
-        async with self._pool.connection() as conn:
-            row = await repo.heartbeat(conn, params)
-            if row is None:
-                # The guarded UPDATE judges the committed row: a claim committing right now (the
-                # relay claims a Lambda attempt and invokes it in one open transaction) would be
-                # missed. Before refusing, wait for the row lock and judge the latest row.
-                async with conn.transaction():
-                    fence = await repo.read_fence(conn, request.task_id, for_update=True)
-                    if _holds_lease(fence, request):
-                        row = await repo.heartbeat(conn, params)
-            if row is not None:
-                self._recorder.heartbeat(row)
-                return HeartbeatResponse(lease_expires_at=row["lease_expires_at"])
-        raise classify_rejection(fence, request.attempt, request.lease_token)
-
-    async def events(self, request: EventsRequest) -> EventsAcceptedResponse:
-        async with self._pool.connection() as conn:
-            async with conn.transaction():
-                guarded, stored = await repo.insert_events_guarded(
-                    conn,
-                    task_id=request.task_id,
-                    attempt=request.attempt,
-                    lease_token=request.lease_token,
-                    events=request.events,
-                    now=self._clock.sql_now(),
-                )
-            if guarded:
-                self._recorder.events_received(stored)
-                return EventsAcceptedResponse(accepted=stored)
-            fence = await repo.read_fence(conn, request.task_id)
-        raise classify_rejection(fence, request.attempt, request.lease_token)
-
-    async def step(self, request: StepRequest) -> StepResponse:
-        """Look up or record a step's result of the current attempt's task; the first recorded
-        result wins and is what every later call (of any attempt) gets back."""
-        if request.records:
-            size = len(json.dumps(request.result, separators=(",", ":")))
-            if size > self._settings.result_max_bytes:
-                raise ValidationFailed(
-                    f"result is {size} bytes; the cap is {self._settings.result_max_bytes}",
-                    detail=[{"loc": ["body", "result"], "msg": "result too large"}],
-                )
-        params = {
-            "task_id": request.task_id,
-            "attempt": request.attempt,
-            "lease_token": request.lease_token,
-            "step": request.step,
-            "result": request.result,
-            "record": request.records,
-            "now": self._clock.sql_now(),
-        }
-        async with self._pool.connection() as conn:
-            row = await repo.record_step(conn, params)
-            if row["guarded"] and row["recorded_attempt"] is None and request.records:
-                # A concurrent call of the same attempt stored it after this statement began.
-                row = await repo.record_step(conn, {**params, "record": False})
-            if row["guarded"]:
-                if row["recorded_attempt"] is None:
-                    return StepResponse(status="NotFound")
-                status = "Recorded" if row["inserted"] else "Existing"
-                return StepResponse(
-                    status=status, result=row["result"], attempt=row["recorded_attempt"]
-                )
-            fence = await repo.read_fence(conn, request.task_id)
-        raise classify_rejection(fence, request.attempt, request.lease_token)
-
-    async def complete(self, request: CompleteRequest) -> CompleteResponse:
-        return await self._completions.complete(request)
-
-    async def complete_batch(self, request: CompleteBatchRequest) -> CompleteBatchResponse:
-        """The completions, and the claim-next the request carries, in one transaction."""
-        claim = request.claim_next
-        if claim is None:
-            results = await self._completions.complete_batch(list(request.completions))
-            return CompleteBatchResponse(results=results)
-
-        async def claim_next(conn: AsyncConnection[DictRow]) -> AsyncCursor[DictRow]:
-            return await self._claims.start_claim_next_in(
-                conn, claim.queue, claim.worker_id, claim.max
-            )
-
-        results, rows = await self._completions.complete_batch_and(
-            list(request.completions), claim_next
-        )
-        claimed = await self._claims.claim_next_answer(None, claim.queue, claim.max, rows or [])
-        # Untrusted tasks left for want of capability keys are counted (the answer has no place
-        # for them: the wrapper's next claim-next names them).
-        await self._claims.refused(claim.queue, claim.worker_id, claim.max - len(claimed))
-        return CompleteBatchResponse(results=results, claimed=claimed)
-
     async def create_many(
         self, request: CreateTasksRequest, *, may_widen: bool = False
     ) -> CreateTasksResponse:
@@ -443,12 +256,3 @@ class TaskService:
         return CreateTasksResponse(
             results=[CreatedTask(created=flag, task=view) for view, flag in created]
         )
-
-
-def _holds_lease(fence: dict[str, Any] | None, request: HeartbeatRequest) -> bool:
-    return (
-        fence is not None
-        and fence["status"] == "Running"
-        and fence["attempt"] == request.attempt
-        and fence["lease_token"] == request.lease_token
-    )
