@@ -149,6 +149,10 @@ def test_a_waiting_claim_takes_a_trusted_create_and_never_an_untrusted_task(
     assert not waiting.is_alive()
     [body] = answers
     assert [each["task"]["task_id"] for each in body["claimed"]] == [trusted]
+    # The create read what its claim left in the same transaction: the answer names it.
+    assert sorted(item["task_id"] for item in body["not_claimed"]) == sorted(
+        untrusted_work.values()
+    )
     _assert_unchanged(db_url, untrusted_work, before)
 
 

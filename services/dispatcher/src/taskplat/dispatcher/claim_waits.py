@@ -40,7 +40,6 @@ import asyncio
 import contextlib
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
-from typing import Any
 
 import psycopg
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -87,15 +86,15 @@ class Waiter:
         self._woken.set_result(None)
         return True
 
-    def hand(self, claimed: list[Any] | None) -> None:
-        """End a take: the rows claimed for it (committed), or None: it claims for itself."""
+    def hand(self, claimed: object | None) -> None:
+        """End a take: what was claimed for it (committed), or None: it claims for itself."""
         self.taken = False
         if not self._woken.done():
-            self._woken.set_result(claimed or None)
+            self._woken.set_result(claimed)
 
-    async def wait(self, timeout: float) -> list[Any] | None:
+    async def wait(self, timeout: float) -> object | None:
         """Up to `timeout` seconds for a wake-up (or the client going away), and, once taken, until
-        handed; `woken` then says it was woken, and the answer is the rows claimed for it, if any.
+        handed; `woken` then says it was woken, and the answer is what was claimed for it, if any.
         Only a waiter inside this wait can be taken (not one still in its first claim). The
         claim awaits its future itself, so a wake or a hand resumes it in the next turn."""
         woken = self._woken
@@ -120,7 +119,7 @@ class Waiter:
         answer = woken.result()
         self.woken = answer is not _ENDED
         self._woken = asyncio.get_running_loop().create_future()
-        return answer if isinstance(answer, list) else None
+        return None if answer is _ENDED else answer
 
 
 class QueuedListener:

@@ -24,12 +24,11 @@ Invariants:
     and dispatcher; its own statement, a failed stamp fails nothing): creates then hold the
     queue's wake-ups back for `polled_wakeup_delay_seconds`.
   * A waiting claim may be claimed for by a create of its queue on this dispatcher: the same
-    statement in the create's transaction (`claim_next_in`), whose rows the waiting claim answers
-    (`claim_next_answer`) once that transaction committed.
-  * A claim-next carried by a completion batch (`start_claim_next_in`) is the same statement,
-    run in the batch's transaction, which commits the completions and the claim together; it
-    never waits, and it is read, answered, recorded and stamped (`claim_next_answer`) only
-    after that commit.
+    statements (`claim_next_statements`) in the create's transaction, whose rows the waiting
+    claim answers (`claim_next_answer`) once that transaction committed.
+  * A claim-next carried by a completion batch is the same statements, run in the batch's
+    transaction, which commits the completions and the claim together; it never waits, and it
+    is read, answered, recorded and stamped (`claim_next_answer`) only after that commit.
   * Each claim and each NotClaimed answer is recorded after the statement committed.
   * Every Claimed answer carries the attempt token of the attempt it claimed (and, for an
     untrusted task, its capability token), issued from the committed row.
@@ -43,7 +42,9 @@ Invariants:
     `untrusted_operators` setting) and takes no untrusted task (migration 0024); the task stays
     Queued, unchanged. A claim of one by id answers NotClaimed `MissingCapabilityKeys` with a
     detail naming the setting; a claim-next that came back short names the untrusted tasks it
-    left (`refused`). Each refused task counts in `taskplat.claims.refused`.
+    left, read after its claim in the same transaction and round trip
+    (`claim_next_statements`), so its answer waits for no second statement. Each refused task
+    counts in `taskplat.claims.refused`.
 """
 
 from __future__ import annotations
@@ -52,11 +53,12 @@ import asyncio
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID, uuid4
 
 import psycopg
-from psycopg import AsyncConnection, AsyncCursor
+from psycopg import AsyncConnection
 from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool
 
@@ -69,6 +71,7 @@ from taskplat.common.contracts import (
     NotClaimedResponse,
 )
 from taskplat.common.contracts.internal import LIMITED_REASONS
+from taskplat.common.db.round_trip import Statement, transaction_in_one_round_trip
 from taskplat.common.logging import get_logger
 from taskplat.dispatcher import untrusted
 from taskplat.dispatcher.claim_waits import QueuedListener
@@ -84,6 +87,15 @@ Row = dict[str, Any]
 ClaimAnswer = ClaimedResponse | NotClaimedResponse
 
 CLAIMED_AHEAD_STAMP_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class ClaimedRows:
+    """A committed claim-next: the rows it claimed and, while the dispatcher has no capability
+    keys, the untrusted Queued tasks of its queue it left (read after it, in its transaction)."""
+
+    rows: list[Row]
+    left_untrusted: list[UUID]
 
 
 # A task held back by a limit that lifted between the claim and the read of why: try again soon.
@@ -216,14 +228,8 @@ class Claims:
             answered.add(task_id)
         return answers
 
-    async def refused(self, queue: str, worker_id: str, limit: int) -> list[NotClaimedItem]:
-        """The untrusted Queued tasks of `queue` (at most `limit`) a claim-next left because
-        this dispatcher has no capability keys; none when it has them."""
-        if self._capability_keys or limit <= 0:
-            return []
-        params = {**self._params(worker_id), "queue": queue, "max": limit}
-        async with self._pool.connection() as conn:
-            task_ids = await batch.refused_untrusted(conn, params)
+    def _left_untrusted(self, worker_id: str, task_ids: list[UUID]) -> list[NotClaimedItem]:
+        """The untrusted tasks a claim-next left for want of capability keys, counted."""
         if task_ids:
             self._recorder.claims_refused(task_ids, worker_id, untrusted.MISSING_SETTING)
         detail = untrusted.NOT_CLAIMED_DETAIL
@@ -240,37 +246,38 @@ class Claims:
         *,
         wait_seconds: float = 0.0,
         gone: asyncio.Future[object] | None = None,
-    ) -> list[ClaimedResponse]:
-        """Up to `limit` Queued tasks of `queue`; with `wait_seconds`, wait for one if none is."""
+    ) -> tuple[list[ClaimedResponse], list[NotClaimedItem]]:
+        """Up to `limit` Queued tasks of `queue`; with `wait_seconds`, wait for one if none is.
+        With them, the untrusted tasks it left for want of capability keys."""
         wait = min(wait_seconds, self._settings.claim_max_wait_seconds)
         listener = self._listener
         if wait <= 0 or listener is None:
             return await self._claim_next_now(queue, worker_id, limit, stamp_polled=0.0)
         if gone is not None and gone.done():  # the client left before its claim began
-            return []
+            return [], []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         # Registered before the first claim: no NOTIFY is missed.
         with listener.waiter(queue, worker_id, limit, gone) as waiter:
             stamp = wait if listener.listening else 0.0
             while True:
-                claimed = await self._claim_next_now(queue, worker_id, limit, stamp_polled=stamp)
+                answer = await self._claim_next_now(queue, worker_id, limit, stamp_polled=stamp)
                 stamp = 0.0
-                if claimed:
-                    if len(claimed) >= limit:
+                if answer[0]:
+                    if len(answer[0]) >= limit:
                         listener.wake(queue)  # more may be Queued: the next waiter looks too
-                    return claimed
+                    return answer
                 left = deadline - loop.time()
                 if left <= 0 or (gone is not None and gone.done()):
-                    return []
+                    return answer
                 held = await self._held_back_ms(queue)
-                rows = await waiter.wait(left if held is None else min(left, held / 1000))
-                if rows:  # a create claimed them for this claim, committed: answer them
-                    if len(rows) >= limit:
+                handed = await waiter.wait(left if held is None else min(left, held / 1000))
+                if isinstance(handed, ClaimedRows):  # claimed for it by a create, committed
+                    if len(handed.rows) >= limit:
                         listener.wake(queue)
-                    return await self.claim_next_answer(None, queue, limit, rows)
+                    return await self.claim_next_answer(None, queue, worker_id, limit, handed)
                 if gone is not None and gone.done():
-                    return []
+                    return answer
                 listener.rearm(waiter)
 
     async def _held_back_ms(self, queue: str) -> int | None:
@@ -287,36 +294,46 @@ class Claims:
         """The parameters of the claim-next statement (`batch.sql: claim_next`)."""
         return {**self._params(worker_id), "queue": queue, "max": limit}
 
-    async def claim_next_in(self, conn: Conn, queue: str, worker_id: str, limit: int) -> list[Row]:
-        """The claim-next statement in the caller's transaction (no wait); the claimed rows,
-        to be answered with `claim_next_answer` once that transaction committed."""
-        return await batch.claim_next(conn, self.claim_next_params(queue, worker_id, limit))
+    def claim_next_statements(self, queue: str, worker_id: str, limit: int) -> list[Statement]:
+        """The claim-next statement (no wait) and, while this dispatcher has no capability keys,
+        the read of the untrusted tasks it left after it: run them in one transaction, sent
+        together (`transaction_in_one_round_trip`), and make their rows `claimed_rows`."""
+        params = self.claim_next_params(queue, worker_id, limit)
+        statements: list[Statement] = [(batch.Q["claim_next"], params)]
+        if not self._capability_keys:
+            statements.append((batch.Q["refused_untrusted"], params))
+        return statements
 
-    async def start_claim_next_in(
-        self, conn: Conn, queue: str, worker_id: str, limit: int
-    ) -> AsyncCursor[DictRow]:
-        """`claim_next_in` sent, its rows not read (read them once the transaction committed)."""
-        return await batch.start_claim_next(conn, self.claim_next_params(queue, worker_id, limit))
+    @staticmethod
+    def claimed_rows(results: Sequence[list[Row]]) -> ClaimedRows:
+        """The rows of `claim_next_statements`, committed."""
+        left = [row["task_id"] for row in results[1]] if len(results) > 1 else []
+        return ClaimedRows(results[0], left)
 
     async def claim_next_answer(
-        self, conn: Conn | None, queue: str, limit: int, rows: list[Row]
-    ) -> list[ClaimedResponse]:
+        self, conn: Conn | None, queue: str, worker_id: str, limit: int, claimed: ClaimedRows
+    ) -> tuple[list[ClaimedResponse], list[NotClaimedItem]]:
         """Answer a committed claim-next: stamp a full one's queue (on `conn`, else on a
-        connection of the pool), record, issue the tokens."""
+        connection of the pool), record, issue the tokens; and name the untrusted tasks it left
+        (as many as it came back short), counted."""
+        rows = claimed.rows
         if len(rows) >= max(limit, 2):
             await self._stamp_claimed_ahead(conn, queue)
         self._recorder.tasks_claimed(rows)
-        return [self._claimed(row) for row in rows]
+        answers = [self._claimed(row) for row in rows]
+        left = claimed.left_untrusted[: max(0, limit - len(rows))]
+        return answers, self._left_untrusted(worker_id, left)
 
     async def _claim_next_now(
         self, queue: str, worker_id: str, limit: int, *, stamp_polled: float
-    ) -> list[ClaimedResponse]:
+    ) -> tuple[list[ClaimedResponse], list[NotClaimedItem]]:
         async with self._pool.connection() as conn:
             if stamp_polled > 0:
                 await self._stamp_polled(conn, queue, stamp_polled)
-            # One statement: committed on return.
-            rows = await self.claim_next_in(conn, queue, worker_id, limit)
-            return await self.claim_next_answer(conn, queue, limit, rows)
+            statements = self.claim_next_statements(queue, worker_id, limit)
+            results = await transaction_in_one_round_trip(conn, statements)  # committed
+            claimed = self.claimed_rows(results)
+            return await self.claim_next_answer(conn, queue, worker_id, limit, claimed)
 
     async def _stamp_polled(self, conn: Conn, queue: str, wait: float) -> None:
         now = time.monotonic()

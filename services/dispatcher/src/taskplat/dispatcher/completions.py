@@ -62,7 +62,8 @@ from taskplat.dispatcher.settings import DispatcherSettings
 BATCH_ROUTE = "/internal/task-complete-batch"
 Conn = AsyncConnection[DictRow]
 Row = dict[str, Any]
-Also = Callable[[AsyncConnection[DictRow]], Awaitable[AsyncCursor[DictRow]]]
+# Sends more statements in a batch's transaction; their cursors, unread.
+Also = Callable[[AsyncConnection[DictRow]], Awaitable[list[AsyncCursor[DictRow]]]]
 # Errors after which a batch is retried completion by completion (nothing of it committed).
 _RETRY_ALONE = (psycopg.DataError, psycopg.errors.DeadlockDetected)
 
@@ -127,10 +128,10 @@ class Completions:
 
     async def complete_batch_and(
         self, requests: list[CompleteRequest], also: Also | None
-    ) -> tuple[list[CompleteBatchResult], list[Row] | None]:
-        """The batch, then `also` (given the connection, it executes one statement and returns
-        its cursor, unread) in the same transaction; each completion's result and the rows of
-        `also`'s statement (None without it)."""
+    ) -> tuple[list[CompleteBatchResult], list[list[Row]] | None]:
+        """The batch, then `also` (given the connection, it sends its statements and returns
+        their cursors, unread) in the same transaction; each completion's result and the rows
+        of each of `also`'s statements (None without it)."""
         results: dict[int, CompleteBatchResult] = {}
         pending: list[_Prepared] = []
         for index, request in enumerate(requests):
@@ -140,10 +141,10 @@ class Completions:
                 results[index] = _error_result(request, exc)
         pending.sort(key=lambda item: (item.request.task_id, item.index))
         settled: list[tuple[_Prepared, _Settled]] = []
-        extra: list[Row] | None = None
+        extra: list[list[Row]] | None = None
         try:
             async with self._pool.connection() as conn:
-                also_cursor = None
+                also_cursors: list[AsyncCursor[DictRow]] | None = None
                 async with pipelined_transaction(conn):
                     for item, outcome in await self._complete_all_in(conn, pending):
                         if isinstance(outcome, Rejected):
@@ -152,16 +153,16 @@ class Completions:
                             settled.append((item, outcome))
                             results[item.index] = _ok_result(item.request, outcome.response)
                     if also is not None:
-                        also_cursor = await also(conn)
-                if also_cursor is not None:  # read with the COMMIT's answer: committed
-                    extra = await also_cursor.fetchall()
+                        also_cursors = await also(conn)
+                if also_cursors is not None:  # read with the COMMIT's answer: committed
+                    extra = [await cursor.fetchall() for cursor in also_cursors]
         except _RETRY_ALONE:
             settled.clear()
             for item in pending:
                 results[item.index] = await self._complete_alone(item.request)
             if also is not None:
                 async with self._pool.connection() as conn, conn.transaction():
-                    extra = await (await also(conn)).fetchall()
+                    extra = [await cursor.fetchall() for cursor in await also(conn)]
         self._record_all(settled)  # committed
         return [results[index] for index in range(len(requests))], extra
 

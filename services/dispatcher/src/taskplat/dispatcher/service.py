@@ -39,12 +39,13 @@ from taskplat.common.contracts import (
     TaskList,
     TaskView,
 )
+from taskplat.common.db.round_trip import Statement
 from taskplat.common.errors import Conflict, NotFound, PinnedVersionNotCurrent
 from taskplat.common.telemetry import inject
 from taskplat.dispatcher import audit, pins
 from taskplat.dispatcher.audit import AuditCall
 from taskplat.dispatcher.claim_waits import QueuedListener, Waiter
-from taskplat.dispatcher.claims import Claims
+from taskplat.dispatcher.claims import ClaimedRows, Claims
 from taskplat.dispatcher.completions import Completions
 from taskplat.dispatcher.creation import BulkCreate, admit_untrusted, check_times, task_values
 from taskplat.dispatcher.operations import QueueRegistry
@@ -62,13 +63,14 @@ from taskplat.dispatcher.worker_calls import WorkerCalls
 
 
 async def _write_task(
-    conn: AsyncConnection[DictRow], params: dict[str, Any], claim: dict[str, Any] | None
-) -> tuple[dict[str, Any] | None, list[dict[str, Any]] | None]:
+    conn: AsyncConnection[DictRow], params: dict[str, Any], claim: list[Statement] | None
+) -> tuple[dict[str, Any] | None, ClaimedRows | None]:
     """The insert alone (one statement, committed on return: the task, its wake-up and the
-    NOTIFY), or with the `claim` for a waiting claim (both committed together, one round trip)."""
+    NOTIFY), or with the `claim` for a waiting claim (committed together, one round trip)."""
     if claim is None:
         return await repo.insert_task(conn, params), None
-    return await repo.insert_task_and_claim_next(conn, params, claim)
+    row, results = await repo.insert_task_and(conn, params, claim)
+    return row, Claims.claimed_rows(results)
 
 
 class TaskService(WorkerCalls):
@@ -111,7 +113,7 @@ class TaskService(WorkerCalls):
         listener = self._listener
         waiter = listener.take(request.queue) if listener is not None else None
         wake_here = waiter is None and listener is not None and listener.waits_here(request.queue)
-        claimed: list[dict[str, Any]] | None = None
+        claimed: ClaimedRows | None = None
         params = {
             **repo.new_task_params([task_values(request, self._settings)]),
             "now": now,
@@ -133,7 +135,7 @@ class TaskService(WorkerCalls):
                     return task_view(existing), False
         finally:
             if waiter is not None:  # what it claimed for the waiting claim, else a plain wake
-                waiter.hand(claimed)
+                waiter.hand(claimed if claimed is not None and claimed.rows else None)
         if wake_here and row["held"]:  # its held wake-up NOTIFYd no one
             assert listener is not None
             listener.wake(request.queue)
@@ -151,13 +153,15 @@ class TaskService(WorkerCalls):
         request: CreateTaskRequest,
         params: dict[str, Any],
         waiter: Waiter | None,
-    ) -> tuple[dict[str, Any] | None, list[dict[str, Any]] | None]:
+    ) -> tuple[dict[str, Any] | None, ClaimedRows | None]:
         """Insert the task, committed: its row (None: its idempotency key exists) and, for a
-        taken `waiter`, the rows claimed for it in the same transaction."""
+        taken `waiter`, what was claimed for it in the same transaction."""
         loc: list[str | int] = ["body", "inputs"]
         claim = None
         if waiter is not None:
-            claim = self._claims.claim_next_params(request.queue, waiter.worker_id, waiter.limit)
+            claim = self._claims.claim_next_statements(
+                request.queue, waiter.worker_id, waiter.limit
+            )
         if not (request.job is not None and pins.dataset_reads(request.inputs, loc)):
             return await _write_task(conn, params, claim)
         # The datasets stay share-locked until the task and its pins commit.

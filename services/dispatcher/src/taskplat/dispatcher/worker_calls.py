@@ -92,7 +92,7 @@ class WorkerCalls:
     ) -> ClaimNextResponse:
         """`gone` completes when the caller went away: a waiting claim then claims no more, and
         what it claimed as the caller went is handed back (its answer can no longer arrive)."""
-        claimed = await self._claims.claim_next(
+        claimed, refused = await self._claims.claim_next(
             request.queue,
             request.worker_id,
             request.max,
@@ -102,9 +102,6 @@ class WorkerCalls:
         if claimed and gone is not None and gone.done():
             await self._hand_back(claimed)
             return ClaimNextResponse(claimed=[])
-        refused = await self._claims.refused(
-            request.queue, request.worker_id, request.max - len(claimed)
-        )
         return ClaimNextResponse(claimed=claimed, not_claimed=refused)
 
     async def _hand_back(self, claimed: Sequence[ClaimedResponse]) -> None:
@@ -218,18 +215,20 @@ class WorkerCalls:
             results = await self._completions.complete_batch(list(request.completions))
             return CompleteBatchResponse(results=results)
 
-        async def claim_next(conn: AsyncConnection[DictRow]) -> AsyncCursor[DictRow]:
-            return await self._claims.start_claim_next_in(
-                conn, claim.queue, claim.worker_id, claim.max
-            )
+        statements = self._claims.claim_next_statements(claim.queue, claim.worker_id, claim.max)
+
+        async def claim_next(conn: AsyncConnection[DictRow]) -> list[AsyncCursor[DictRow]]:
+            return [await conn.execute(query, params) for query, params in statements]
 
         results, rows = await self._completions.complete_batch_and(
             list(request.completions), claim_next
         )
-        claimed = await self._claims.claim_next_answer(None, claim.queue, claim.max, rows or [])
+        claimed_rows = self._claims.claimed_rows(rows or [[]])
         # Untrusted tasks left for want of capability keys are counted (the answer has no place
         # for them: the wrapper's next claim-next names them).
-        await self._claims.refused(claim.queue, claim.worker_id, claim.max - len(claimed))
+        claimed, _ = await self._claims.claim_next_answer(
+            None, claim.queue, claim.worker_id, claim.max, claimed_rows
+        )
         return CompleteBatchResponse(results=results, claimed=claimed)
 
 

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from psycopg import AsyncConnection, AsyncCursor
+from psycopg import AsyncConnection
 from psycopg.rows import DictRow
 
 from taskplat.common.db.queries import load_queries
@@ -42,17 +42,6 @@ async def complete_many(conn: Conn, params: dict[str, Any]) -> list[Row]:
     return await _all(conn, "complete_many", params)
 
 
-async def claim_next(conn: Conn, params: dict[str, Any]) -> list[Row]:
-    """Claim up to `max` free Queued tasks of `queue`, oldest first; the claimed rows."""
-    return await _all(conn, "claim_next", params)
-
-
-async def start_claim_next(conn: Conn, params: dict[str, Any]) -> AsyncCursor[DictRow]:
-    """`claim_next` sent, its rows not read: in a pipelined transaction, the cursor is read
-    once the transaction committed."""
-    return await conn.execute(Q["claim_next"], params)
-
-
 async def read_fences(
     conn: Conn,
     task_ids: Sequence[UUID],
@@ -65,12 +54,6 @@ async def read_fences(
               "now": now}  # fmt: skip
     rows = await _all(conn, "read_fences", params)
     return {row["task_id"]: row for row in rows}
-
-
-async def refused_untrusted(conn: Conn, params: dict[str, Any]) -> list[UUID]:
-    """Up to `max` Queued untrusted tasks of `queue` (what a claim-next without capability
-    keys leaves)."""
-    return [row["task_id"] for row in await _all(conn, "refused_untrusted", params)]
 
 
 async def find_tasks_by_idempotency_keys(conn: Conn, keys: Sequence[str]) -> dict[str, UUID]:

@@ -20,7 +20,7 @@ from psycopg.types.json import Jsonb
 
 from taskplat.common.contracts import CompleteRequest, Event
 from taskplat.common.db.queries import load_queries
-from taskplat.common.db.round_trip import transaction_in_one_round_trip
+from taskplat.common.db.round_trip import Statement, transaction_in_one_round_trip
 
 Q = load_queries("taskplat.dispatcher.repository", "tasks.sql")
 batch_queries = load_queries("taskplat.dispatcher.repository", "batch.sql")
@@ -82,25 +82,26 @@ async def insert_task(conn: Conn, params: dict[str, Any]) -> Row | None:
     return await _one(conn, "insert_tasks", params)
 
 
-async def insert_task_and_claim_next(
-    conn: Conn, params: dict[str, Any], claim_params: dict[str, Any]
-) -> tuple[Row | None, list[Row]]:
-    """`insert_task`, then `claim_next` of `batch.sql` (which sees the new task), in a transaction
+async def insert_task_and(
+    conn: Conn, params: dict[str, Any], statements: Sequence[Statement]
+) -> tuple[Row | None, list[list[Row]]]:
+    """`insert_task`, then `statements` (a claim-next, which sees the new task), in a transaction
     of their own, committed on return (a savepoint inside the caller's transaction): the new
-    task's row (None: its idempotency key exists) and the rows claimed. On an autocommit
-    connection outside a transaction, BEGIN, both statements and the COMMIT go to Postgres
-    together (`transaction_in_one_round_trip`): one round trip. An error in either statement
-    rolls both back."""
+    task's row (None: its idempotency key exists) and the rows of each statement. On an
+    autocommit connection outside a transaction, BEGIN, the statements and the COMMIT go to
+    Postgres together (`transaction_in_one_round_trip`): one round trip. An error in any
+    statement rolls them all back."""
     if conn.info.transaction_status != TransactionStatus.IDLE:
         async with conn.pipeline():
             async with conn.transaction():  # a savepoint in the caller's transaction
                 inserting = await conn.execute(Q["insert_tasks"], params)
-                claiming = await conn.execute(batch_queries["claim_next"], claim_params)
-            return await inserting.fetchone(), await claiming.fetchall()
-    inserted, claimed = await transaction_in_one_round_trip(
-        conn, [(Q["insert_tasks"], params), (batch_queries["claim_next"], claim_params)]
+                cursors = [await conn.execute(query, each) for query, each in statements]
+            rows = [await cursor.fetchall() for cursor in cursors]
+            return await inserting.fetchone(), rows
+    inserted, *rows = await transaction_in_one_round_trip(
+        conn, [(Q["insert_tasks"], params), *statements]
     )
-    return (inserted[0] if inserted else None), claimed
+    return (inserted[0] if inserted else None), rows
 
 
 async def notify_outbox(conn: Conn, queue: str) -> None:
