@@ -197,6 +197,16 @@ def test_the_service_process_is_not_dumpable(pool: SandboxPool) -> None:
     assert prctl(3, 0, 0, 0, 0) == 0  # PR_GET_DUMPABLE
 
 
+def test_the_fork_server_does_not_load_numpy(pool: SandboxPool) -> None:
+    """What the fork server maps, every fork copies: numpy (which pyarrow imports when it is
+    installed, as it is here) is kept out of it, and the sandboxes answer without it."""
+    assert "numpy" in sys.modules  # this process: pyarrow imported it
+    assert pool.server_pid is not None
+    maps = Path(f"/proc/{pool.server_pid}/maps").read_text()
+    assert "/numpy" not in maps
+    assert b'"rows":[[3]]' in direct(pool, "SELECT sum(block) AS s FROM alerts").body
+
+
 def test_a_sandbox_serves_one_query_and_the_pool_refills(pool: SandboxPool) -> None:
     sandbox: Sandbox = pool.take()
     sandbox.check("SELECT sum(block) AS s FROM alerts", ["alerts"], LIMITS)

@@ -2,7 +2,8 @@
 
 Invariants:
   * `POST /query` runs SQL only for a valid capability token (Authorization: Bearer): signed by a
-    known key, unexpired, a capability; anything else is 401 before the body is read.
+    known key, unexpired, a capability; anything else is 401 before the body is read. A token's
+    signature is checked once per process (`verified.py`), its expiry on every query.
   * Order of checks: token (401), body (413/422), admission per token (429), the token's inputs,
     the statement guard (400/403, decided inside the query's sandbox: DuckDB's parser never sees
     untrusted SQL in this process), then the inputs the statement reads are read and handed over
@@ -58,11 +59,7 @@ from taskplat.common.errors import (
 from taskplat.common.http_telemetry import HttpTelemetryMiddleware
 from taskplat.common.logging import get_logger
 from taskplat.common.telemetry import PROMETHEUS_CONTENT_TYPE, Telemetry
-from taskplat.common.tokens.capability import (
-    VerifiedCapability,
-    capability_key_ring,
-    verify_capability_token,
-)
+from taskplat.common.tokens.capability import VerifiedCapability, capability_key_ring
 from taskplat.query_service import engine
 from taskplat.query_service.contracts import QueryRequest, openapi
 from taskplat.query_service.engine import QueryTimeout
@@ -73,6 +70,7 @@ from taskplat.query_service.pool import SandboxPool
 from taskplat.query_service.s3access import CredentialSource, S3Credentials
 from taskplat.query_service.settings import QuerySettings
 from taskplat.query_service.tables import InputUnreadable, S3Reader, postgres_table
+from taskplat.query_service.verified import VerifiedTokens
 
 STATUS_BY_ERROR: dict[type[TaskplatError], int] = {
     BadRequest: 400,
@@ -129,7 +127,7 @@ class QueryService:
         self._pool = pool
         self._credentials = credentials
         self._clock = clock
-        self._ring = capability_key_ring(settings.token_keys())
+        self._tokens = VerifiedTokens(capability_key_ring(settings.token_keys()))
         self._admission = Admission(
             settings.rate_limit_per_token,
             settings.rate_limit_window_seconds,
@@ -171,7 +169,7 @@ class QueryService:
             return _error(status, exc.code, exc.message)
 
     async def _query(self, request: Request) -> Response:
-        verified = verify_capability_token(self._ring, _bearer(request), now=self._clock.now())
+        verified = self._tokens.verify(_bearer(request), now=self._clock.now())
         body = await _body(request, self._settings.max_body_bytes)
         key: TokenKey = (verified.capability.task_id, verified.capability.attempt)
         attributes: dict[str, AttributeValue] = {

@@ -23,16 +23,23 @@ Invariants of a child (one sandbox):
     and no host: the fork server installs `seccomp.deny_network()` first thing, inherited by
     every sandbox (no socket but `AF_UNIX`).
   * Its answer is data for the service (JSON and bytes, never pickled objects).
+  * The fork server does not import numpy (pyarrow would import it when it is installed; nothing
+    here uses it): its memory is what every fork copies the page tables of and every sandbox tears
+    down on exit, and numpy with its BLAS is ~6 MB of it (docs/performance.md, W6).
 """
 
 from __future__ import annotations
+
+import sys
+
+if __name__ == "__main__":  # the fork server only; the service imports this module too
+    sys.modules["numpy"] = None  # type: ignore[assignment]  # an import of it fails
 
 import json
 import os
 import resource
 import signal
 import socket
-import sys
 from dataclasses import replace
 from typing import Any
 
