@@ -15,6 +15,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import psycopg
@@ -298,3 +299,37 @@ def test_a_sandbox_has_no_network(pool: SandboxPool) -> None:
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def _threads(pid: int) -> int:
+    return len(list(Path(f"/proc/{pid}/task").iterdir()))
+
+
+def test_a_sandbox_starts_the_threads_it_is_given_and_is_locked_as_well() -> None:
+    """DuckDB starts its worker threads in the sandbox itself (a fork keeps only the forking
+    thread, so threads started in the fork server would be lost), and locks its configuration
+    there before it reads a byte from the service."""
+    limits = replace(LIMITS, threads=3)
+    sandboxes = SandboxPool(2, limits, guarded=False)
+    try:
+        sandboxes.start()
+        wait_for(lambda: sandboxes.ready() == 2, timeout=60, what="two prepared sandboxes")
+        sandbox = sandboxes.take()
+        try:
+            assert _threads(sandbox.pid) >= 3  # its own thread and DuckDB's two workers
+        finally:
+            sandbox.close()
+        answer = direct(sandboxes, "SELECT sum(block) AS total FROM alerts", limits)
+        assert answer.row_count == 1
+        with pytest.raises(engine.QueryFailed, match=r"locked|Cannot"):
+            direct(sandboxes, "SET enable_external_access = true", limits)
+    finally:
+        sandboxes.close()
+
+
+def test_a_single_threaded_sandbox_starts_no_thread(pool: SandboxPool) -> None:
+    sandbox = pool.take()
+    try:
+        assert _threads(sandbox.pid) == 1
+    finally:
+        sandbox.close()

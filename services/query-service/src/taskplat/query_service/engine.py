@@ -85,12 +85,24 @@ def open_database(limits: Limits) -> duckdb.DuckDBPyConnection:
     )
 
 
-def lock_down(conn: duckdb.DuckDBPyConnection, limits: Limits) -> None:
-    """Its threads, then no directory, no external access, and the configuration locked."""
-    conn.execute(f"SET threads = {int(limits.threads)}")
+def restrict(conn: duckdb.DuckDBPyConnection) -> None:
+    """No directory and no external access (the configuration not yet locked)."""
     conn.execute("SET allowed_directories = []")
     conn.execute("SET enable_external_access = false")
+
+
+def lock(conn: duckdb.DuckDBPyConnection, limits: Limits) -> None:
+    """Its threads (DuckDB starts its workers here: in the process that will run the query,
+    as a fork keeps only the forking thread), then the configuration locked."""
+    if limits.threads != 1:
+        conn.execute(f"SET threads = {int(limits.threads)}")
     conn.execute("SET lock_configuration = true")
+
+
+def lock_down(conn: duckdb.DuckDBPyConnection, limits: Limits) -> None:
+    """`restrict`, then `lock`."""
+    restrict(conn)
+    lock(conn, limits)
 
 
 def connect(limits: Limits) -> duckdb.DuckDBPyConnection:

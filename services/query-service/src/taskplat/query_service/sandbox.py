@@ -11,8 +11,11 @@ its children as they exit.
 
 Invariants of a child (one sandbox):
   * Its DuckDB is its own copy (by `fork`) of an in-memory database the fork server opened on one
-    thread, locked down (`engine.lock_down`: done once there, so a sandbox is locked from its first
-    instruction and no child pays for it), and never queried nor gave data to. It then decides the
+    thread and restricted (no directory, no external access: `engine.restrict`), and never queried
+    nor gave data to. Its configuration is locked (`engine.lock`) before it reads a byte from the
+    service: once in the fork server when a query runs on one thread (so no sandbox pays for it),
+    else by each sandbox first thing, as DuckDB starts its worker threads there and a fork keeps
+    only the forking thread. It then decides the
     statement with the guard (on that DuckDB, holding no data: DuckDB's parser never sees untrusted
     SQL in the service) and answers the views it reads, or the refusal; given the inputs (a JSON
     header, then one Arrow IPC stream per input), it registers each under its view names, runs the
@@ -146,7 +149,13 @@ def main(argv: list[str]) -> int:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     seccomp.deny_network()  # no socket but AF_UNIX, here and in every sandbox
     _warm_up()
-    template = engine.connect(limits)  # locked down, never queried: each child gets its copy
+    # Restricted, never queried: each child gets its copy. Locked here when a query runs on one
+    # thread; else each child starts its threads and locks it (a fork keeps one thread).
+    template = engine.open_database(limits)
+    engine.restrict(template)
+    locked_here = limits.threads == 1
+    if locked_here:
+        engine.lock(template, limits)
     signal.signal(signal.SIGCHLD, _reap)
     while True:
         try:
@@ -165,6 +174,8 @@ def main(argv: list[str]) -> int:
             try:
                 control.close()
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                if not locked_here:
+                    engine.lock(template, limits)  # before a byte from the service is read
                 _child(fds[0], limits, template, guarded)
             except BaseException:  # a child never returns into the loop
                 code = 1

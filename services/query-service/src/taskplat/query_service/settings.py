@@ -66,7 +66,16 @@ class QuerySettings(ServiceSettings, CapabilityTokenSettings, TelemetrySettings)
     workers: int = Field(
         8, ge=1, le=256, description="Queries run at once by this process (more wait their turn)."
     )
-    threads: int = Field(2, ge=1, le=64, description="DuckDB threads per query.")
+    threads: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description=(
+            "DuckDB threads per query. Above 1, each sandbox starts them and locks its "
+            "configuration itself (a fork keeps only the forking thread): more CPU per query, "
+            "for large inputs on more than one vCPU."
+        ),
+    )
     sandboxes: int = Field(
         4,
         ge=0,
