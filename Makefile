@@ -171,6 +171,9 @@ IMAGES_ARGS ?=
 .PHONY: images
 images: venv ## Build every service image, the worker base and the example worker image: Docker where an engine answers, else buildah (SBOMs and sizes in .artifacts/images)
 	@if command -v docker >/dev/null && docker info >/dev/null 2>&1; then \
+	  if [ -n "$(IMAGES_ARGS)" ]; then \
+	    echo "images: IMAGES_ARGS ($(IMAGES_ARGS)) are options of the buildah build; a Docker engine answers here, and make docker-images takes none" >&2; exit 2; \
+	  fi; \
 	  $(MAKE) --no-print-directory docker-images; \
 	else \
 	  $(RUN) python -m taskplat.devstack.images build --tag $(IMAGE_TAG) --uv-version $(UV_VERSION) $(IMAGES_ARGS); \
