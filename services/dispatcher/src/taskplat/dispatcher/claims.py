@@ -180,9 +180,10 @@ class Claims:
             if row is not None:
                 self._recorder.task_claimed(row)
                 return self._claimed(row)
-            fence = await repo.read_claim_fence(
-                conn, task_id, self._untrusted_operators, self._clock.sql_now()
+            fences = await batch.read_fences(
+                conn, [task_id], self._untrusted_operators, self._clock.sql_now()
             )
+        fence = fences.get(task_id)
         reason = _reason(fence, capability_keys=self._capability_keys)
         self._not_claimed_recorded(task_id, worker_id, reason, fence)
         return _not_claimed(reason, fence)

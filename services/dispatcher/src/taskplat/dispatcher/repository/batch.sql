@@ -40,7 +40,9 @@ ORDER BY t.queued_at
 LIMIT %(max)s
 
 -- name: read_fences
--- Why a batch claim took nothing of each task: as read_claim_fence (tasks.sql).
+-- Why a claim (of one task or a batch) took nothing of each task: `paused`, its queue is paused;
+-- `untrusted`, it runs untrusted (taskplat_untrusted, migration 0024); `limited`, a limit of its
+-- queue holds it back, with `retry_after_ms` (taskplat_limit_refusal, migration 0028).
 SELECT t.task_id, t.status, t.attempt, t.lease_token, t.attempt_outcome,
        EXISTS (SELECT 1 FROM queues AS q WHERE q.name = t.queue AND q.paused) AS paused,
        taskplat_untrusted(t.job, t.operator, %(untrusted_operators)s::text[]) AS untrusted,

@@ -150,15 +150,6 @@ async def read_fence(conn: Conn, task_id: UUID, *, for_update: bool = False) -> 
     return await _one(conn, name, {"task_id": task_id})
 
 
-async def read_claim_fence(
-    conn: Conn, task_id: UUID, untrusted_operators: Sequence[str], now: datetime | None = None
-) -> Row | None:
-    """The task's status, whether its queue is paused, whether it runs untrusted, and the limit
-    of its queue that holds it back (with `retry_after_ms`), if any."""
-    params = {"task_id": task_id, "untrusted_operators": list(untrusted_operators), "now": now}
-    return await _one(conn, "read_claim_fence", params)
-
-
 async def claim_task(conn: Conn, params: dict[str, Any]) -> Row | None:
     return await _one(conn, "claim_task", params)
 

@@ -98,24 +98,6 @@ SELECT * FROM taskplat_claim(ARRAY[%(task_id)s::uuid], %(worker_id)s,
                              p_capability_keys => %(capability_keys)s::boolean,
                              p_untrusted_operators => %(untrusted_operators)s::text[])
 
--- name: read_claim_fence
--- Why a claim of the task took nothing: `paused`, its queue is paused; `untrusted`, it runs
--- untrusted (taskplat_untrusted, migration 0024); `limited`, a limit of its queue holds it back,
--- with `retry_after_ms` (taskplat_limit_refusal, migration 0028).
-SELECT t.task_id, t.status,
-       EXISTS (SELECT 1 FROM queues AS q WHERE q.name = t.queue AND q.paused) AS paused,
-       taskplat_untrusted(t.job, t.operator, %(untrusted_operators)s::text[]) AS untrusted,
-       t.queue, r.reason AS limited, r.retry_after_ms,
-       EXISTS (SELECT 1 FROM queues AS q
-               WHERE q.name = t.queue
-                 AND (q.concurrency_limit IS NOT NULL OR q.key_concurrency_limit IS NOT NULL
-                      OR q.rate_per_second IS NOT NULL)) AS has_limits,
-       coalesce(t.expires_at <= now(), false) AS expired
-FROM tasks AS t
-LEFT JOIN LATERAL taskplat_limit_refusal(t.queue, t.concurrency_key, %(now)s::timestamptz) AS r
-       ON t.status = 'Queued'
-WHERE t.task_id = %(task_id)s
-
 -- name: fetch_task
 SELECT task_id, status, attempt, job, operator, queue, config, inputs, timeout_seconds,
        deadline_at, taskplat_job_outputs(job) AS outputs,
