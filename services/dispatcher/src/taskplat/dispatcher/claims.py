@@ -36,7 +36,8 @@ Invariants:
     the claim's own statement) answers NotClaimed `ConcurrencyLimited`, `KeyConcurrencyLimited`
     or `RateLimited` with `retry_after_ms`; the task stays Queued with its place. A waiting
     claim whose queue is held back waits at most that long before it claims again (an end of
-    a task of the queue also wakes it, by NOTIFY).
+    a task of the queue also wakes it, by NOTIFY); whether a limit holds it back is read
+    after each of its claims, in the claim's round trip.
   * No untrusted task is handed out without its capability token: while the dispatcher has no
     capability keys, every claim statement is told so (`capability_keys`, with the
     `untrusted_operators` setting) and takes no untrusted task (migration 0024); the task stays
@@ -253,7 +254,8 @@ class Claims:
         wait = min(wait_seconds, self._settings.claim_max_wait_seconds)
         listener = self._listener
         if wait <= 0 or listener is None:
-            return await self._claim_next_now(queue, worker_id, limit, stamp_polled=0.0)
+            answer, _ = await self._claim_next_now(queue, worker_id, limit, stamp_polled=0.0)
+            return answer
         if gone is not None and gone.done():  # the client left before its claim began
             return [], []
         loop = asyncio.get_running_loop()
@@ -262,7 +264,9 @@ class Claims:
         with listener.waiter(queue, worker_id, limit, gone) as waiter:
             stamp = wait if listener.listening else 0.0
             while True:
-                answer = await self._claim_next_now(queue, worker_id, limit, stamp_polled=stamp)
+                answer, limited = await self._claim_next_now(
+                    queue, worker_id, limit, stamp_polled=stamp, read_limit=True
+                )
                 stamp = 0.0
                 if answer[0]:
                     if len(answer[0]) >= limit:
@@ -271,7 +275,7 @@ class Claims:
                 left = deadline - loop.time()
                 if left <= 0 or (gone is not None and gone.done()):
                     return answer
-                held = await self._held_back_ms(queue)
+                held = self._held_back_ms(queue, limited)
                 handed = await waiter.wait(left if held is None else min(left, held / 1000))
                 if isinstance(handed, ClaimedRows):  # claimed for it by a create, committed
                     if len(handed.rows) >= limit:
@@ -281,11 +285,10 @@ class Claims:
                     return answer
                 listener.rearm(waiter)
 
-    async def _held_back_ms(self, queue: str) -> int | None:
-        """While the queue is at its concurrency limit or out of rate tokens, when to claim again
-        (an end of one of its tasks wakes the waiter sooner); None otherwise."""
-        async with self._pool.connection() as conn:
-            row = await queues.limit_retry_after(conn, queue, self._clock.sql_now())
+    def _held_back_ms(self, queue: str, row: Row | None) -> int | None:
+        """While the queue is at its concurrency limit or out of rate tokens (`row`, read with
+        the claim), when to claim again (an end of one of its tasks wakes the waiter sooner);
+        None otherwise."""
         if row is None:
             return None
         self._recorder.claims_limited(queue, row["reason"])
@@ -326,15 +329,28 @@ class Claims:
         return answers, self._left_untrusted(worker_id, left)
 
     async def _claim_next_now(
-        self, queue: str, worker_id: str, limit: int, *, stamp_polled: float
-    ) -> tuple[list[ClaimedResponse], list[NotClaimedItem]]:
+        self,
+        queue: str,
+        worker_id: str,
+        limit: int,
+        *,
+        stamp_polled: float,
+        read_limit: bool = False,
+    ) -> tuple[tuple[list[ClaimedResponse], list[NotClaimedItem]], Row | None]:
+        """The claim, answered; with `read_limit` (a waiting claim's), also whether a limit
+        holds the queue back (`limit_retry_after`), read after the claim in its round trip."""
         async with self._pool.connection() as conn:
             if stamp_polled > 0:
                 await self._stamp_polled(conn, queue, stamp_polled)
             statements = self.claim_next_statements(queue, worker_id, limit)
+            if read_limit:
+                params = {"queue": queue, "now": self._clock.sql_now()}
+                statements.append((queues.Q["limit_retry_after"], params))
             results = await transaction_in_one_round_trip(conn, statements)  # committed
+            limited = results.pop() if read_limit else []
             claimed = self.claimed_rows(results)
-            return await self.claim_next_answer(conn, queue, worker_id, limit, claimed)
+            answer = await self.claim_next_answer(conn, queue, worker_id, limit, claimed)
+        return answer, (limited[0] if limited else None)
 
     async def _stamp_polled(self, conn: Conn, queue: str, wait: float) -> None:
         now = time.monotonic()

@@ -49,13 +49,6 @@ async def list_queues(conn: Conn, now: datetime | None) -> list[Row]:
     return await _all(conn, "list_queues", {"now": now})
 
 
-async def limit_retry_after(conn: Conn, queue: str, now: datetime | None) -> Row | None:
-    """While the queue is at its concurrency limit or out of rate tokens: the reason and when
-    to claim again (`retry_after_ms`); None otherwise."""
-    rows = await _all(conn, "limit_retry_after", {"queue": queue, "now": now})
-    return rows[0] if rows else None
-
-
 async def set_queue_limits(
     conn: Conn,
     name: str,
