@@ -86,3 +86,18 @@ def test_has_a_cyclonedx_sbom_of_its_packages(spec: build.ImageSpec) -> None:
     worker = spec.name in ("taskplat-worker-base", build.EXAMPLE.name)
     package = "taskplat-worker-wrapper" if worker else spec.name
     assert package in names, sorted(names)[:20]
+
+
+def test_no_build_left_a_working_container_behind() -> None:
+    """`make images` removes every container its builds made: a stage named only for `COPY
+    --from` (the uv image's) left its working container after every build, mounted, before the
+    builds passed `--force-rm`."""
+    out = subprocess.run(
+        ["buildah", "containers", "--format", "{{.ContainerName}} {{.ImageName}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    left = [line for line in out.stdout.splitlines() if "localhost/taskplat-" in line]
+    assert not left, f"working containers left by image builds (buildah rm them): {left}"

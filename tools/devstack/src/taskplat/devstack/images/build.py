@@ -241,7 +241,8 @@ def ca_bundle() -> str | None:
 def build_argv(
     spec: ImageSpec, *, repo: Path, tag: str, build_args: Mapping[str, str], ca: str | None
 ) -> list[str]:
-    argv = ["buildah", "build", "--layers", "--format", "docker", "--runtime", "runc", *ULIMITS]
+    argv = ["buildah", "build", "--layers", "--force-rm", "--format", "docker", "--runtime", "runc"]
+    argv += ULIMITS
     argv += ["--file", str(repo / spec.dockerfile), "--tag", f"localhost/{spec.name}:{tag}"]
     for name, value in {**spec.args, **build_args}.items():
         argv += ["--build-arg", f"{name}={value}"]
