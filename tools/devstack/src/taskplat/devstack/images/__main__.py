@@ -3,12 +3,14 @@
 
 Invariants: expected failures print ``images: error: ...`` on stderr and exit 1, never a
 traceback; ``build`` prints each image's size, largest layers and labels and writes its SBOM to
-``<out>/<image>.cdx.json``.
+``<out>/<image>.cdx.json``, and the names of the working containers its builds left behind (and it
+then removed) to ``<out>/left-containers.json``: an empty list when the builds cleaned up.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -42,7 +44,9 @@ def _cmd_build(args: argparse.Namespace) -> int:
         refresh=args.refresh_base,
         node=build.EXAMPLE in specs,
     )
-    build.build_all(
+    left_out = out_dir / "left-containers.json"
+    left_out.unlink(missing_ok=True)
+    left = build.build_all(
         specs,
         repo=REPO,
         tag=args.tag,
@@ -51,6 +55,9 @@ def _cmd_build(args: argparse.Namespace) -> int:
         version=args.version or args.tag,
         log=log,
     )
+    left_out.write_text(json.dumps(left) + "\n")
+    if left:
+        print(f"images: the builds left {len(left)} working containers: removed", flush=True)
     tool = report.ensure_sbom_tool(args.uv, out_dir / "sbom-tool") if args.sbom else None
     for spec in specs:
         ref = f"localhost/{spec.name}:{args.tag}"

@@ -24,12 +24,14 @@ rebuilds only the layers from that file's COPY on), in Docker format (HEALTHCHEC
 Dockerfiles' REVISION and VERSION arguments. A CA bundle the host trusts is given to the builds as
 the `build_ca` secret (mounted for the downloading RUN only, in no layer). Named build contexts
 (`ImageSpec.contexts`) are directories of the repository. A failed build raises `DevstackError`
-naming the image and the log.
+naming the image and the log. `build_all` removes any buildah working container its builds left
+behind and answers those it had to remove (none, since the builds pass `--force-rm`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -283,14 +285,40 @@ def build_all(
     revision: str,
     version: str,
     log: Path,
-) -> None:
+) -> list[str]:
+    """Build `specs` in order; the names of the working containers the builds left (removed)."""
     if shutil.which("buildah") is None:
         raise DevstackError("buildah is not installed: run `make images-deps` (root)")
     ca = ca_bundle()
     common = {**bases.args(), "REVISION": revision, "VERSION": version}
-    for spec in specs:
-        print(f"images: building localhost/{spec.name}:{tag}", flush=True)
-        args = dict(common)
-        if spec.context != ".":
-            args["BASE_IMAGE"] = f"localhost/taskplat-worker-base:{tag}"
-        _run(build_argv(spec, repo=repo, tag=tag, build_args=args, ca=ca), log=log)
+    before = working_containers()
+    earlier = [name for name in before.values() if name.startswith("taskplat-")]
+    if earlier:
+        print(
+            f"images: {len(earlier)} working containers of earlier taskplat builds remain "
+            f"(`buildah rm {earlier[0]} ...` removes them)",
+            flush=True,
+        )
+    try:
+        for spec in specs:
+            print(f"images: building localhost/{spec.name}:{tag}", flush=True)
+            args = dict(common)
+            if spec.context != ".":
+                args["BASE_IMAGE"] = f"localhost/taskplat-worker-base:{tag}"
+            _run(build_argv(spec, repo=repo, tag=tag, build_args=args, ca=ca), log=log)
+    finally:
+        left = {key: name for key, name in working_containers().items() if key not in before}
+        if left:
+            subprocess.run(["buildah", "rm", *left], capture_output=True, check=False)
+    return sorted(left.values())
+
+
+def working_containers() -> dict[str, str]:
+    """buildah's working containers in this image store: id -> name."""
+    out = subprocess.run(
+        ["buildah", "containers", "--json"], capture_output=True, text=True, check=False
+    )
+    if out.returncode != 0:
+        raise DevstackError(f"buildah containers failed: {out.stderr.strip()}")
+    listed = json.loads(out.stdout or "[]") or []
+    return {entry["id"]: entry["containername"] for entry in listed if entry.get("builder")}
