@@ -11,7 +11,9 @@ import sys
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
+from psycopg.rows import dict_row
 
 from taskplat.bench.config import (
     BASE_ENV,
@@ -21,10 +23,11 @@ from taskplat.bench.config import (
     parse_variant,
     parse_workloads,
 )
-from taskplat.bench.harness import operators_file
+from taskplat.bench.harness import QUERIES, operators_file
 from taskplat.bench.operators import HANDLERS, serve
-from taskplat.bench.report import figure_rows, missing_figures
+from taskplat.bench.report import block_lines, figure_rows, missing_figures
 from taskplat.bench.stats import combine, percentile, spread
+from taskplat.bench.throughput import blocks_per_task
 from taskplat.devstack.errors import DevstackError
 
 
@@ -184,3 +187,22 @@ def test_a_quick_bench_writes_every_figure(tmp_path: Path) -> None:
     markdown = (results / "latest.md").read_text()
     assert "| W1 drain rate |" in markdown
     assert "CPU during W2 (20 tasks;" in markdown
+
+
+def test_postgres_blocks_are_counted_per_task_by_relation(db_url: str) -> None:
+    """`block_io` names every table and index of the database; `blocks_per_task` divides a
+    run's accesses by its tasks and names the busiest relations first."""
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as conn:
+        rows = conn.execute(QUERIES["block_io"]).fetchall()
+    relations = {row["relation"] for row in rows}
+    assert {"table tasks", "index tasks_pkey", "table outbox"} <= relations
+    assert all(row["hit"] >= 0 and row["read"] >= 0 for row in rows)
+    before = {"table tasks": (100, 5), "index tasks_pkey": (10, 0), "table outbox": (7, 1)}
+    after = {"table tasks": (300, 9), "index tasks_pkey": (70, 2), "table outbox": (7, 1)}
+    figures = blocks_per_task(before, after, tasks=4)
+    assert figures["hit"] == 65.0 and figures["read"] == 1.5
+    assert list(figures["by_relation"]) == ["table tasks", "index tasks_pkey", "table outbox"]
+    assert figures["by_relation"]["index tasks_pkey"] == {"hit": 15.0, "read": 0.5}
+    record = {"figures": {"W4": {"postgres_blocks_per_task": figures}}}
+    (line, _) = block_lines(record, "W4")
+    assert "65 hit, 1.5 read" in line and "table tasks 50/1" in line

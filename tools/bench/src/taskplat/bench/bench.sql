@@ -151,3 +151,16 @@ FROM task_attempts AS a
 JOIN tasks AS t ON t.task_id = a.task_id
 WHERE a.task_id = ANY(%(ids)s::uuid[])
 ORDER BY a.started_at
+
+-- name: block_io
+-- Shared-buffer block accesses per table and index of the database, cumulative since the
+-- server started: `hit` found in shared buffers, `read` brought in from outside them (the OS's
+-- page cache or the disk). A backend reports its counts at the end of a transaction, at most
+-- once a second, so a snapshot is taken after the backends settled.
+SELECT 'table ' || relname AS relation,
+       coalesce(heap_blks_hit, 0) + coalesce(toast_blks_hit, 0) AS hit,
+       coalesce(heap_blks_read, 0) + coalesce(toast_blks_read, 0) AS read
+FROM pg_statio_user_tables
+UNION ALL
+SELECT 'index ' || indexrelname, coalesce(idx_blks_hit, 0), coalesce(idx_blks_read, 0)
+FROM pg_statio_user_indexes;

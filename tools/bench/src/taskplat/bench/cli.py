@@ -50,6 +50,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         sizes=sizes,
         command=["python", "-m", "taskplat.bench", *sys.argv[1:]],
         peers_harness=args.peers.absolute() if args.peers else None,
+        postgres_blocks=args.postgres_blocks,
     )
     return run_bench(config)
 
@@ -94,6 +95,13 @@ def parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="a side-by-side harness folder (setup.sh, run.sh): run it after the workloads and "
         "report the peers' figures and Taskplat's ratios (make bench PEER_BENCH=DIR)",
+    )
+    bench.add_argument(
+        "--postgres-blocks",
+        action="store_true",
+        help="W1/W4: also Postgres's shared-buffer block hits and reads per task, by table and "
+        "index (adds ~22 s to each run: the backends report their counts once a second at most, "
+        "and idle ones after 10 s)",
     )
     sizes = bench.add_argument_group("sizes (defaults: the issue's; --quick shrinks them)")
     sizes.add_argument("--w1-tasks", type=positive, help="W1/W4 tasks per run (5000)")

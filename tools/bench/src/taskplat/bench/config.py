@@ -146,6 +146,9 @@ class BenchConfig:
     submit: str = "auto"  # auto (bulk endpoint when the dispatcher has one) | single | batch
     command: tuple[str, ...] = ()
     peers_harness: Path | None = None  # the side-by-side harness run after the workloads
+    # W1/W4: Postgres's shared-buffer block hits and reads per task, by table and index (each
+    # run waits for the backends to report their counts, ~11 s before and after it).
+    postgres_blocks: bool = False
 
     def __post_init__(self) -> None:
         if self.runs < 1:
@@ -173,6 +176,7 @@ class BenchConfig:
             "base_env": dict(BASE_ENV),
             "command": list(self.command),
             "peers_harness": str(self.peers_harness) if self.peers_harness else None,
+            "postgres_blocks": self.postgres_blocks,
         }
 
 
@@ -188,6 +192,7 @@ def make_config(
     sizes: Mapping[str, object] | None = None,
     command: Sequence[str] = (),
     peers_harness: Path | None = None,
+    postgres_blocks: bool = False,
 ) -> BenchConfig:
     """The config of `python -m taskplat.bench`; `sizes` overrides single sizes."""
     base = QUICK_SIZES if quick else Sizes()
@@ -203,4 +208,5 @@ def make_config(
         submit=submit,
         command=tuple(command),
         peers_harness=peers_harness,
+        postgres_blocks=postgres_blocks,
     )

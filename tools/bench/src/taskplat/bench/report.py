@@ -385,6 +385,7 @@ def render_markdown(record: Mapping[str, Any]) -> str:
                 )
                 lines += [f"Worker calls to the dispatcher during {workload} (median): {text}", ""]
             lines += _cpu_lines(variant, workload, cores)
+            lines += block_lines(variant, workload)
         prefill = variant.get("setup", {}).get("W4_prefill")
         if prefill:
             lines += [f"W4 prefill: {json.dumps(prefill)}", ""]
@@ -393,6 +394,22 @@ def render_markdown(record: Mapping[str, Any]) -> str:
     if "peers" in record:
         lines += render_peer_lines(record["peers"])
     return "\n".join(lines).rstrip() + "\n"
+
+
+def block_lines(variant: Mapping[str, Any], workload: str) -> list[str]:
+    """Postgres's shared-buffer blocks per task (`--postgres-blocks`), when measured."""
+    blocks = _lookup(variant.get("figures", {}), (workload, "postgres_blocks_per_task"))
+    if not blocks:
+        return []
+    busiest = ", ".join(
+        f"{name} {counts['hit']:g}/{counts['read']:g}"
+        for name, counts in blocks.get("by_relation", {}).items()
+    )
+    return [
+        f"Postgres shared-buffer blocks per task during {workload} (median): {blocks['hit']:g} "
+        f"hit, {blocks['read']:g} read from outside shared buffers; busiest (hit/read): {busiest}",
+        "",
+    ]
 
 
 def _write(path: Path, text: str) -> None:

@@ -175,7 +175,9 @@ class _VariantRun:
         runs = self.runs.setdefault(workload, [])
         for number in range(1, self.config.runs + 1):
             label = self.label(workload, number)
-            figures = measure_throughput(bs, self.config.sizes, batch_path, label)
+            figures = measure_throughput(
+                bs, self.config.sizes, batch_path, label, blocks=self.config.postgres_blocks
+            )
             if workload == "W1":
                 figures["memory_peak_mib"] = bs.peak_rss()
             runs.append(figures)

@@ -16,6 +16,10 @@ Invariants:
   when every SQS client exports them, and from the server's request log (always recorded).
   The CPU split by process (W1, W4 and W2) is taken from just before the first request until
   every task of the run has finished.
+- With `blocks` (`--postgres-blocks`), Postgres's shared-buffer block hits and reads by table
+  and index are the difference of two snapshots, each taken `BLOCK_REPORT_SECONDS` after the
+  backends went quiet (a backend reports its counts at most once a second while busy, and 10 s
+  after it went idle), so they include the background of the idle stack over ~2x11 s.
 - A run whose tasks do not all finish by the deadline raises `BenchError`; "exactly once" is a
   figure (False is reported, not raised), checked on the database for every task of the run.
 """
@@ -141,12 +145,44 @@ def warm_up(bs: BenchStack, sizes: Sizes, batch_path: str | None, label: str) ->
     return {"tasks": n, "seconds": round(time.monotonic() - started, 1)}
 
 
+BLOCK_REPORT_SECONDS = 11.0
+# Relations named in a run's figures: those with the most block accesses per task.
+BLOCK_RELATIONS = 10
+
+
+def block_io(bs: BenchStack) -> dict[str, tuple[int, int]]:
+    """Postgres's cumulative (hit, read) shared-buffer blocks by table and index, once every
+    backend reported its counts."""
+    time.sleep(BLOCK_REPORT_SECONDS)
+    return {row["relation"]: (int(row["hit"]), int(row["read"])) for row in bs.query("block_io")}
+
+
+def blocks_per_task(
+    before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]], tasks: int
+) -> dict[str, Any]:
+    """Block hits and reads per task over a run: in all, and for the busiest relations."""
+    deltas = {
+        name: (hit - before.get(name, (0, 0))[0], read - before.get(name, (0, 0))[1])
+        for name, (hit, read) in after.items()
+    }
+    busiest = sorted(deltas.items(), key=lambda item: -(item[1][0] + item[1][1]))
+    return {
+        "hit": round(sum(hit for hit, _ in deltas.values()) / tasks, 2),
+        "read": round(sum(read for _, read in deltas.values()) / tasks, 2),
+        "by_relation": {
+            name: {"hit": round(hit / tasks, 2), "read": round(read / tasks, 2)}
+            for name, (hit, read) in busiest[:BLOCK_RELATIONS]
+        },
+    }
+
+
 def measure_throughput(
-    bs: BenchStack, sizes: Sizes, batch_path: str | None, label: str
+    bs: BenchStack, sizes: Sizes, batch_path: str | None, label: str, *, blocks: bool = False
 ) -> dict[str, Any]:
     """One run of W1 (or W4): `sizes.w1_tasks` no-op tasks as fast as the client can."""
     n = sizes.w1_tasks
     idle_wait = bs.wait_idle()
+    blocks_before = block_io(bs) if blocks else {}
     assert bs.sqs_log is not None
     counters_before = bs.sqs_counters()
     calls_before = bs.dispatcher_calls()
@@ -212,6 +248,8 @@ def measure_throughput(
         "idle_wait_seconds": idle_wait,
         "sqs_cleanup_seconds": cleanup,
     }
+    if blocks:
+        figures["postgres_blocks_per_task"] = blocks_per_task(blocks_before, block_io(bs), n)
     return figures
 
 
