@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from taskplat.query_service.functions import ALLOWED_FUNCTIONS
-from taskplat.query_service.guard import Refused, check
+from taskplat.query_service.guard import InvalidSql, Refused, check
 
 VIEWS = ["alerts", "prices"]
 
@@ -95,3 +95,28 @@ def test_nothing_that_reads_the_engine_is_listed() -> None:
         if name.startswith(prefixes)
         and name not in ("get_bit", "set_bit", "get_current_time", "get_current_timestamp")
     ]
+
+
+# The SQL reaches DuckDB's serializer inside a string literal: quotes in it cannot end that
+# literal and smuggle a statement of their own past the guard.
+QUOTED_ESCAPES: list[tuple[str, type[Exception], str]] = [
+    ("SELECT 1 AS x') ; ATTACH ':memory:' AS m; SELECT ('", InvalidSql, "does not parse"),
+    ("SELECT 'x'); ATTACH ':memory:' AS m; SELECT ('y'", InvalidSql, "does not parse"),
+    ("SELECT ''';'; ATTACH ':memory:' AS m", Refused, "one statement"),
+    ("SELECT 1') , (SELECT * FROM payroll) --", InvalidSql, "does not parse"),
+    ("'); COPY alerts TO '/tmp/escape.csv'; --", InvalidSql, "does not parse"),
+    ("SELECT 'a\x00'); ATTACH ':memory:' AS m; --", InvalidSql, "NUL"),
+]
+
+
+@pytest.mark.parametrize(("sql", "error", "named"), QUOTED_ESCAPES)
+def test_quotes_in_the_sql_cannot_end_the_literal_it_is_serialized_in(
+    sql: str, error: type[Exception], named: str
+) -> None:
+    with pytest.raises(error, match=named):
+        check(sql, VIEWS)
+
+
+def test_quotes_inside_a_select_are_kept_as_written() -> None:
+    checked = check("SELECT 'it''s', $$a'b$$, E'\\'' FROM alerts", VIEWS)
+    assert checked.views == {"alerts"}

@@ -11,7 +11,7 @@ Invariants:
   * This process reads only the inputs the statement reads (`guard.Checked.views`) and hands them
     to a sandbox process of its own (`pool.py`) as Arrow; the sandbox holds no secret, database
     connection or AWS credential, and serves this one query.
-  * Past the time limit the query is interrupted (or its sandbox killed) and answers 408; its
+  * Past the time limit the query's sandbox is killed and the query answers 408; its
     slot is freed once its thread has returned.
   * Bad input answers 4xx JSON (`{"error", "message", "detail"}`), storage or STS trouble 502,
     never a 500 with a traceback; tokens, credentials and SQL text are never logged.

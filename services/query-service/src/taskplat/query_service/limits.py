@@ -3,7 +3,7 @@
 Invariants: a token is `(task_id, attempt)`; at most `rate` queries start per token in any
 `window` seconds (a sliding log, in this process: with N replicas a token gets at most N times
 that); at most `concurrent` run at once per token, and a slot is held until the query's thread has
-returned (an interrupted query frees it when it has stopped, not before). A refused request
+returned (a query past its time frees it once its sandbox is killed, not before). A refused request
 counts for neither. Memory is bounded by dropping the tokens seen least recently.
 """
 

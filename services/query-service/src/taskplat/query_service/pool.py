@@ -12,10 +12,11 @@ Invariants:
   * The statement is decided by the guard inside the sandbox (`check`), before any input is read;
     the views it answers must be among those it was given (a sandbox may name no more than its
     token's inputs).
-  * Reading a sandbox's answer is bounded in time (the run time limit plus a grace) and size
-    (the answer byte limit plus room for columns); past the time it is killed (`QueryTimeout`),
-    a malformed or oversized answer kills it too (`SandboxFailed`). Its answer is read as JSON
-    and bytes only.
+  * Reading a sandbox's answer is bounded in time (the run time limit plus `GRACE_SECONDS` for the
+    answer to arrive) and size (the answer byte limit plus room for columns); past the time it
+    is killed (`QueryTimeout`): this deadline is the query's time limit, the sandbox keeps none
+    of its own. A malformed or oversized answer kills it too (`SandboxFailed`). Its answer is
+    read as JSON and bytes only.
   * If the fork server dies it is started again on the next preparation.
   * Before the first sandbox exists the service's process is made non-dumpable
     (`PR_SET_DUMPABLE` 0): a sandbox, a process of the same user, cannot read its
@@ -53,7 +54,7 @@ from taskplat.query_service.sandbox import READY, UNGUARDED
 _PR_SET_DUMPABLE, _PR_GET_DUMPABLE = 4, 3
 SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 START_SECONDS = 60.0
-GRACE_SECONDS = 2.0
+GRACE_SECONDS = 0.5  # past the time limit, for an answer on its way
 HEADER_LIMIT = 64 * 1024
 Media = Literal[
     "application/json", "text/csv; charset=utf-8", "application/vnd.apache.arrow.stream"

@@ -104,7 +104,7 @@ def serve(
             run_limits.max_rows,
             request["format"],
         )
-    except (engine.QueryTimeout, engine.QueryFailed) as exc:
+    except engine.QueryFailed as exc:
         frames.send(sock, _failure(exc.code, exc.message))
         return
     header = {

@@ -58,7 +58,10 @@ class QuerySettings(ServiceSettings, CapabilityTokenSettings, TelemetrySettings)
         16 * 1024 * 1024, ge=1024, description="Most bytes of rows one answer holds (`truncated`)."
     )
     timeout_seconds: float = Field(
-        30.0, gt=0, le=3600, description="Longest run of one query; past it 408, interrupted."
+        30.0,
+        gt=0,
+        le=3600,
+        description="Longest run of one query; past it 408 (its sandbox killed).",
     )
     memory_limit: str = Field(
         "512MB", pattern=r"^[0-9]+(\.[0-9]+)?\s*[KMGT]i?B$", description="DuckDB memory per query."
