@@ -15,7 +15,7 @@ Invariants:
     A refused completion writes nothing, so it cannot undo another's acceptance; when a
     completion cannot be stored at all (a value Postgres refuses, a deadlock), the transaction
     is rolled back and every completion of the batch is retried on its own.
-  * A batch may carry one more statement (`also`, the claim-next of a combined call) that runs in
+  * A batch may carry more statements (`also`, the claim-next of a combined call) that run in
     the batch's transaction after its completions: the completions and it commit together or
     not at all, and its rows are read only with the COMMIT's answer. When the batch is retried
     completion by completion, `also` runs after them in a transaction of its own; a batch that
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -38,7 +38,7 @@ from uuid import UUID
 
 import psycopg
 import structlog
-from psycopg import AsyncConnection, AsyncCursor
+from psycopg import AsyncConnection
 from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool
 
@@ -50,7 +50,7 @@ from taskplat.common.contracts import (
     ErrorResponse,
     RejectedResponse,
 )
-from taskplat.common.db.round_trip import pipelined_transaction
+from taskplat.common.db.round_trip import Statement, pipelined_transaction, rows_of, send
 from taskplat.common.errors import Rejected, ValidationFailed
 from taskplat.common.telemetry import inject
 from taskplat.dispatcher.recorder import Recorder
@@ -62,8 +62,6 @@ from taskplat.dispatcher.settings import DispatcherSettings
 BATCH_ROUTE = "/internal/task-complete-batch"
 Conn = AsyncConnection[DictRow]
 Row = dict[str, Any]
-# Sends more statements in a batch's transaction; their cursors, unread.
-Also = Callable[[AsyncConnection[DictRow]], Awaitable[list[AsyncCursor[DictRow]]]]
 # Errors after which a batch is retried completion by completion (nothing of it committed).
 _RETRY_ALONE = (psycopg.DataError, psycopg.errors.DeadlockDetected)
 
@@ -127,11 +125,10 @@ class Completions:
         return results
 
     async def complete_batch_and(
-        self, requests: list[CompleteRequest], also: Also | None
+        self, requests: list[CompleteRequest], also: Sequence[Statement] | None
     ) -> tuple[list[CompleteBatchResult], list[list[Row]] | None]:
-        """The batch, then `also` (given the connection, it sends its statements and returns
-        their cursors, unread) in the same transaction; each completion's result and the rows
-        of each of `also`'s statements (None without it)."""
+        """The batch, then the statements `also` in the same transaction; each completion's
+        result and the rows of each of `also`'s statements (None without it)."""
         results: dict[int, CompleteBatchResult] = {}
         pending: list[_Prepared] = []
         for index, request in enumerate(requests):
@@ -144,7 +141,7 @@ class Completions:
         extra: list[list[Row]] | None = None
         try:
             async with self._pool.connection() as conn:
-                also_cursors: list[AsyncCursor[DictRow]] | None = None
+                also_sent = None
                 async with pipelined_transaction(conn):
                     for item, outcome in await self._complete_all_in(conn, pending):
                         if isinstance(outcome, Rejected):
@@ -153,16 +150,16 @@ class Completions:
                             settled.append((item, outcome))
                             results[item.index] = _ok_result(item.request, outcome.response)
                     if also is not None:
-                        also_cursors = await also(conn)
-                if also_cursors is not None:  # read with the COMMIT's answer: committed
-                    extra = [await cursor.fetchall() for cursor in also_cursors]
+                        also_sent = await send(conn, also)
+                if also_sent is not None:  # read with the COMMIT's answer: committed
+                    extra = await rows_of(also_sent)
         except _RETRY_ALONE:
             settled.clear()
             for item in pending:
                 results[item.index] = await self._complete_alone(item.request)
             if also is not None:
                 async with self._pool.connection() as conn, conn.transaction():
-                    extra = [await cursor.fetchall() for cursor in await also(conn)]
+                    extra = await rows_of(await send(conn, also))
         self._record_all(settled)  # committed
         return [results[index] for index in range(len(requests))], extra
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
-from psycopg import AsyncConnection, AsyncCursor
+from psycopg import AsyncConnection
 from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool
 
@@ -216,12 +216,8 @@ class WorkerCalls:
             return CompleteBatchResponse(results=results)
 
         statements = self._claims.claim_next_statements(claim.queue, claim.worker_id, claim.max)
-
-        async def claim_next(conn: AsyncConnection[DictRow]) -> list[AsyncCursor[DictRow]]:
-            return [await conn.execute(query, params) for query, params in statements]
-
         results, rows = await self._completions.complete_batch_and(
-            list(request.completions), claim_next
+            list(request.completions), statements
         )
         claimed_rows = self._claims.claimed_rows(rows or [[]])
         # Untrusted tasks left for want of capability keys are counted (the answer has no place

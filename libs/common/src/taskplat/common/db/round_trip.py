@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, LiteralString
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, AsyncCursor
 from psycopg.pq import TransactionStatus
 
 Statement = tuple[LiteralString, dict[str, Any]]
@@ -45,11 +45,24 @@ async def pipelined_transaction(conn: AsyncConnection[Any]) -> AsyncIterator[Non
         raise
 
 
+async def send(
+    conn: AsyncConnection[Any], statements: Sequence[Statement]
+) -> list[AsyncCursor[Any]]:
+    """Execute `statements` (query, parameters) in order without reading their rows (in a
+    pipeline they go to Postgres together); their cursors, for `rows_of`."""
+    return [await conn.execute(query, params) for query, params in statements]
+
+
+async def rows_of(cursors: Sequence[AsyncCursor[Any]]) -> list[list[Any]]:
+    """The rows of each cursor, in order (none for a statement that returns no rows)."""
+    return [await cursor.fetchall() if cursor.description else [] for cursor in cursors]
+
+
 async def transaction_in_one_round_trip(
     conn: AsyncConnection[Any], statements: Sequence[Statement]
 ) -> list[list[Any]]:
     """Run `statements` (query, parameters) in one transaction sent as one round trip; the rows
     of each, in order, once committed."""
     async with pipelined_transaction(conn):
-        cursors = [await conn.execute(query, params) for query, params in statements]
-    return [await cursor.fetchall() if cursor.description else [] for cursor in cursors]
+        cursors = await send(conn, statements)
+    return await rows_of(cursors)

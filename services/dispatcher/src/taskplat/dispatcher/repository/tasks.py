@@ -20,7 +20,12 @@ from psycopg.types.json import Jsonb
 
 from taskplat.common.contracts import CompleteRequest, Event
 from taskplat.common.db.queries import load_queries
-from taskplat.common.db.round_trip import Statement, transaction_in_one_round_trip
+from taskplat.common.db.round_trip import (
+    Statement,
+    rows_of,
+    send,
+    transaction_in_one_round_trip,
+)
 
 Q = load_queries("taskplat.dispatcher.repository", "tasks.sql")
 batch_queries = load_queries("taskplat.dispatcher.repository", "batch.sql")
@@ -95,9 +100,8 @@ async def insert_task_and(
         async with conn.pipeline():
             async with conn.transaction():  # a savepoint in the caller's transaction
                 inserting = await conn.execute(Q["insert_tasks"], params)
-                cursors = [await conn.execute(query, each) for query, each in statements]
-            rows = [await cursor.fetchall() for cursor in cursors]
-            return await inserting.fetchone(), rows
+                cursors = await send(conn, statements)
+            return await inserting.fetchone(), await rows_of(cursors)
     inserted, *rows = await transaction_in_one_round_trip(
         conn, [(Q["insert_tasks"], params), *statements]
     )
